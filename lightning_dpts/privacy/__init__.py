@@ -1,0 +1,35 @@
+"""Privacy accounting for structured subsampling (pure numpy/scipy/dp-accounting; no torch or Lightning).
+
+Start with :class:`SamplingSpec` (what the data pipeline does) and :class:`StructuredSubsamplingAccountant`
+(what it costs). :mod:`~lightning_dpts.privacy.profiles` holds one function per theorem of the paper and
+:func:`~lightning_dpts.privacy.bounds.select_profile` maps a configuration to its theorem.
+"""
+
+from lightning_dpts.privacy.accountant import (
+    PrivacyReport,
+    StructuredSubsamplingAccountant,
+    calibrate_noise_multiplier,
+)
+from lightning_dpts.privacy.bounds import augmentation_leak_probability, naive_dpsgd_profile, select_profile
+from lightning_dpts.privacy.pld import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS, pld_from_profile
+from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
+from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS, NeighbouringRelation, SamplingSpec
+
+__all__ = [
+    "BOTTOM_LEVELS",
+    "DEFAULT_DISCRETIZATION",
+    "DEFAULT_TAIL_MASS",
+    "LEVELS",
+    "TOP_LEVELS",
+    "NeighbouringRelation",
+    "PrivacyProfile",
+    "PrivacyReport",
+    "SamplingSpec",
+    "StructuredSubsamplingAccountant",
+    "augmentation_leak_probability",
+    "calibrate_noise_multiplier",
+    "gaussian_tvd",
+    "naive_dpsgd_profile",
+    "pld_from_profile",
+    "select_profile",
+]

@@ -1,0 +1,176 @@
+"""Which theorem accounts for which configuration: the table of ``PRIVACY-NOTES.md`` as code.
+
+:func:`select_profile` maps a :class:`~lightning_dpts.privacy.spec.SamplingSpec`, a noise multiplier and the
+requested bound (``"upper"`` or ``"lower"``) to the privacy profile of **one composition unit** (an epoch
+for iteration/shuffling, an optimizer step otherwise). Configurations the theorems do not cover raise
+:class:`~lightning_dpts.errors.ConfigurationError`; there is no silent fallback to another bound.
+
+Top-level Poisson sampling (each series independently with rate rho = N'/N) is accounted with the
+without-replacement theorems: the reduction of Lemma F.3 only needs that, conditioned on whether the
+changed series is sampled, the rest of the top-level sample is the same under both datasets. Poisson
+sampling couples exactly that way (the other series are independent of it), and the batch without the
+series is then at distance <= C (not 2C) from the others, inside the constraint set of Lemmas F.6/G.4. The
+bounds are therefore sound for it, but we claim neither tightness nor an optimistic lower bound there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy import profiles
+from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
+from lightning_dpts.privacy.spec import SamplingSpec
+
+__all__ = ["BOUNDS", "select_profile", "augmentation_leak_probability", "naive_dpsgd_profile"]
+
+BOUNDS: tuple[str, ...] = ("upper", "lower")
+
+
+def _check_sigma(noise_multiplier: float) -> float:
+    try:
+        sigma = float(noise_multiplier)
+    except (TypeError, ValueError):
+        raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a number > 0") from None
+    if not (sigma > 0 and np.isfinite(sigma)):
+        raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a finite number > 0")
+    return sigma
+
+
+def augmentation_leak_probability(spec: SamplingSpec) -> float:
+    """p2 of Theorem G.1: the probability that one step leaks the protected unit despite augmentation.
+
+    p2 = rho * (n_F * tau_F + n_C * tau_C) / T where n_F (n_C) counts the windows in which the protected
+    time step falls in the forecast (context) part and tau = TVD(N(0, s), N(shift, s)) for the
+    augmentation std s in units of v. With T >= L_C + L_F this is the paper's
+    rho * r * (phi * tau_F + (1 - phi) * tau_C) for the worst-placed step; for shorter series (Appendix I.1)
+    we take the exact maximum over positions instead of only capping k.
+
+    With sigma_C = sigma_F (Appendix I.2) the bound extends to w-event/w-user relations as
+    rho * (k / T) * TVD(N(0, s), N(sqrt(w) * shift_D, s)); sigma_C != sigma_F is only proven for w = 1.
+    """
+    relation = spec.relation
+    rho = spec.top_level_rate
+    T = spec.num_start_positions
+    if spec.context_noise == spec.forecast_noise:
+        tau = gaussian_tvd(relation.value_shift, spec.context_noise)
+        return min(1.0, rho * spec.windows_per_unit / T * tau)
+    if relation.size != 1:
+        raise ConfigurationError(
+            "forecast_noise",
+            spec.forecast_noise,
+            f"context_noise != forecast_noise is proven only for w = 1 (Theorem G.1; Appendix I.2), but the "
+            f"relation has size w={relation.size}; use equal context and forecast noise",
+        )
+    shift = relation.value_shift  # sqrt(D) for per-coordinate bounds (Appendix I.1)
+    tau_c = gaussian_tvd(shift, spec.context_noise)
+    tau_f = gaussian_tvd(shift, spec.forecast_noise)
+    L, L_C, L_F = spec.min_length, spec.context_length, spec.prediction_length
+    t = np.arange(1, L + 1)  # position of the changed step in the unpadded series (1-based)
+    # Window starts s in {1..T} on the series padded with L_C zeros; the step sits at padded index t + L_C.
+    n_forecast = np.clip(np.minimum(t, T) - np.maximum(t - L_F + 1, 1) + 1, 0, None)
+    n_context = np.clip(np.minimum(t + L_C, T) - np.maximum(t + 1, 1) + 1, 0, None)
+    worst = float(np.max(n_forecast * tau_f + n_context * tau_c))
+    return min(1.0, rho * worst / T)
+
+
+def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "upper") -> PrivacyProfile:
+    """The privacy profile of one composition unit for ``spec`` (see the module docstring).
+
+    Args:
+        spec: the sampling description (usually ``datamodule.sampling_spec``).
+        noise_multiplier: sigma, noise std on the summed clipped gradient divided by the clipping norm C.
+        bound: ``"upper"`` for the best sound upper bound (a guarantee), ``"lower"`` for the paper's
+            optimistic lower bound (what the mechanism provably leaks in the worst case; not a guarantee).
+
+    Raises:
+        ConfigurationError: for out-of-range inputs and configurations no theorem covers.
+    """
+    sigma = _check_sigma(noise_multiplier)
+    if bound not in BOUNDS:
+        raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
+    lam = spec.instances_per_series
+    r = spec.bottom_level_rate
+    k = spec.windows_per_unit
+
+    if spec.has_augmentation:
+        return _augmented_profile(spec, sigma, bound)
+
+    if spec.accounts_per_epoch:
+        if spec.bottom_level == "poisson":
+            return profiles.theorem_e_8(k, r, sigma)  # tight: upper == lower
+        if lam == 1:
+            return profiles.theorem_4_2(r, sigma)  # tight
+        return profiles.theorem_e_1(lam, r, sigma) if bound == "upper" else profiles.theorem_4_3(lam, r, sigma)
+
+    rho = spec.top_level_rate
+    if bound == "lower" and spec.top_level == "poisson":
+        raise ConfigurationError(
+            "bound",
+            bound,
+            "the paper proves optimistic lower bounds (Theorems F.7, F.8) for top_level='without_replacement' "
+            "only; use bound='upper' with top_level='poisson'",
+        )
+    if spec.bottom_level == "poisson":
+        return profiles.theorem_f_2(rho, k, r, sigma) if bound == "upper" else profiles.theorem_f_8(rho, k, r, sigma)
+    if lam == 1:
+        profile = profiles.theorem_4_4(rho, r, sigma)
+        if spec.top_level == "poisson":  # sound via Lemma F.3, tightness not claimed
+            profile = PrivacyProfile("Theorem 4.4 (Poisson top level)", "upper", profile.description,
+                                     profile._upper_half)
+        return profile
+    return profiles.theorem_f_1(rho, lam, r, sigma) if bound == "upper" else profiles.theorem_f_7(rho, lam, r, sigma)
+
+
+def _augmented_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
+    """Theorem G.1 (and its Appendix I extensions); every other augmented configuration is an error."""
+    if spec.top_level not in ("without_replacement", "poisson"):
+        raise ConfigurationError(
+            "top_level",
+            spec.top_level,
+            "amplification by context/forecast noise (Theorem G.1) is proven for top_level="
+            "'without_replacement' (and, via Lemma F.3, 'poisson'); set context_noise = forecast_noise = 0 "
+            "to account iteration/shuffling without it",
+        )
+    if spec.bottom_level != "with_replacement":
+        raise ConfigurationError(
+            "bottom_level",
+            spec.bottom_level,
+            "amplification by context/forecast noise (Theorem G.1) is proven for bottom_level="
+            "'with_replacement' only; set context_noise = forecast_noise = 0 for Poisson bottom level",
+        )
+    if spec.instances_per_series != 1:
+        raise ConfigurationError(
+            "instances_per_series",
+            spec.instances_per_series,
+            "amplification by context/forecast noise (Theorem G.1) is proven for instances_per_series=1 only",
+        )
+    if bound == "lower":
+        raise ConfigurationError(
+            "bound", bound, "the paper gives no optimistic lower bound with augmentation (Theorem G.1)"
+        )
+    p2 = augmentation_leak_probability(spec)
+    theorem = "Theorem 4.5" if spec.context_noise == spec.forecast_noise else "Theorem G.1"
+    if spec.relation.size != 1 or spec.relation.level != "event":
+        theorem += " (Appendix I.2)"
+    if spec.relation.num_dims != 1:
+        theorem += " (Appendix I.1)"
+    return profiles.theorem_g_1(p2, sigma, _theorem=theorem)
+
+
+def naive_dpsgd_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "upper") -> PrivacyProfile:
+    """What DP-SGD over the flattened set of all N * T windows gives (Appendix C.3), per step.
+
+    ``bound="upper"`` is Proposition C.1, the guarantee standard DP-SGD would *report* (valid only if one
+    window were the unit of privacy); ``bound="lower"`` is Proposition C.2, an optimistic lower bound on the
+    true per-step leakage for the spec's relation, where k windows contain the protected unit.
+    """
+    sigma = _check_sigma(noise_multiplier)
+    total = spec.num_series * spec.num_start_positions
+    if spec.batch_size > total:
+        raise ConfigurationError("batch_size", spec.batch_size, f"must be <= N * T = {total} windows")
+    if bound == "upper":
+        return profiles.proposition_c_1(total, spec.batch_size, sigma)
+    if bound == "lower":
+        return profiles.proposition_c_2(total, spec.windows_per_unit, spec.batch_size, sigma)
+    raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")

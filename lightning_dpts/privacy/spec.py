@@ -1,0 +1,276 @@
+"""Declarative description of a structured-subsampling training scheme.
+
+A :class:`SamplingSpec` is the single source of truth shared by the data pipeline and the accountant: the
+datamodule *describes* the sampling it performs with one, and :mod:`lightning_dpts.privacy` turns it (plus
+the noise multiplier) into privacy guarantees. It mirrors ``dp_accounting``'s ``DpEvent``: a description of
+the mechanism, kept separate from the arithmetic that accounts for it.
+
+Notation follows *Privacy Amplification by Structured Subsampling for Deep Differentially Private Time
+Series Forecasting* (Schuchardt et al., ICML 2025), referred to below as "the paper".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lightning_dpts.errors import ConfigurationError
+
+__all__ = [
+    "TOP_LEVELS",
+    "BOTTOM_LEVELS",
+    "LEVELS",
+    "NeighbouringRelation",
+    "SamplingSpec",
+]
+
+TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson"]
+BottomLevel = Literal["with_replacement", "poisson"]
+Level = Literal["event", "user"]
+
+TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling", "without_replacement", "poisson")
+BOTTOM_LEVELS: tuple[str, ...] = ("with_replacement", "poisson")
+LEVELS: tuple[str, ...] = ("event", "user")
+EPOCH_LEVEL_TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling")
+
+
+def _require_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
+    if value < minimum:
+        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
+    return value
+
+
+def _require_nonnegative_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(name, value, "must be a finite number >= 0")
+    if not math.isfinite(float(value)) or value < 0:
+        raise ConfigurationError(name, value, "must be a finite number >= 0")
+    return float(value)
+
+
+def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigurationError(name, value, f"must be one of {', '.join(repr(c) for c in choices)}")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class NeighbouringRelation:
+    """The unit of privacy: which changes to one series the guarantee hides (Definitions 3.5-3.7).
+
+    Args:
+        level: ``"event"`` protects any ``size`` *consecutive* time steps of one series (w-event level,
+            Definition 3.5); ``"user"`` protects any ``size`` time steps of one series, wherever they are
+            (w-user level, Definition 3.6).
+        size: w >= 1, the number of time steps the protected unit may change.
+        value_bound: v > 0 in the units of the series, or ``None`` for unbounded changes. With a bound,
+            each changed time step moves by at most v ((w, v)-relations, Definition 3.7). Only needed for
+            amplification by context/forecast noise augmentation (Theorem G.1), whose noise std is
+            ``context_noise * v`` and ``forecast_noise * v``.
+        num_dims: D >= 1. With ``num_dims = D > 1`` the value bound holds for *each coordinate* of a
+            D-dimensional series, so one time step moves by at most v*sqrt(D) in l2 (Appendix I.1). Keep 1
+            for univariate series or when v already bounds the l2 norm of a whole time step.
+    """
+
+    level: Level = "event"
+    size: int = 1
+    value_bound: float | None = None
+    num_dims: int = 1
+
+    def __post_init__(self) -> None:
+        _require_choice("level", self.level, LEVELS)
+        _require_int("size", self.size, 1)
+        _require_int("num_dims", self.num_dims, 1)
+        if self.value_bound is not None:
+            v = self.value_bound
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigurationError("value_bound", v, "must be a finite number > 0, or None (unbounded)")
+
+    def windows_containing(self, window_length: int, num_start_positions: int) -> int:
+        """k: how many of the T possible windows can contain (part of) the protected unit (Appendix I).
+
+        w-event: L_C + L_F + w - 1 (the changed steps are adjacent); w-user: w * (L_C + L_F) (the changed
+        steps can be placed so that no window holds two of them). Always capped at T (Appendix I.1).
+
+        Args:
+            window_length: L_C + L_F, the length of one sampled window (context incl. lags + forecast).
+            num_start_positions: T = L - L_F + 1, the number of window start positions.
+        """
+        if self.level == "event":
+            k = window_length + self.size - 1
+        else:
+            k = self.size * window_length
+        return max(0, min(k, num_start_positions))
+
+    @property
+    def value_shift(self) -> float:
+        """l2 distance, in units of v, between two windows that differ in the protected steps.
+
+        sqrt(w) for w changed steps (Appendix I.2), times sqrt(D) when v bounds each of D coordinates
+        (Appendix I.1). Used as the mean shift of the total-variation distance in Theorem G.1.
+        """
+        return math.sqrt(self.size * self.num_dims)
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Immutable description of bi-level structured subsampling (Algorithms 1-6 and Eq. 1 of the paper).
+
+    Args:
+        num_series: N, the number of training series.
+        min_length: L, the length of the *shortest* training series, in time steps (Appendix I.1: the
+            bounds grow as series get shorter, so the shortest one decides).
+        context_length: L_C, the past window length actually read by the model, **including every lag**
+            (DeepAR's context_length + max(lags_seq); Appendix B.4.2). Time steps.
+        prediction_length: L_F, the forecast window length, in time steps.
+        batch_size: Lambda, the (expected) number of windows per batch.
+        instances_per_series: lambda, the (expected) number of windows per sampled series. Must divide
+            ``batch_size``; the top-level sample holds N' = Lambda / lambda series.
+        top_level: ``"iteration"`` (Algorithm 3), ``"shuffling"`` (Algorithm 3 over a fresh random
+            permutation each epoch), ``"without_replacement"`` (Algorithm 5, a fresh sample of N' series
+            every step) or ``"poisson"`` (each series independently with rate N'/N every step).
+        bottom_level: ``"with_replacement"`` (Algorithm 4, lambda uniform start positions) or ``"poisson"``
+            (Algorithm 6, each start position with rate min(1, lambda/T)).
+        relation: the neighbouring relation (unit of privacy).
+        context_noise: sigma_C >= 0; the past target of every sampled window gets Gaussian noise with std
+            ``context_noise * relation.value_bound`` (Eq. 1).
+        forecast_noise: sigma_F >= 0; likewise for the future target.
+    """
+
+    num_series: int
+    min_length: int
+    context_length: int
+    prediction_length: int
+    batch_size: int
+    instances_per_series: int = 1
+    top_level: TopLevel = "without_replacement"
+    bottom_level: BottomLevel = "with_replacement"
+    relation: NeighbouringRelation = field(default_factory=NeighbouringRelation)
+    context_noise: float = 0.0
+    forecast_noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require_int("num_series", self.num_series, 1)
+        _require_int("context_length", self.context_length, 1)
+        _require_int("prediction_length", self.prediction_length, 1)
+        _require_int("min_length", self.min_length, 1)
+        _require_int("batch_size", self.batch_size, 1)
+        _require_int("instances_per_series", self.instances_per_series, 1)
+        _require_choice("top_level", self.top_level, TOP_LEVELS)
+        _require_choice("bottom_level", self.bottom_level, BOTTOM_LEVELS)
+        _require_nonnegative_float("context_noise", self.context_noise)
+        _require_nonnegative_float("forecast_noise", self.forecast_noise)
+        if not isinstance(self.relation, NeighbouringRelation):
+            raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
+        if self.min_length < self.prediction_length:
+            raise ConfigurationError(
+                "min_length",
+                self.min_length,
+                f"the shortest training series must have at least prediction_length={self.prediction_length} "
+                "time steps (L >= L_F), otherwise no window fits",
+            )
+        if self.batch_size < self.instances_per_series:
+            raise ConfigurationError(
+                "batch_size",
+                self.batch_size,
+                f"must be >= instances_per_series={self.instances_per_series} (Lambda >= lambda)",
+            )
+        if self.batch_size % self.instances_per_series != 0:
+            raise ConfigurationError(
+                "batch_size",
+                self.batch_size,
+                f"must be divisible by instances_per_series={self.instances_per_series}; the theorems assume "
+                "a top-level sample of exactly Lambda/lambda series",
+            )
+        if self.top_sample_size > self.num_series:
+            raise ConfigurationError(
+                "batch_size",
+                self.batch_size,
+                f"batch_size/instances_per_series = {self.top_sample_size} series per step exceeds "
+                f"num_series={self.num_series}; lower batch_size or raise instances_per_series",
+            )
+        if self.has_augmentation and self.relation.value_bound is None:
+            raise ConfigurationError(
+                "relation.value_bound",
+                None,
+                "context_noise/forecast_noise are multiples of the value bound v (Eq. 1); set a value bound",
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    # Derived quantities (never stored twice)
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def top_sample_size(self) -> int:
+        """N' = floor(Lambda / lambda), series per step (expected number for Poisson)."""
+        return self.batch_size // self.instances_per_series
+
+    @property
+    def top_level_rate(self) -> float:
+        """rho = N'/N, the probability that a given series is in a step's top-level sample."""
+        return self.top_sample_size / self.num_series
+
+    @property
+    def window_length(self) -> int:
+        """L_C + L_F, the length of one sampled window in time steps."""
+        return self.context_length + self.prediction_length
+
+    @property
+    def num_start_positions(self) -> int:
+        """T = L - L_F + 1, window start positions after zero-padding L_C steps in front (Algorithm 4)."""
+        return self.min_length - self.prediction_length + 1
+
+    @property
+    def windows_per_unit(self) -> int:
+        """k, how many windows can contain the protected unit (Appendix I), capped at T."""
+        return self.relation.windows_containing(self.window_length, self.num_start_positions)
+
+    @property
+    def bottom_level_rate(self) -> float:
+        """r. With replacement: k/T, the chance one sampled window holds the protected unit (Thm 4.2).
+
+        Poisson: min(1, lambda/T), the inclusion rate of every start position (Algorithm 6).
+        """
+        if self.bottom_level == "with_replacement":
+            return self.windows_per_unit / self.num_start_positions
+        return min(1.0, self.instances_per_series / self.num_start_positions)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """floor(N * lambda / Lambda) optimizer steps per epoch (Algorithm 1)."""
+        return (self.num_series * self.instances_per_series) // self.batch_size
+
+    @property
+    def forecast_fraction(self) -> float:
+        """phi = L_F / (L_C + L_F), the forecast-to-window ratio of Theorem G.1."""
+        return self.prediction_length / self.window_length
+
+    @property
+    def has_augmentation(self) -> bool:
+        """Whether context or forecast noise augmentation (Eq. 1) is configured."""
+        return self.context_noise > 0 or self.forecast_noise > 0
+
+    @property
+    def accounts_per_epoch(self) -> bool:
+        """Iteration/shuffling are accounted per epoch (Lemma E.2), sampling top levels per step."""
+        return self.top_level in EPOCH_LEVEL_TOP_LEVELS
+
+    def compositions(self, steps: int) -> int:
+        """Number of mechanism compositions after ``steps`` optimizer steps.
+
+        Per-step schemes compose once per step. Iteration/shuffling compose once per epoch of
+        ``steps_per_epoch`` steps, and a started epoch counts whole.
+        """
+        _require_int("steps", steps, 0)
+        if not self.accounts_per_epoch:
+            return steps
+        return -(-steps // self.steps_per_epoch)
+
+    def max_steps_for_compositions(self, compositions: int) -> int:
+        """The largest number of optimizer steps that uses at most ``compositions`` compositions."""
+        _require_int("compositions", compositions, 0)
+        if not self.accounts_per_epoch:
+            return compositions
+        return compositions * self.steps_per_epoch
