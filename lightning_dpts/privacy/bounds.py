@@ -15,6 +15,8 @@ bounds are therefore sound for it, but we claim neither tightness nor an optimis
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
@@ -116,8 +118,7 @@ def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "up
     if lam == 1:
         profile = profiles.theorem_4_4(rho, r, sigma)
         if spec.top_level == "poisson":  # sound via Lemma F.3, tightness not claimed
-            profile = PrivacyProfile("Theorem 4.4 (Poisson top level)", "upper", profile.description,
-                                     profile._upper_half)
+            profile = dataclasses.replace(profile, theorem="Theorem 4.4 (Poisson top level)", kind="upper")
         return profile
     return profiles.theorem_f_1(rho, lam, r, sigma) if bound == "upper" else profiles.theorem_f_7(rho, lam, r, sigma)
 

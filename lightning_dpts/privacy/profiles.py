@@ -61,12 +61,17 @@ class PrivacyProfile:
         kind: ``"tight"`` (proven equal to the mechanism's profile), ``"upper"`` (sound, maybe loose) or
             ``"lower"`` (optimistic: a profile the mechanism provably reaches, *not* a guarantee).
         description: the mixtures being compared, for reports.
+        pair: the dominating mixture pair, when the profile is rho * H_pair for alpha >= 1 (all theorems of
+            the paper); ``None`` for profiles given only through ``_upper_half``.
+        rho: the top-level weight of Lemma F.4 ((1 - rho) * max(0, 1 - alpha) + rho * H_pair); 1 otherwise.
     """
 
     theorem: str
     kind: str
     description: str
     _upper_half: Callable[[np.ndarray], np.ndarray]
+    pair: MonotoneMixturePair | None = None
+    rho: float = 1.0
 
     def hockey_stick_at_log_alpha(self, log_alpha: np.ndarray) -> np.ndarray:
         """H(e^eps) for eps = ``log_alpha`` of any sign (vectorised)."""
@@ -130,12 +135,12 @@ def _profile(theorem: str, kind: str, description: str, pair: MonotoneMixturePai
              rho: float = 1.0) -> PrivacyProfile:
     """Wrap a mixture pair; rho < 1 gives (1 - rho) * max(0, 1 - alpha) + rho * H_pair (Lemma F.4)."""
     if rho == 1.0:
-        return PrivacyProfile(theorem, kind, description, pair.hockey_stick)
+        return PrivacyProfile(theorem, kind, description, pair.hockey_stick, pair, 1.0)
 
     def upper_half(log_alpha: np.ndarray) -> np.ndarray:
         return rho * pair.hockey_stick(log_alpha)
 
-    return PrivacyProfile(theorem, kind, description, upper_half)
+    return PrivacyProfile(theorem, kind, description, upper_half, pair, rho)
 
 
 # ------------------------------------------------------------------------------------------------------
