@@ -1,0 +1,533 @@
+"""``StructuredSubsamplingDataModule``: bi-level batches that are exactly what the accountant assumes."""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pandas as pd
+from torch.utils.data import DataLoader
+
+from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
+from lightning_dpts.data.sampler import EpochDataLoader, FixedWindows, StructuredSampler, WindowStore
+from lightning_dpts.data.sources import SeriesCollection, to_collection
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
+
+__all__ = ["EvaluationWindow", "StructuredSubsamplingDataModule"]
+
+_TARGET_KEYS = ("past_target", "past_observed_values", "future_target", "future_observed_values")
+_PRODUCIBLE = set(_TARGET_KEYS) | {
+    "past_time_feat",
+    "future_time_feat",
+    "feat_static_cat",
+    "feat_static_real",
+}
+
+
+@dataclass(frozen=True)
+class EvaluationWindow:
+    """One forecast to score: the history before the forecast start and the ground truth after it.
+
+    Attributes:
+        item_id: the series' identifier.
+        series_index: position of the series in the datamodule (after dropping short series).
+        window: 0-based index of the rolling window within its split (0 = earliest).
+        start: first time stamp of the series, or ``None`` when the input had no time stamps.
+        forecast_start: first time stamp of the forecast, or ``None``.
+        history: every value before the forecast start, ``[t]`` (univariate) or ``[t, D]``; NaN = missing.
+        target: the ``prediction_length`` true values, ``[L_F]`` or ``[L_F, D]``.
+    """
+
+    item_id: str
+    series_index: int
+    window: int
+    start: pd.Period | None
+    forecast_start: pd.Period | None
+    history: np.ndarray
+    target: np.ndarray
+
+
+def _require_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
+    return int(value)
+
+
+class StructuredSubsamplingDataModule(L.LightningDataModule):
+    """A LightningDataModule whose training batches are bi-level structured subsampling.
+
+    Training batches follow Algorithm 1 of *Privacy Amplification by Structured Subsampling for Deep
+    Differentially Private Time Series Forecasting* with the top-level schemes of Algorithms 3/5 (plus
+    shuffling and Poisson), the bottom-level schemes of Algorithms 4/6 and the noise augmentation of Eq. (1);
+    see :class:`~lightning_dpts.data.sampler.StructuredSampler`. :attr:`sampling_spec` describes exactly
+    that sampling to :mod:`lightning_dpts.privacy`, so no parameter is typed twice.
+
+    Splits (per series, by time): the last ``test_windows * prediction_length`` steps are test windows, the
+    ``val_windows * prediction_length`` steps before them validation windows, the rest is the training
+    part. Only the training part is sampled privately; validation and test windows read their history from
+    the whole series before them.
+
+    Args:
+        data: a GluonTS dataset, a list of numpy arrays (``[T]`` or ``[T, D]``), a long-format DataFrame or
+            a bundled dataset name (``"us_employment"``); see :mod:`lightning_dpts.data.sources`.
+        context_length: L_C without lags, in time steps. Taken from ``model`` when omitted.
+        prediction_length: L_F, in time steps. Taken from ``model`` when omitted.
+        batch_size: Lambda, windows per batch (expected number for Poisson schemes).
+        instances_per_series: lambda, windows per sampled series (expected for bottom-level Poisson).
+        top_level: ``"iteration"``, ``"shuffling"``, ``"without_replacement"`` or ``"poisson"``.
+        bottom_level: ``"with_replacement"`` or ``"poisson"``.
+        relation: the neighbouring relation; needs a ``value_bound`` when noise augmentation is on.
+        context_noise: sigma_C >= 0, past-window noise std in units of ``relation.value_bound`` (Eq. 1).
+        forecast_noise: sigma_F >= 0, future-window noise std in units of ``relation.value_bound`` (Eq. 1).
+        seed: integer >= 0; all training randomness derives from it.
+        model: optional GluonTS torch LightningModule (or its ``.model``). Its ``describe_inputs()`` decides
+            the batch fields and shapes; its past length (DeepAR: ``context_length + max(lags_seq)``) becomes
+            ``past_length``.
+        past_length: P, the past window actually gathered: ``context_length`` plus every lag the model
+            reads (PRIVACY-NOTES trap 3). Defaults to the model's past length or ``context_length``.
+        freq: pandas frequency string, needed for time features when the input has no time stamps.
+        test_windows: number of rolling test windows of ``prediction_length`` steps at the end (>= 0).
+        val_windows: number of validation windows before the test windows (>= 0). Default 0: validation
+            losses on private windows are released information outside the guarantee (trap 5).
+        drop_short_series: drop series whose training part is shorter than ``prediction_length`` (with a
+            warning stating how many) instead of raising.
+        eval_batch_size: windows per validation/test batch (defaults to ``batch_size``).
+        num_workers: DataLoader workers for training batches (batches are identical for any value).
+        id_column, timestamp_column, value_column: column names for long-format DataFrames.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        *,
+        context_length: int | None = None,
+        prediction_length: int | None = None,
+        batch_size: int,
+        instances_per_series: int = 1,
+        top_level: str = "without_replacement",
+        bottom_level: str = "with_replacement",
+        relation: NeighbouringRelation | None = None,
+        context_noise: float = 0.0,
+        forecast_noise: float = 0.0,
+        seed: int = 0,
+        model: Any = None,
+        past_length: int | None = None,
+        freq: str | None = None,
+        test_windows: int = 1,
+        val_windows: int = 0,
+        drop_short_series: bool = False,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        id_column: str = "item_id",
+        timestamp_column: str = "timestamp",
+        value_column: str | Sequence[str] = "target",
+    ) -> None:
+        super().__init__()
+        self.seed = _require_int("seed", seed, 0)
+        self.test_windows = _require_int("test_windows", test_windows, 0)
+        self.val_windows = _require_int("val_windows", val_windows, 0)
+        self.num_workers = _require_int("num_workers", num_workers, 0)
+        relation = NeighbouringRelation() if relation is None else relation
+
+        inputs, model_past, model_context, model_prediction = self._inspect_model(model)
+        if prediction_length is None:
+            prediction_length = model_prediction
+        if prediction_length is None:
+            raise ConfigurationError("prediction_length", None, "give it, or a model that knows it")
+        self.prediction_length = _require_int("prediction_length", prediction_length, 1)
+        if model_prediction is not None and model_prediction != self.prediction_length:
+            raise ConfigurationError(
+                "prediction_length",
+                prediction_length,
+                f"must match the model's prediction_length={model_prediction}",
+            )
+        if context_length is None:
+            context_length = model_context
+        if context_length is None:
+            raise ConfigurationError("context_length", None, "give it, or a model that knows it")
+        self.context_length = _require_int("context_length", context_length, 1)
+        if model_context is not None and model_context != self.context_length:
+            raise ConfigurationError(
+                "context_length", context_length, f"must match the model's context_length={model_context}"
+            )
+        if past_length is None:
+            past_length = model_past if model_past is not None else self.context_length
+        self.past_length = _require_int("past_length", past_length, self.context_length)
+        if model_past is not None and model_past != self.past_length:
+            raise ConfigurationError(
+                "past_length", past_length, f"must match the past length the model reads ({model_past})"
+            )
+        self.batch_size = _require_int("batch_size", batch_size, 1)
+        self.eval_batch_size = _require_int(
+            "eval_batch_size", self.batch_size if eval_batch_size is None else eval_batch_size, 1
+        )
+
+        # --- data, splits -----------------------------------------------------------------------------
+        collection = to_collection(
+            data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
+        )
+        self.dropped_series: list[str] = []
+        collection = self._drop_short(collection, drop_short_series)
+        self.collection = collection
+        self.freq = collection.freq
+        held_out = (self.test_windows + self.val_windows) * self.prediction_length
+        self.train_lengths = np.array([len(t) - held_out for t in collection.targets], dtype=np.int64)
+
+        # --- the sampling description (validates Lambda, lambda, N, modes, noise, relation) -------------
+        self._spec = SamplingSpec(
+            num_series=collection.num_series,
+            min_length=int(self.train_lengths.min()),
+            context_length=self.past_length,
+            prediction_length=self.prediction_length,
+            batch_size=self.batch_size,
+            instances_per_series=_require_int("instances_per_series", instances_per_series, 1),
+            top_level=top_level,  # type: ignore[arg-type]
+            bottom_level=bottom_level,  # type: ignore[arg-type]
+            relation=relation,
+            context_noise=context_noise,
+            forecast_noise=forecast_noise,
+        )
+
+        # --- batch fields and features ------------------------------------------------------------------
+        self.keys, self._feature_kind, static_cat_width, static_real_width = self._plan_fields(inputs, collection)
+        self.static_cat = self._static(collection.feat_static_cat, static_cat_width, np.int64, "feat_static_cat")
+        self.static_real = self._static(collection.feat_static_real, static_real_width, np.float32, "feat_static_real")
+        dynamic = self._dynamic_features(collection)
+        self._full_store = WindowStore(collection.targets, self.past_length, self.prediction_length, dynamic)
+        self._train_store = WindowStore(
+            [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
+            self.past_length,
+            self.prediction_length,
+            None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
+        )
+        self._check_time_feat_width(inputs)
+        # With no validation (test) windows, present val_dataloader (test_dataloader) as not overridden so
+        # that Lightning has no validation loop (GluonTS modules then monitor train_loss, not val_loss).
+        if self.val_windows == 0:
+            self.val_dataloader = types.MethodType(L.LightningDataModule.val_dataloader, self)  # type: ignore
+        if self.test_windows == 0:
+            self.test_dataloader = types.MethodType(L.LightningDataModule.test_dataloader, self)  # type: ignore
+        self._sampler = StructuredSampler(
+            self._train_store,
+            self._spec,
+            self.keys,
+            self.seed,
+            static_cat=self.static_cat,
+            static_real=self.static_real,
+            univariate=collection.univariate,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+    # Construction helpers
+    # ------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _inspect_model(
+        model: Any,
+    ) -> tuple[dict[str, tuple[int, ...]] | None, int | None, int | None, int | None]:
+        """(input name -> shape for batch size 1, past length, context length, prediction length)."""
+        if model is None:
+            return None, None, None, None
+        inner = getattr(model, "model", model)
+        if not hasattr(inner, "describe_inputs"):
+            raise ConfigurationError(
+                "model",
+                type(model).__name__,
+                "must be a GluonTS torch model/LightningModule with describe_inputs()",
+            )
+        spec = inner.describe_inputs(1)
+        inputs = {name: tuple(int(s) for s in spec[name].shape) for name in spec}
+        past = inputs["past_target"][1] if "past_target" in inputs else None
+        context = getattr(inner, "context_length", None)
+        prediction = getattr(inner, "prediction_length", None)
+        return inputs, past, context, prediction
+
+    def _drop_short(self, collection: SeriesCollection, drop: bool) -> SeriesCollection:
+        held_out = (self.test_windows + self.val_windows) * self.prediction_length
+        short = [i for i, t in enumerate(collection.targets) if len(t) - held_out < self.prediction_length]
+        if not short:
+            return collection
+        if not drop:
+            item = collection.item_ids[short[0]]
+            raise ConfigurationError(
+                "data",
+                f"series {item!r} of length {len(collection.targets[short[0]])}",
+                f"its training part (length - {held_out} held-out steps) must have >= prediction_length="
+                f"{self.prediction_length} steps; {len(short)} series are too short. Pass "
+                "drop_short_series=True to drop them",
+            )
+        self.dropped_series = [collection.item_ids[i] for i in short]
+        keep = [i for i in range(collection.num_series) if i not in set(short)]
+        if not keep:
+            raise ConfigurationError("data", f"{len(short)} series", "all series are too short; none is left")
+        warnings.warn(
+            f"dropped {len(short)} of {collection.num_series} series whose training part is shorter than "
+            f"prediction_length={self.prediction_length}",
+            UserWarning,
+            stacklevel=3,
+        )
+        return collection.subset(keep)
+
+    def _plan_fields(
+        self, inputs: dict[str, tuple[int, ...]] | None, collection: SeriesCollection
+    ) -> tuple[tuple[str, ...], str, int, int]:
+        """Batch keys, dynamic-feature kind, static cat width, static real width."""
+        has_time = collection.starts is not None and collection.freq is not None
+        if inputs is None:
+            keys = list(_TARGET_KEYS)
+            kind = "gluonts" if has_time else ("user" if collection.feat_dynamic_real is not None else "none")
+            if kind != "none":
+                keys += ["past_time_feat", "future_time_feat"]
+            cat = 1 if collection.feat_static_cat is None else collection.feat_static_cat.shape[1]
+            real = 1 if collection.feat_static_real is None else collection.feat_static_real.shape[1]
+            return tuple(keys + ["feat_static_cat", "feat_static_real"]), kind, cat, real
+        if "past_target" not in inputs:
+            raise ConfigurationError("model", sorted(inputs), "must declare a 'past_target' input")
+        unknown = sorted(set(inputs) - _PRODUCIBLE)
+        if unknown:
+            raise ConfigurationError(
+                "model", f"input {unknown[0]!r}", f"the datamodule produces only {sorted(_PRODUCIBLE)}"
+            )
+        keys = [k for k in inputs if k not in ("future_target", "future_observed_values")]
+        keys += ["future_target", "future_observed_values"]
+        kind = "none"
+        if "past_time_feat" in inputs or "future_time_feat" in inputs:
+            width = inputs.get("past_time_feat", inputs.get("future_time_feat"))[-1]
+            user = 0 if collection.feat_dynamic_real is None else collection.feat_dynamic_real[0].shape[1]
+            full = num_time_features(collection.freq) + 1 + user if has_time else None
+            if width == 0:
+                kind = "none"
+            elif full is not None and width == full:
+                kind = "gluonts"
+            elif user and width == user:
+                kind = "user"
+            else:
+                raise ConfigurationError(
+                    "model",
+                    f"num_feat_dynamic_real={width}",
+                    f"the datamodule builds time features + age + feat_dynamic_real = {full} columns "
+                    f"(needs time stamps and freq; got freq={collection.freq!r}) "
+                    f"or the user's {user} columns",
+                )
+        cat = inputs.get("feat_static_cat", (1, 0))[-1]
+        real = inputs.get("feat_static_real", (1, 0))[-1]
+        return tuple(keys), kind, cat, real
+
+    def _static(self, given: np.ndarray | None, width: int, dtype: type, name: str) -> np.ndarray:
+        num = self.collection.num_series
+        if given is None:
+            # GluonTS estimators add a dummy static feature ([0] / [0.0]) when none exists.
+            return np.zeros((num, width), dtype=dtype)
+        if given.shape[1] != width:
+            raise ConfigurationError(name, f"{given.shape[1]} columns", f"the model expects {width}")
+        return np.ascontiguousarray(given, dtype=dtype)
+
+    def _dynamic_features(self, collection: SeriesCollection) -> list[np.ndarray] | None:
+        if self._feature_kind == "none":
+            return None
+        out = []
+        for n, target in enumerate(collection.targets):
+            out.append(
+                dynamic_feature_stack(
+                    None if collection.starts is None else collection.starts[n],
+                    len(target),
+                    collection.freq,
+                    None if collection.feat_dynamic_real is None else collection.feat_dynamic_real[n],
+                    self._feature_kind,
+                )
+            )
+        return out
+
+    def _check_time_feat_width(self, inputs: dict[str, tuple[int, ...]] | None) -> None:
+        if inputs is None or "past_time_feat" not in inputs:
+            return
+        expected, got = inputs["past_time_feat"][-1], self._train_store.dynamic.shape[-1]
+        if expected != got:  # pragma: no cover - guarded by _plan_fields
+            raise ConfigurationError("model", f"num_feat_dynamic_real={expected}", f"the datamodule built {got}")
+
+    # ------------------------------------------------------------------------------------------------------
+    # Public description
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def sampling_spec(self) -> SamplingSpec:
+        """Read-only :class:`SamplingSpec` of the training sampling, built from the actual geometry.
+
+        ``num_series`` = N training series, ``min_length`` = shortest training part, ``context_length`` =
+        ``past_length`` (context plus lags, what is actually gathered), ``prediction_length``, Lambda, lambda,
+        modes, relation and noises. Pass it to :mod:`lightning_dpts.privacy` unchanged.
+        """
+        return self._spec
+
+    @property
+    def num_series(self) -> int:
+        """N, the number of training series."""
+        return self._spec.num_series
+
+    @property
+    def item_ids(self) -> list[str]:
+        """Identifiers of the series, in the datamodule's (and ``iteration``'s) order."""
+        return list(self.collection.item_ids)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """floor(N * lambda / Lambda) training steps per epoch (Algorithm 1)."""
+        return self._spec.steps_per_epoch
+
+    @property
+    def sampler(self) -> StructuredSampler:
+        """The training sampler (an ``IterableDataset`` of whole batches)."""
+        return self._sampler
+
+    def train_batch(self, epoch: int = 0, step: int = 0) -> dict[str, Any]:
+        """The training batch of step ``step`` of epoch ``epoch``, exactly as the dataloader yields it."""
+        return self._sampler.batch(epoch, step)
+
+    # ------------------------------------------------------------------------------------------------------
+    # Lightning hooks
+    # ------------------------------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        """Nothing to do: the data is prepared in ``__init__`` so that the spec exists before training."""
+
+    def train_dataloader(self) -> DataLoader:
+        """Training batches; the sampler's epoch advances every time the loader is iterated."""
+        self._train_loader = EpochDataLoader(self._sampler, num_workers=self.num_workers, persistent_workers=False)
+        return self._train_loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"next_epoch": e, "seed": s}``, saved in Lightning checkpoints.
+
+        Restoring it makes a resumed run continue with epoch ``e``'s fresh randomness instead of replaying
+        the sampling of epochs already used (replayed samples would not be the independent draws the
+        per-step composition assumes). The rest of a partially consumed epoch is skipped.
+        """
+        loader = getattr(self, "_train_loader", None)
+        next_epoch = self._sampler.epoch if loader is None else loader._next_epoch
+        return {"next_epoch": int(next_epoch), "seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue sampling at ``state_dict["next_epoch"]``; the seed must be the one the checkpoint used."""
+        if state_dict.get("seed", self.seed) != self.seed:
+            raise ConfigurationError(
+                "seed",
+                self.seed,
+                f"must equal the checkpoint's seed {state_dict['seed']} to resume its sampling",
+            )
+        self._sampler.epoch = int(state_dict["next_epoch"])
+        loader = getattr(self, "_train_loader", None)
+        if loader is not None:
+            loader._next_epoch = self._sampler.epoch
+
+    def _windows(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, forecast starts, window number) of the deterministic windows of ``split``."""
+        if split == "val":
+            first, count = 0, self.val_windows
+        elif split == "test":
+            first, count = self.val_windows, self.test_windows
+        else:
+            raise ConfigurationError("split", split, "must be 'val' or 'test'")
+        num = self.collection.num_series
+        rows = np.repeat(np.arange(num, dtype=np.int64), count)
+        window = np.tile(np.arange(count, dtype=np.int64), num)
+        starts = self.train_lengths[rows] + (first + window) * self.prediction_length
+        return rows, starts, window
+
+    def _eval_loader(self, split: str) -> DataLoader | list:
+        rows, starts, _ = self._windows(split)
+        if len(rows) == 0:
+            return []
+        dataset = FixedWindows(
+            self._full_store,
+            rows,
+            starts,
+            self.eval_batch_size,
+            self.keys,
+            self.static_cat,
+            self.static_real,
+            self.collection.univariate,
+        )
+        return DataLoader(dataset, batch_size=None, shuffle=False)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Validation windows (the ``val_windows`` windows before the test part), deterministic.
+
+        With ``val_windows == 0`` (the default) the datamodule has no validation dataloader at all, so the
+        Trainer runs no validation loop.
+        """
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader | list:
+        """Test windows (the last ``test_windows`` windows of every series), deterministic.
+
+        With ``test_windows == 0`` the datamodule has no test dataloader.
+        """
+        return self._eval_loader("test")
+
+    def evaluation_windows(self, split: str = "test") -> list[EvaluationWindow]:
+        """Everything needed to score forecasts of ``split`` (``"val"`` or ``"test"``), in loader order."""
+        rows, starts, window = self._windows(split)
+        out = []
+        squeeze = self.collection.univariate
+        for row, start, w in zip(rows.tolist(), starts.tolist(), window.tolist(), strict=True):
+            series = self.collection.targets[row]
+            first = None if self.collection.starts is None else self.collection.starts[row]
+            history = series[:start]
+            truth = series[start : start + self.prediction_length]
+            out.append(
+                EvaluationWindow(
+                    item_id=self.collection.item_ids[row],
+                    series_index=row,
+                    window=w,
+                    start=first,
+                    forecast_start=None if first is None else first + start,
+                    history=history[:, 0] if squeeze else history,
+                    target=truth[:, 0] if squeeze else truth,
+                )
+            )
+        return out
+
+    def gluonts_test_pairs(self, split: str = "test") -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """GluonTS-style ``(input entry, label entry)`` pairs, as ``gluonts.dataset.split`` produces.
+
+        Input entries hold ``target`` (history, ``[t]`` or ``[D, t]``), ``start``, ``item_id`` and the static
+        features; label entries hold the ``prediction_length`` true values and the forecast start. Use them
+        with a GluonTS ``Predictor`` and ``gluonts.model.evaluate_forecasts``.
+        """
+        pairs = []
+        for w in self.evaluation_windows(split):
+            n = w.series_index
+            entry: dict[str, Any] = {
+                "target": w.history if self.collection.univariate else w.history.T,
+                "start": w.start,
+                "item_id": w.item_id,
+                "feat_static_cat": self.static_cat[n],
+                "feat_static_real": self.static_real[n],
+            }
+            if self.collection.feat_dynamic_real is not None:
+                stop = len(w.history) + self.prediction_length
+                entry["feat_dynamic_real"] = self.collection.feat_dynamic_real[n][:stop].T
+            label = {
+                "target": w.target if self.collection.univariate else w.target.T,
+                "start": w.forecast_start,
+                "item_id": w.item_id,
+            }
+            pairs.append((entry, label))
+        return pairs
+
+    def describe(self) -> str:
+        """A one-paragraph human-readable summary of data, splits and sampling."""
+        s = self._spec
+        return (
+            f"{s.num_series} series ({len(self.dropped_series)} dropped), training lengths "
+            f"{int(self.train_lengths.min())}..{int(self.train_lengths.max())}, "
+            f"past_length={self.past_length} "
+            f"(context {self.context_length} + lags {self.past_length - self.context_length}), "
+            f"prediction_length={s.prediction_length}, batch_size={s.batch_size}, "
+            f"instances_per_series={s.instances_per_series}, top_level={s.top_level}, "
+            f"bottom_level={s.bottom_level}, {s.steps_per_epoch} steps/epoch, rho={s.top_level_rate:.4g}, "
+            f"r={s.bottom_level_rate:.4g}, context_noise={s.context_noise}, forecast_noise={s.forecast_noise}"
+        )

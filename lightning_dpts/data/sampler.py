@@ -1,0 +1,288 @@
+"""Vectorised bi-level structured subsampling (Algorithms 1, 3, 4, 5, 6 and Eq. 1 of the paper).
+
+All series live in one zero-padded array; a window is gathered with index arithmetic, so a whole batch is a
+handful of numpy calls regardless of its size. Randomness is owned by :class:`StructuredSampler` and is a
+pure function of ``(seed, epoch, step)``: batches are reproducible and identical for any number of
+DataLoader workers.
+
+Indexing convention (0-based translation of Algorithm 4): series ``n`` of length ``L_n`` is stored after
+``P = past_length`` zeros (observed mask 0). A start position ``s in {0, ..., T_n - 1}``, with
+``T_n = L_n - L_F + 1`` (the paper's ``t = s + 1``), selects ``padded[s : s + P + L_F]``; its past part
+is the first ``P`` steps and its future part is ``series[s : s + L_F]``. The last window therefore ends
+exactly at the end of the series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from lightning_dpts.privacy.spec import SamplingSpec
+
+__all__ = ["StructuredSampler", "WindowStore", "FixedWindows", "EpochDataLoader"]
+
+
+class WindowStore:
+    """Series kept in one padded array for fast window gathering.
+
+    Each series occupies a row of ``width = P + max_n L_n`` steps: ``P`` zeros (observed mask 0), its
+    values (NaN replaced by 0 with mask 0, like GluonTS's ``AddObservedValuesIndicator``), then zeros.
+    Rows are stored flat (``[N * width, D]``) so a batch is gathered with a few ``numpy.take`` calls.
+
+    Args:
+        targets: one ``[L_n, D]`` float array per series; NaN marks a missing value.
+        past_length: P, the past window length gathered (context plus every lag), in time steps.
+        prediction_length: L_F, the future window length, in time steps.
+        dynamic: optional ``[L_n, F]`` dynamic features per series (same ``F`` for all).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[np.ndarray],
+        past_length: int,
+        prediction_length: int,
+        dynamic: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        self.past_length = int(past_length)
+        self.prediction_length = int(prediction_length)
+        self.lengths = np.array([len(t) for t in targets], dtype=np.int64)
+        num, dims = len(targets), targets[0].shape[1]
+        self.width = width = self.past_length + int(self.lengths.max())
+        values = np.zeros((num, width, dims), dtype=np.float32)
+        observed = np.zeros((num, width, dims), dtype=np.float32)
+        for n, series in enumerate(targets):
+            stop = self.past_length + len(series)
+            finite = np.isfinite(series)
+            values[n, self.past_length : stop] = np.where(finite, series, 0.0)
+            observed[n, self.past_length : stop] = finite
+        num_features = 0 if dynamic is None else dynamic[0].shape[1]
+        feats = np.zeros((num, width, num_features), dtype=np.float32)
+        if dynamic is not None:
+            for n, f in enumerate(dynamic):
+                feats[n, self.past_length : self.past_length + len(f)] = f
+        self.values = values.reshape(num * width, dims)
+        self.observed = observed.reshape(num * width, dims)
+        self.dynamic = feats.reshape(num * width, num_features)
+        self._past_offsets = np.arange(self.past_length, dtype=np.int64)
+        self._future_offsets = np.arange(self.past_length, self.past_length + self.prediction_length)
+
+    @property
+    def num_start_positions(self) -> np.ndarray:
+        """T_n = L_n - L_F + 1 per series (Algorithm 4)."""
+        return self.lengths - self.prediction_length + 1
+
+    def gather(self, rows: np.ndarray, starts: np.ndarray, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Windows ``padded[rows[i], starts[i] : starts[i] + P + L_F]`` split into past and future parts.
+
+        Returns C-contiguous arrays ``past_target``/``past_observed_values`` ``[B, P, D]``,
+        ``future_target``/``future_observed_values`` ``[B, L_F, D]``, ``past_time_feat`` ``[B, P, F]`` and
+        ``future_time_feat`` ``[B, L_F, F]`` (only those in ``keys`` when it is given).
+        """
+        base = (rows * self.width + starts)[:, None]
+        index = {"past": base + self._past_offsets[None, :], "future": base + self._future_offsets[None, :]}
+        sources = {
+            "past_target": (self.values, "past"),
+            "past_observed_values": (self.observed, "past"),
+            "future_target": (self.values, "future"),
+            "future_observed_values": (self.observed, "future"),
+            "past_time_feat": (self.dynamic, "past"),
+            "future_time_feat": (self.dynamic, "future"),
+        }
+        wanted = sources if keys is None else [k for k in keys if k in sources]
+        return {k: sources[k][0].take(index[sources[k][1]], axis=0) for k in wanted}
+
+
+_TARGET_FIELDS = frozenset({"past_target", "past_observed_values", "future_target", "future_observed_values"})
+
+
+def _to_tensors(
+    arrays: dict[str, np.ndarray],
+    rows: np.ndarray,
+    keys: Sequence[str],
+    static_cat: np.ndarray | None,
+    static_real: np.ndarray | None,
+    univariate: bool,
+) -> dict[str, torch.Tensor]:
+    """Batch dict of tensors sharing memory with the gathered arrays (no further copies)."""
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        if key == "feat_static_cat":
+            assert static_cat is not None
+            out[key] = torch.from_numpy(static_cat[rows])
+        elif key == "feat_static_real":
+            assert static_real is not None
+            out[key] = torch.from_numpy(static_real[rows])
+        else:
+            arr = arrays[key]
+            if univariate and key in _TARGET_FIELDS:
+                arr = arr.reshape(arr.shape[:2])  # [B, W, 1] -> [B, W], a view of contiguous memory
+            out[key] = torch.from_numpy(arr)
+    return out
+
+
+class StructuredSampler(IterableDataset):
+    """Yields whole training batches of bi-level structured subsampling; use with ``batch_size=None``.
+
+    Each epoch has ``spec.steps_per_epoch = floor(N * lambda / Lambda)`` steps (Algorithm 1). Step ``b``:
+
+    * top level (which series): ``iteration`` takes series ``b*N' .. (b+1)*N' - 1`` in dataset order
+      (Algorithm 3, leftover series unused); ``shuffling`` does the same over a fresh permutation per epoch;
+      ``without_replacement`` draws a fresh uniform N'-subset (Algorithm 5); ``poisson`` includes each series
+      independently with probability N'/N (variable batch size, possibly 0);
+    * bottom level (which windows): ``with_replacement`` draws lambda start positions uniformly with
+      replacement from ``{0..T_n-1}`` (Algorithm 4); ``poisson`` includes each start position independently
+      with rate ``min(1, lambda/T_n)`` (Algorithm 6);
+    * augmentation (Eq. 1): i.i.d. Gaussian noise with std ``context_noise * v`` on the whole past window and
+      ``forecast_noise * v`` on the whole future window of every sampled window, drawn fresh every time.
+
+    Randomness: the generator of step ``b`` of epoch ``e`` is ``numpy.random.default_rng([seed, e, 1, b])``
+    and the per-epoch permutation uses ``[seed, e, 0]``; nothing depends on data values (PRIVACY-NOTES,
+    trap 5). With ``k`` DataLoader workers, worker ``w`` produces steps ``w, w + k, ...``; the DataLoader's
+    round-robin then restores the order, so the batches are the same as with ``num_workers=0``.
+
+    Args:
+        store: the training series (:class:`WindowStore`).
+        spec: the sampling description; its ``top_level``, ``bottom_level``, ``batch_size``,
+            ``instances_per_series``, noises and ``relation.value_bound`` drive the sampling.
+        keys: the batch fields to emit.
+        seed: base seed (integer >= 0).
+        static_cat / static_real: ``[N, C]`` / ``[N, R]`` static features, when ``keys`` asks for them.
+        univariate: drop the trailing ``D = 1`` axis of targets and masks.
+    """
+
+    def __init__(
+        self,
+        store: WindowStore,
+        spec: SamplingSpec,
+        keys: Sequence[str],
+        seed: int,
+        static_cat: np.ndarray | None = None,
+        static_real: np.ndarray | None = None,
+        univariate: bool = True,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.spec = spec
+        self.keys = tuple(keys)
+        self.seed = int(seed)
+        self.static_cat = static_cat
+        self.static_real = static_real
+        self.univariate = univariate
+        self.epoch = 0
+        v = spec.relation.value_bound or 0.0
+        self._context_std = spec.context_noise * v
+        self._forecast_std = spec.forecast_noise * v
+        self._num_series = len(store.lengths)
+        self._t = store.num_start_positions
+
+    def __len__(self) -> int:
+        return self.spec.steps_per_epoch
+
+    # -- top level ---------------------------------------------------------------------------------------
+    def top_level(self, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
+        """Series indices of step ``step`` of epoch ``epoch`` (int64, possibly empty for Poisson)."""
+        n_top, num = self.spec.top_sample_size, self._num_series
+        mode = self.spec.top_level
+        if mode == "iteration":
+            return np.arange(step * n_top, (step + 1) * n_top, dtype=np.int64)
+        if mode == "shuffling":
+            perm = np.random.default_rng([self.seed, epoch, 0]).permutation(num)
+            return perm[step * n_top : (step + 1) * n_top].astype(np.int64)
+        if mode == "without_replacement":  # a uniformly random N'-subset, in random order
+            if num <= 1024:  # faster for small N; Generator.choice uses Floyd's algorithm for large N
+                return rng.permutation(num)[:n_top].astype(np.int64, copy=False)
+            return rng.choice(num, size=n_top, replace=False).astype(np.int64, copy=False)
+        return np.flatnonzero(rng.random(num) < n_top / num).astype(np.int64)
+
+    # -- bottom level ------------------------------------------------------------------------------------
+    def bottom_level(self, series: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(row, start) pairs of the windows sampled from ``series`` (0-based starts in ``[0, T_n)``)."""
+        lam = self.spec.instances_per_series
+        t = self._t[series]
+        if self.spec.bottom_level == "with_replacement":
+            rows = np.repeat(series, lam)
+            starts = rng.integers(0, np.repeat(t, lam))
+            return rows, starts.astype(np.int64)
+        if len(series) == 0:
+            return series, series.copy()
+        rate = np.minimum(1.0, lam / t)
+        grid = np.arange(int(t.max()))
+        mask = (rng.random((len(series), len(grid))) < rate[:, None]) & (grid[None, :] < t[:, None])
+        which, starts = np.nonzero(mask)
+        return series[which], starts.astype(np.int64)
+
+    def sample_indices(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+        """(rows, starts, generator) of one step; the generator continues with the augmentation noise."""
+        rng = np.random.default_rng([self.seed, epoch, 1, step])
+        series = self.top_level(epoch, step, rng)
+        rows, starts = self.bottom_level(series, rng)
+        return rows, starts, rng
+
+    def batch(self, epoch: int, step: int) -> dict[str, torch.Tensor]:
+        """The training batch of step ``step`` of epoch ``epoch``."""
+        rows, starts, rng = self.sample_indices(epoch, step)
+        arrays = self.store.gather(rows, starts, self.keys)
+        if self._context_std > 0:
+            past = arrays["past_target"]
+            past += rng.standard_normal(past.shape, dtype=np.float32) * np.float32(self._context_std)
+        if self._forecast_std > 0:
+            future = arrays["future_target"]
+            future += rng.standard_normal(future.shape, dtype=np.float32) * np.float32(self._forecast_std)
+        return _to_tensors(arrays, rows, self.keys, self.static_cat, self.static_real, self.univariate)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        epoch = self.epoch
+        info = get_worker_info()
+        first, stride = (0, 1) if info is None else (info.id, info.num_workers)
+        for step in range(first, self.spec.steps_per_epoch, stride):
+            yield self.batch(epoch, step)
+
+
+class EpochDataLoader(DataLoader):
+    """DataLoader that advances its :class:`StructuredSampler`'s epoch each time it is iterated.
+
+    Setting the epoch before the workers are started makes every worker sample the same epoch. Persistent
+    workers would keep a stale copy of the epoch and are therefore rejected by the datamodule.
+    """
+
+    def __init__(self, dataset: StructuredSampler, **kwargs) -> None:
+        super().__init__(dataset, batch_size=None, **kwargs)
+        self._next_epoch = dataset.epoch
+
+    def __iter__(self):  # type: ignore[override]
+        self.dataset.epoch = self._next_epoch
+        self._next_epoch += 1
+        return super().__iter__()
+
+
+class FixedWindows(Dataset):
+    """Deterministic batches of given windows (validation/test), in order, without augmentation."""
+
+    def __init__(
+        self,
+        store: WindowStore,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        batch_size: int,
+        keys: Sequence[str],
+        static_cat: np.ndarray | None,
+        static_real: np.ndarray | None,
+        univariate: bool,
+    ) -> None:
+        self.store, self.rows, self.starts = store, rows, starts
+        self.batch_size, self.keys = batch_size, tuple(keys)
+        self.static_cat, self.static_real, self.univariate = static_cat, static_real, univariate
+
+    def __len__(self) -> int:
+        return -(-len(self.rows) // self.batch_size)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        rows, starts = self.rows[part], self.starts[part]
+        arrays = self.store.gather(rows, starts, self.keys)
+        return _to_tensors(arrays, rows, self.keys, self.static_cat, self.static_real, self.univariate)
