@@ -1,9 +1,9 @@
 """What does private training cost on the bundled us_employment data? (runs in seconds, no torch needed)
 
-The geometry is that of the embedded default dataset: 148 monthly series, the shortest with 225 observed
-months; holding out the last 12 months for test and 12 for validation leaves L = 201 training months. A model
-reads 36 months of context and forecasts 12; a batch has 32 windows. We protect any single month of any
-series (1-event level) at delta = 1e-7.
+The geometry is that of the embedded default dataset as `StructuredSubsamplingDataModule("us_employment",
+prediction_length=12)` splits it: 148 monthly series, the shortest with 225 observed months, the last 12 held
+out for test, leaving L = 213 training months. A model reads 36 months of context and forecasts 12; a batch
+has 32 windows. We protect any single month of any series (1-event level) at delta = 1e-7.
 
     python examples/privacy_accounting.py
 """
@@ -23,7 +23,7 @@ STEPS = (4, 100, 1000)  # 4 steps = one epoch at N=148, Lambda=32
 
 
 def geometry(**kw) -> SamplingSpec:
-    base = dict(num_series=148, min_length=201, context_length=36, prediction_length=12, batch_size=32)
+    base = dict(num_series=148, min_length=213, context_length=36, prediction_length=12, batch_size=32)
     return SamplingSpec(**{**base, **kw})
 
 
