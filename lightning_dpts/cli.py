@@ -1,7 +1,8 @@
 """The ``dpts`` command.
 
-``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant without torch. Invalid
-values and combinations exit with status 2 and a message naming the option.
+``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant without torch;
+``dpts release epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
+combinations exit with status 2 and a message naming the option.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_options(p_steps, needs_noise=True, multi_steps=False, needs_steps=False, needs_epsilon=True)
     p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps")
     _add_privacy_options(p_noise, needs_noise=False, multi_steps=False, needs_steps=True, needs_epsilon=True)
+    from lightning_dpts.release.cli import add_release_parser
+
+    add_release_parser(sub)
     return parser
 
 
@@ -173,8 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "privacy":
             return _run_privacy(args)
+        if args.command == "release":
+            from lightning_dpts.release.cli import run_release
+
+            return run_release(args)
     except ConfigurationError as err:
-        option = _OPTION_NAMES.get(err.parameter, err.parameter)
+        from lightning_dpts.release.cli import RELEASE_OPTION_NAMES
+
+        option = {**_OPTION_NAMES, **RELEASE_OPTION_NAMES}.get(err.parameter, err.parameter)
         parser.exit(2, f"dpts: error: {option}: {err.requirement} (got {err.value!r})\n")
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2  # pragma: no cover

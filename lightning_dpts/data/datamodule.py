@@ -493,15 +493,17 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     def gluonts_test_pairs(self, split: str = "test") -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """GluonTS-style ``(input entry, label entry)`` pairs, as ``gluonts.dataset.split`` produces.
 
-        Input entries hold ``target`` (history, ``[t]`` or ``[D, t]``), ``start``, ``item_id`` and the static
-        features; label entries hold the ``prediction_length`` true values and the forecast start. Use them
-        with a GluonTS ``Predictor`` and ``gluonts.model.evaluate_forecasts``.
+        Input entries hold ``target`` (history, ``[t]`` or ``[D, t]``, float32 as GluonTS's own dataset loading
+        produces), ``start``, ``item_id`` and the static features; label entries hold the ``prediction_length``
+        true values and the forecast start. Use them with a GluonTS ``Predictor`` and
+        ``gluonts.model.evaluate_forecasts``.
         """
         pairs = []
         for w in self.evaluation_windows(split):
             n = w.series_index
+            history = w.history if self.collection.univariate else w.history.T
             entry: dict[str, Any] = {
-                "target": w.history if self.collection.univariate else w.history.T,
+                "target": np.asarray(history, dtype=np.float32),
                 "start": w.start,
                 "item_id": w.item_id,
                 "feat_static_cat": self.static_cat[n],
@@ -509,7 +511,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             }
             if self.collection.feat_dynamic_real is not None:
                 stop = len(w.history) + self.prediction_length
-                entry["feat_dynamic_real"] = self.collection.feat_dynamic_real[n][:stop].T
+                entry["feat_dynamic_real"] = np.asarray(self.collection.feat_dynamic_real[n][:stop].T, np.float32)
             label = {
                 "target": w.target if self.collection.univariate else w.target.T,
                 "start": w.forecast_start,
