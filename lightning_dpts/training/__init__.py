@@ -1,0 +1,31 @@
+"""DP training for Lightning: :class:`DPForecastStrategy` (Algorithm 2) and :class:`AccountantCallback`.
+
+* :class:`DPForecastStrategy` - per-window clipping + Gaussian noise for an unchanged LightningModule.
+* :class:`AccountantCallback` - logs epsilon every step and stops training within the privacy budget.
+* :func:`make_private_compatible` - the layer surgery (LSTM/GRU/RNN, multi-head attention) behind the strategy.
+* :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
+"""
+
+from lightning_dpts.training.accountant_callback import AccountantCallback, PrivacyBudgetExhausted
+from lightning_dpts.training.engine import PerWindowClipper
+from lightning_dpts.training.strategy import DPForecastStrategy, clip_and_noise
+from lightning_dpts.training.surgery import (
+    DPCompatibleMultiheadAttention,
+    DPFastLSTM,
+    Surgery,
+    check_per_window_layers,
+    make_private_compatible,
+)
+
+__all__ = [
+    "AccountantCallback",
+    "DPCompatibleMultiheadAttention",
+    "DPFastLSTM",
+    "DPForecastStrategy",
+    "PerWindowClipper",
+    "PrivacyBudgetExhausted",
+    "Surgery",
+    "check_per_window_layers",
+    "clip_and_noise",
+    "make_private_compatible",
+]

@@ -1,0 +1,284 @@
+"""AccountantCallback: log epsilon every optimizer step and stop before the privacy budget is exceeded.
+
+It reads the sampling description from ``trainer.datamodule.sampling_spec`` and sigma from the one
+:class:`~lightning_dpts.training.DPForecastStrategy` among the Trainer's callbacks, builds a
+:class:`~lightning_dpts.privacy.StructuredSubsamplingAccountant` (which picks the theorem of the paper for the
+configuration) and
+
+* computes once the largest number of optimizer steps whose composed epsilon stays within the budget
+  (``max_steps``, a whole number of epochs for iteration/shuffling top levels, which are accounted per
+  epoch) and lowers the Trainer's ``max_steps`` to it, so no step beyond the budget is ever taken;
+* logs ``epsilon`` after every optimizer step to every attached logger and to the progress bar.
+
+Per-step cost. Composing a privacy-loss distribution takes ~10-50 ms, more than a small training step, so
+epsilon is not recomputed every step. At step n (n compositions, or the number of started epochs) the callback
+logs epsilon at a *grid point* g >= n, computed exactly; epsilon grows with the number of compositions, so
+this is a sound upper bound. When n passes g, the next point is the largest of n, g * (1 + ``grid_rtol``)
+and n + k - 1, where k is chosen so that one evaluation is spread over k steps and costs at most
+``max_overhead`` (default 5%) of the measured training time; it is capped at the budget's last count, whose
+epsilon is computed before training. Between evaluations the per-step cost is a comparison plus the logger
+calls (measured by ``benchmarks/dp_training.py``). The final report is exact.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
+from lightning_dpts.privacy.spec import SamplingSpec
+from lightning_dpts.training.strategy import DPForecastStrategy
+
+__all__ = ["AccountantCallback", "PrivacyBudgetExhausted"]
+
+
+class PrivacyBudgetExhausted(RuntimeError):
+    """Raised instead of taking an optimizer step the privacy budget does not cover (a safety net)."""
+
+
+class AccountantCallback(Callback):
+    """Enforce a privacy budget (epsilon, delta) and log the epsilon spent at every optimizer step.
+
+    Args:
+        epsilon: the budget epsilon >= 0.
+        delta: the budget delta in (0, 1).
+        bound: ``"upper"`` (default, the sound guarantee) or ``"lower"`` (the paper's optimistic lower bound;
+            only for comparisons - training then stops at a count the guarantee does *not* cover).
+        grid_rtol: relative spacing (> 0, <= 0.5) of the composition counts at which epsilon is computed exactly
+            for logging; the logged value is a sound upper bound within one grid step.
+        max_overhead: the largest fraction (> 0) of training time that computing the logged epsilon may take;
+            ``None`` disables the cap (epsilon then follows the ``grid_rtol`` grid exactly - deterministic).
+        log_name: metric name (default ``"epsilon"``).
+
+    Attributes:
+        max_steps: the largest optimizer-step count the budget allows (after ``on_train_start``).
+        steps: optimizer steps accounted so far (saved in checkpoints; resuming continues the count).
+        report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
+    """
+
+    def __init__(
+        self,
+        epsilon: float,
+        delta: float,
+        *,
+        bound: str = "upper",
+        grid_rtol: float = 0.01,
+        max_overhead: float | None = 0.05,
+        log_name: str = "epsilon",
+    ) -> None:
+        super().__init__()
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (
+            math.isfinite(epsilon) and epsilon >= 0
+        ):
+            raise ConfigurationError("epsilon", epsilon, "must be a finite number >= 0")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ConfigurationError("delta", delta, "must lie strictly between 0 and 1")
+        if bound not in ("upper", "lower"):
+            raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
+        if not (isinstance(grid_rtol, (int, float)) and 0 < grid_rtol <= 0.5):
+            raise ConfigurationError("grid_rtol", grid_rtol, "must lie in (0, 0.5]")
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+        self.bound = bound
+        self.grid_rtol = float(grid_rtol)
+        if max_overhead is not None and not (isinstance(max_overhead, (int, float)) and max_overhead > 0):
+            raise ConfigurationError("max_overhead", max_overhead, "must be a number > 0, or None")
+        self.max_overhead = max_overhead
+        self.log_name = log_name
+        self.steps = 0
+        self.max_steps: int | None = None
+        self.report: PrivacyReport | None = None
+        self.accountant: StructuredSubsamplingAccountant | None = None
+        self._loaded: dict[str, Any] | None = None
+        self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
+        self._last: tuple[int, float] = (0, 0.0)
+        self._eval_time = 0.0
+        self._train_time = 0.0
+        self._timed_steps = 0
+        self._tick: float | None = None
+        self._bar_value: float | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "AccountantCallback"
+
+    # ------------------------------------------------------------------------------------------------
+    def _strategy(self, trainer: L.Trainer) -> DPForecastStrategy:
+        found = [cb for cb in trainer.callbacks if isinstance(cb, DPForecastStrategy)]
+        if len(found) != 1:
+            raise ConfigurationError(
+                "callbacks", f"{len(found)} DPForecastStrategy",
+                "AccountantCallback needs exactly one DPForecastStrategy in Trainer(callbacks=[...])",
+            )
+        return found[0]
+
+    @staticmethod
+    def _spec(trainer: L.Trainer) -> SamplingSpec:
+        dm = getattr(trainer, "datamodule", None)
+        spec = getattr(dm, "sampling_spec", None) if dm is not None else None
+        if not isinstance(spec, SamplingSpec):
+            raise ConfigurationError(
+                "datamodule", type(dm).__name__,
+                "AccountantCallback needs a datamodule with a sampling_spec (e.g. StructuredSubsamplingDataModule)",
+            )
+        return spec
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        spec = self._spec(trainer)
+        strategy = self._strategy(trainer)
+        sigma = strategy.resolve(trainer)
+        self.spec = spec
+        if self._loaded is not None:
+            saved_sigma, saved_spec = self._loaded.get("noise_multiplier"), self._loaded.get("spec")
+            if saved_sigma is not None and not math.isclose(saved_sigma, sigma, rel_tol=1e-9):
+                raise ConfigurationError(
+                    "noise_multiplier", sigma,
+                    f"the checkpoint's steps were accounted with noise_multiplier={saved_sigma}; keep it to resume",
+                )
+            if saved_spec is not None and saved_spec != repr(spec):
+                raise ConfigurationError(
+                    "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
+                )
+            self.steps = int(self._loaded["steps"])
+            self._loaded = None
+        if strategy.steps > self.steps:  # e.g. a checkpoint written without this callback: count every noisy step
+            rank_zero_warn(
+                f"AccountantCallback: {strategy.steps} noisy steps were taken but only {self.steps} accounted; "
+                f"accounting {strategy.steps}"
+            )
+            self.steps = strategy.steps
+        if spec.accounts_per_epoch and trainer.num_training_batches != spec.steps_per_epoch:
+            raise ConfigurationError(
+                "limit_train_batches", trainer.num_training_batches,
+                f"{spec.top_level!r} top level is accounted per epoch of spec.steps_per_epoch="
+                f"{spec.steps_per_epoch} steps; the Trainer's epoch must have exactly that many batches",
+            )
+        acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound)
+        self.accountant = acc
+        self.max_steps = acc.max_steps(self.epsilon, self.delta)
+        remaining = self.max_steps - self.steps
+        loop = trainer.fit_loop.epoch_loop
+        allowed = trainer.global_step + max(0, remaining)
+        if loop.max_steps < 0 or loop.max_steps > allowed:
+            loop.max_steps = allowed
+        if remaining <= 0:
+            rank_zero_warn(
+                f"AccountantCallback: the budget epsilon={self.epsilon} at delta={self.delta} allows "
+                f"{self.max_steps} optimizer steps and {self.steps} are already accounted; no step is taken"
+            )
+            trainer.should_stop = True
+        rank_zero_info(
+            f"AccountantCallback: budget epsilon={self.epsilon}, delta={self.delta} allows {self.max_steps} "
+            f"optimizer steps ({acc.theorem}, {acc.kind} bound, per {acc.unit}, sigma={sigma:.4g})"
+        )
+        self._start_grid()
+
+    def _start_grid(self) -> None:
+        assert self.accountant is not None and self.max_steps is not None
+        last = self.accountant.compositions(self.max_steps)
+        eps = self.accountant.epsilon(self.max_steps, self.delta) if last else 0.0  # cached by max_steps
+        self._last = (last, eps)
+        self.grid_points = []
+        self._tick = None
+        self._bar_value = None
+
+    def _next_point(self, c: int) -> int:
+        """The grid point at which to evaluate epsilon when ``c`` compositions passed the previous point."""
+        assert self.accountant is not None
+        point = c
+        if self.grid_points:
+            point = max(point, math.ceil(self.grid_points[-1][0] * (1.0 + self.grid_rtol)))
+        if self.max_overhead is not None and self._timed_steps and self._eval_time > 0:
+            per_unit = self._train_time / self._timed_steps
+            if self.accountant.unit == "epoch":
+                per_unit *= self.accountant.spec.steps_per_epoch
+            evals_per_unit = (self._eval_time / len(self.grid_points)) / max(per_unit, 1e-9)
+            point = max(point, c + math.ceil(evals_per_unit / self.max_overhead) - 1)
+        return min(point, self._last[0])
+
+    def epsilon_upper_bound(self, steps: int) -> float:
+        """A sound upper bound on epsilon after ``steps`` optimizer steps: epsilon at a grid point >= steps.
+
+        Computes a new grid point when ``steps`` passed the last one (see the module docstring).
+        """
+        assert self.accountant is not None
+        c = self.accountant.compositions(steps)
+        if c == 0:
+            return 0.0
+        if self.grid_points and c <= self.grid_points[-1][0]:
+            return self.grid_points[-1][1]
+        if c > self._last[0]:  # beyond the budget: exact (never happens while the budget is enforced)
+            return self.accountant.epsilon(steps, self.delta)
+        point = self._next_point(c)
+        if point == self._last[0]:
+            value = self._last[1]
+        else:
+            start = time.perf_counter()
+            value = self.accountant.epsilon(self.accountant.spec.max_steps_for_compositions(point), self.delta)
+            self._eval_time += time.perf_counter() - start
+        self.grid_points.append((point, value))
+        return value
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise PrivacyBudgetExhausted(
+                f"optimizer step {self.steps + 1} would exceed epsilon={self.epsilon} at delta={self.delta} "
+                f"(the budget allows {self.max_steps} steps)"
+            )
+        self.steps += 1
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.accountant is None:
+            return
+        now = time.perf_counter()
+        if self._tick is not None:  # training time per step, for the overhead cap
+            self._train_time += now - self._tick
+            self._timed_steps += 1
+        value = self.epsilon_upper_bound(self.steps)
+        if value != self._bar_value:  # the progress bar keeps the last value; self.log costs ~0.5 ms
+            pl_module.log(self.log_name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                          batch_size=1)
+            self._bar_value = value
+        for logger in trainer.loggers:
+            logger.log_metrics({self.log_name: value}, step=trainer.global_step - 1)
+        self._tick = time.perf_counter()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.accountant is None:
+            return
+        self.report = self.accountant.report(self.steps, self.delta)
+        r = self.report
+        for logger in trainer.loggers:
+            logger.log_metrics({f"{self.log_name}_spent": r.epsilon, "privacy_steps": float(r.steps)},
+                               step=max(0, trainer.global_step - 1))
+        rank_zero_info(
+            f"AccountantCallback: spent epsilon={r.epsilon:.4g} at delta={r.delta:g} after {r.steps} optimizer "
+            f"steps ({r.compositions} {r.unit} compositions; {r.theorem}, {r.kind} bound)"
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        sigma = self.accountant.noise_multiplier if self.accountant is not None else None
+        return {
+            "steps": self.steps,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "bound": self.bound,
+            "noise_multiplier": sigma,
+            "spec": repr(self.spec) if self.accountant is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = dict(state_dict)
+        self.steps = int(state_dict["steps"])

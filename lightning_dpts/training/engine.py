@@ -1,0 +1,306 @@
+"""Per-window clipping without materialising every per-window gradient (Algorithm 2's inner loop).
+
+Algorithm 2 needs, per window i, the norm ||g_i|| and then sum_i min(1, C/||g_i||) g_i. Materialising all g_i
+costs B x (number of parameters) memory and time, which dominates the step of a feed-forward forecaster. For
+linear layers (``nn.Linear`` and subclasses, and :class:`~lightning_dpts.training.surgery.DPFastLSTM`, whose
+parameters act as one linear map of ``[x_t, h_t-1]``) the gradient of window i is ``G_i^T A_i`` with A_i the
+layer inputs and G_i the gradients of its outputs (time steps stacked along the second axis), so
+
+* ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts``
+  ("ghost norm", Li et al. 2022) when T^2 <= p d, else the per-window matrices are formed for the norm only;
+* ``sum_i c_i G_i^T A_i`` is one matrix product of the c-weighted G with A ("book-keeping", Bu et al. 2023).
+
+Every other layer with trainable parameters (embeddings, layer norms, Opacus RNN layers, ...) gets per-window
+gradients from Opacus' ``GradSampleModule`` hooks, restricted to those layers. The clipping factor is
+Opacus': ``min(1, C / (||g_i|| + 1e-6))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from opacus import GradSampleModule
+from opacus.layers.dp_rnn import DPRNNBase
+from torch import nn
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.training.surgery import DPFastLSTM
+
+__all__ = ["PerWindowClipper"]
+
+_CLIP_EPS = 1e-6
+
+
+class _OpacusSubset(GradSampleModule):
+    """Opacus per-sample gradient hooks on every trainable layer except those in ``skip``."""
+
+    def __init__(self, m: nn.Module, skip: set[int], **kwargs: Any) -> None:
+        object.__setattr__(self, "_skip_ids", skip)
+        super().__init__(m, **kwargs)
+
+    def iterate_submodules(self, module: nn.Module):  # type: ignore[override]
+        for sub in super().iterate_submodules(module):
+            if id(sub) not in self._skip_ids:
+                yield sub
+
+
+class _Record:
+    """Inputs and output gradients of one linear map over one batch (one entry per call)."""
+
+    __slots__ = ("weights", "biases", "calls")
+
+    def __init__(self, weights: list[tuple[nn.Parameter, int, int]], biases: list[nn.Parameter]) -> None:
+        self.weights = weights  # (parameter, first input column, last input column)
+        self.biases = biases
+        self.calls: list[list[torch.Tensor | None]] = []
+
+
+def _own_trainable(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+class PerWindowClipper:
+    """Collects what is needed for per-window norms and clipped sums of one LightningModule.
+
+    Args:
+        module: the network (hooks are attached to its layers; remove them with :meth:`remove`).
+        loss_reduction: ``"mean"`` if the training loss averages the per-window losses, ``"sum"`` if it sums.
+    """
+
+    def __init__(self, module: nn.Module, *, loss_reduction: str = "mean") -> None:
+        self.loss_reduction = loss_reduction
+        self.enabled = True
+        self._records: dict[int, _Record] = {}
+        self._handles: list[Any] = []
+        skip: set[int] = set()
+        for sub in module.modules():
+            if isinstance(sub, nn.Linear) and _own_trainable(sub):
+                skip.add(id(sub))
+                weights = [(sub.weight, 0, sub.in_features)] if sub.weight.requires_grad else []
+                biases = [sub.bias] if sub.bias is not None and sub.bias.requires_grad else []
+                self._records[id(sub)] = _Record(weights, biases)
+                self._handles.append(sub.register_forward_hook(self._linear_hook))
+            elif isinstance(sub, DPFastLSTM):
+                skip.add(id(sub))
+                sub.recorder = self._lstm_record
+        owned = [id(p) for r in self._records.values() for p in [w for w, _, _ in r.weights] + r.biases]
+        if len(owned) != len(set(owned)):
+            raise ConfigurationError(
+                "model", "a parameter shared by several linear layers",
+                "tied weights are not supported for DP training (their per-window norms would be wrong)",
+            )
+        self.native = set(owned)
+        self._lstm_records: dict[tuple[int, int], _Record] = {}
+        self._lstm_modules = [sub for sub in module.modules() if isinstance(sub, DPFastLSTM)]
+        for sub in self._lstm_modules:
+            self.native.update(id(p) for p in sub.parameters() if p.requires_grad)
+        others = [
+            sub for sub in module.modules()
+            if id(sub) not in skip and _own_trainable(sub) and not isinstance(sub, (nn.Linear, DPFastLSTM, DPRNNBase))
+        ]  # Opacus DPGRU/DPRNN re-register their RNNLinear children's parameters under nn.GRU names
+        for sub in others:
+            if any(id(p) in self.native for p in sub.parameters(recurse=False)):
+                raise ConfigurationError(
+                    "model", f"a parameter shared by a linear layer and {type(sub).__name__}",
+                    "tied weights are not supported for DP training (their per-window norms would be wrong)",
+                )
+        self.gsm: GradSampleModule | None = None
+        if others:
+            self.gsm = _OpacusSubset(module, skip, batch_first=True, loss_reduction=loss_reduction, strict=False)
+
+    # -- recording --------------------------------------------------------------------------------------
+    def _active(self, module: nn.Module) -> bool:
+        return self.enabled and module.training and torch.is_grad_enabled()
+
+    def _linear_hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if not self._active(module) or not isinstance(output, torch.Tensor) or not output.requires_grad:
+            return
+        call: list[torch.Tensor | None] = [inputs[0].detach(), None]
+        self._records[id(module)].calls.append(call)
+        output.register_hook(lambda g, call=call: call.__setitem__(1, g.detach()))
+
+    def _lstm_record(self, module: DPFastLSTM, inputs: torch.Tensor, proj: torch.Tensor, weights: tuple) -> None:
+        if not self.enabled:
+            return
+        w_ih, w_hh = weights[0], weights[1]
+        key = (id(module), id(w_ih))
+        record = self._lstm_records.get(key)
+        if record is None:
+            d = w_ih.shape[1]
+            if w_ih.requires_grad != w_hh.requires_grad:
+                raise RuntimeError("DP training needs weight_ih and weight_hh of an LSTM layer both (un)frozen")
+            ws = [(w_ih, 0, d), (w_hh, d, d + w_hh.shape[1])] if w_ih.requires_grad else []
+            record = _Record(ws, [b for b in weights[2:] if b.requires_grad])
+            self._lstm_records[key] = record
+        call: list[torch.Tensor | None] = [inputs, None]
+        record.calls.append(call)
+        proj.register_hook(lambda g, call=call: call.__setitem__(1, g.detach()))
+
+    def enable(self) -> None:
+        self.enabled = True
+        if self.gsm is not None:
+            self.gsm.enable_hooks()
+
+    def disable(self) -> None:
+        self.enabled = False
+        if self.gsm is not None:
+            self.gsm.disable_hooks()
+
+    def clear(self, params: list[nn.Parameter]) -> None:
+        """Forget everything recorded (also after a forward pass without backward)."""
+        for record in [*self._records.values(), *self._lstm_records.values()]:
+            record.calls.clear()
+        for p in params:
+            p.grad_sample = None
+            if hasattr(p, "_current_grad_sample"):
+                del p._current_grad_sample
+            if getattr(p, "_forward_counter", 0):
+                p._forward_counter = 0
+        if self.gsm is not None:
+            for module in self.gsm._module.modules():
+                for attr in ("activations", "max_batch_len"):
+                    if hasattr(module, attr):
+                        delattr(module, attr)
+
+    def remove(self) -> None:
+        """Detach every hook (the module is then as before, apart from the surgery)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for sub in self._lstm_modules:
+            sub.recorder = None
+        if self.gsm is not None:
+            self.gsm.remove_hooks()
+            for p in self.gsm._module.parameters():
+                for attr in ("grad_sample", "_forward_counter", "_current_grad_sample"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)
+            self.gsm = None
+
+    # -- Algorithm 2 -------------------------------------------------------------------------------------
+    def _stacked(self, record: _Record) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A, G): inputs ``[B, T, d]`` and output gradients ``[B, T, p]`` of all calls, G *unscaled*."""
+        calls = [(a, g) for a, g in record.calls if g is not None]
+        if not calls:
+            return None
+        sizes = {a.shape[0] for a, _ in calls}
+        if len(sizes) != 1:
+            raise RuntimeError(f"a layer was called with different batch sizes {sorted(sizes)} in one step")
+        if len(calls) == 1:
+            a, g = calls[0]
+            return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+        a = torch.cat([a.reshape(a.shape[0], -1, a.shape[-1]) for a, _ in calls], dim=1)
+        g = torch.cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in calls], dim=1)
+        return a, g
+
+    def _scale(self, batch_size: int) -> float:
+        """Factor from the recorded output gradients to per-window loss gradients (Opacus semantics)."""
+        return float(batch_size) if self.loss_reduction == "mean" else 1.0
+
+    def per_window_gradients(self, params: list[nn.Parameter]) -> list[torch.Tensor | None]:
+        """Materialised per-window gradients ``[B, *p.shape]`` (for tests and debugging; slow for big models)."""
+        found: dict[int, torch.Tensor] = {}
+        for record in [*self._records.values(), *self._lstm_records.values()]:
+            pair = self._stacked(record)
+            if pair is None:
+                continue
+            a, g = pair
+            g = g * self._scale(g.shape[0])
+            if record.weights:
+                full = torch.einsum("btp,btd->bpd", g, a)
+                for w, lo, hi in record.weights:
+                    found[id(w)] = full[:, :, lo:hi]
+            for bias in record.biases:
+                found[id(bias)] = g.sum(1)
+        out: list[torch.Tensor | None] = []
+        for p in params:
+            gs = found.get(id(p), getattr(p, "grad_sample", None) if id(p) not in self.native else None)
+            out.append(None if gs is None else gs.reshape(gs.shape[0], *p.shape))
+        return out
+
+    def noisy_gradients(
+        self,
+        params: list[nn.Parameter],
+        max_grad_norm: float,
+        noise_std: float,
+        expected_batch_size: int,
+        generator: torch.Generator,
+    ) -> list[torch.Tensor]:
+        """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``."""
+        stacked = []
+        for record in [*self._records.values(), *self._lstm_records.values()]:
+            pair = self._stacked(record)
+            if pair is not None:
+                stacked.append((record, *pair))
+        samples: dict[int, torch.Tensor] = {}
+        for p in params:
+            gs = getattr(p, "grad_sample", None)
+            if isinstance(gs, list):
+                raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
+            if gs is not None and id(p) not in self.native:
+                samples[id(p)] = gs
+        sizes = {a.shape[0] for _, a, _ in stacked} | {g.shape[0] for g in samples.values()}
+        if len(sizes) > 1:
+            raise RuntimeError(
+                f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
+                "windows of the batch along its first dimension"
+            )
+        grads: dict[int, torch.Tensor] = {}
+        if sizes:
+            (b,) = sizes
+            ref = next(iter(samples.values())) if samples else stacked[0][1]
+            scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
+            norm = torch.linalg.vector_norm
+            terms = []
+            for record, a, g in stacked:
+                if record.weights:
+                    t, d, p_out = a.shape[1], a.shape[2], g.shape[2]
+                    if t == 1:  # ||g a^T||_F = ||a|| ||g||
+                        terms.append((norm(a[:, 0], dim=1) * norm(g[:, 0], dim=1)).square())
+                    elif t * t <= p_out * d:  # ghost norm
+                        terms.append((torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2)))
+                    else:
+                        terms.append(norm(torch.bmm(g.transpose(1, 2), a), dim=(1, 2)).square())
+                if record.biases:
+                    terms.append(norm(g.sum(1), dim=1).square() * len(record.biases))
+            sq = torch.stack(terms).sum(0) * (scale * scale) if terms else torch.zeros(b, dtype=ref.dtype)
+            for gs in samples.values():
+                sq = sq + norm(gs.reshape(b, -1), dim=1).square()
+            factor = (max_grad_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0)
+            native_factor = factor * scale
+            for record, a, g in stacked:
+                weights = native_factor.to(g.dtype)
+                if record.weights:
+                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product
+                    if a.shape[-1] <= g.shape[-1]:
+                        full = g.reshape(-1, g.shape[-1]).T @ (a * weights[:, None, None]).reshape(-1, a.shape[-1])
+                    else:
+                        full = (g * weights[:, None, None]).reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
+                    for w, lo, hi in record.weights:
+                        grads[id(w)] = full[:, lo:hi] if (lo, hi) != (0, full.shape[1]) else full
+                if record.biases:
+                    bias_sum = weights @ g.sum(1)
+                    for bias in record.biases:
+                        grads[id(bias)] = bias_sum
+            for key, gs in samples.items():
+                grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
+        # One draw for all coordinates (then split): N(0, noise_std^2 I) on the summed clipped gradient.
+        dtype = params[0].dtype if params else torch.float32
+        flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
+        flat.normal_(0.0, noise_std, generator=generator)
+        out = []
+        offset = 0
+        for p in params:
+            g = grads.get(id(p))
+            if g is None and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise RuntimeError(
+                    f"no per-window gradient for a parameter of shape {tuple(p.shape)} that has a gradient; "
+                    "its layer is not supported for DP training"
+                )
+            total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
+            offset += p.numel()
+            if g is not None:
+                total = total.add_(g.reshape(p.shape))
+            out.append(total.div_(expected_batch_size))
+        return out
