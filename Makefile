@@ -10,7 +10,7 @@ install:
 	$(PYTHON) -m pip install --quiet -e ".[dev]"
 
 demo: install
-	$(PYTHON) examples/privacy_accounting.py
+	dpts fit --output-dir runs/demo
 
 test: install
 	$(PYTHON) -m ruff check lightning_dpts tests benchmarks examples
@@ -18,3 +18,5 @@ test: install
 
 bench: install
 	$(PYTHON) benchmarks/accountant.py
+	$(PYTHON) benchmarks/datamodule.py
+	$(PYTHON) benchmarks/dp_training.py

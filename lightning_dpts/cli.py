@@ -1,7 +1,8 @@
 """The ``dpts`` command.
 
 ``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant without torch;
-``dpts release epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
+``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts release
+epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
 combinations exit with status 2 and a message naming the option.
 """
 
@@ -38,6 +39,18 @@ _OPTION_NAMES = {
     "delta": "--delta",
     "steps": "--steps",
     "epsilon": "--epsilon",
+    "data": "--data",
+    "id_column": "--id-column",
+    "time_column": "--time-column",
+    "value_column": "--value-column",
+    "freq": "--freq",
+    "model": "--model",
+    "epochs": "--epochs",
+    "max_grad_norm": "--max-grad-norm",
+    "learning_rate": "--learning-rate",
+    "seed": "--seed",
+    "autoets": "--autoets",
+    "config": "--config",
 }
 
 
@@ -102,10 +115,54 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_options(p_steps, needs_noise=True, multi_steps=False, needs_steps=False, needs_epsilon=True)
     p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps")
     _add_privacy_options(p_noise, needs_noise=False, multi_steps=False, needs_steps=True, needs_epsilon=True)
+    _add_fit_parser(sub)
     from lightning_dpts.release.cli import add_release_parser
 
     add_release_parser(sub)
     return parser
+
+
+def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
+    from lightning_dpts.fit import MODELS
+
+    fit = sub.add_parser(
+        "fit", help="train, evaluate and report a private forecaster (the main job)",
+        description="Train a GluonTS forecaster with DP-SGD to a target (epsilon, delta), evaluate it on the "
+                    "held-out test windows against baselines and write a report. Options override --config.",
+    )
+    d = argparse.SUPPRESS  # unset options fall back to --config, then to FitConfig's defaults
+    fit.add_argument("--config", metavar="YAML", help="YAML file with FitConfig fields (see examples/fit_default.yaml)")
+    fit.add_argument("--data", metavar="PATH", default=d,
+                     help="long-format CSV or Parquet file (default: the bundled us_employment data)")
+    fit.add_argument("--id-column", default=d, help="series id column (default id)")
+    fit.add_argument("--time-column", default=d, help="time stamp column (default timestamp)")
+    fit.add_argument("--value-column", default=d, help="value column (default value)")
+    fit.add_argument("--freq", default=d, help="pandas frequency (default: inferred from the time stamps)")
+    fit.add_argument("--prediction-length", type=int, metavar="H", default=d, help="forecast horizon (default 12)")
+    fit.add_argument("--context-length", type=int, default=d, help="model context (default: the horizon)")
+    fit.add_argument("--model", choices=MODELS, default=d, help="GluonTS model (default dlinear)")
+    fit.add_argument("--epsilon", type=float, metavar="E", default=d, help="privacy budget epsilon (default 1)")
+    fit.add_argument("--delta", type=float, metavar="D", default=d, help="privacy budget delta (default 1e-7)")
+    fit.add_argument("--noise-multiplier", type=float, default=d,
+                     help="sigma (default: calibrated for (epsilon, delta) in --epochs epochs)")
+    fit.add_argument("--epochs", type=int, default=d, help="training horizon to calibrate the noise for")
+    fit.add_argument("--batch-size", type=int, default=d, help="windows per batch")
+    fit.add_argument("--instances-per-series", type=int, default=d, help="windows per sampled series")
+    fit.add_argument("--top-level", default=d, help="series sampling (default without_replacement)")
+    fit.add_argument("--bottom-level", default=d, help="window sampling (default with_replacement)")
+    fit.add_argument("--max-grad-norm", type=float, default=d, help="per-window clipping norm C")
+    fit.add_argument("--learning-rate", type=float, default=d, help="Adam learning rate")
+    fit.add_argument("--level", default=d, help="event or user level privacy (default event)")
+    fit.add_argument("--size", type=int, default=d, help="protected time steps w (default 1)")
+    fit.add_argument("--value-bound", type=float, default=d, help="per-step change bound v (for augmentation)")
+    fit.add_argument("--context-noise", type=float, default=d, help="context augmentation std in units of v")
+    fit.add_argument("--forecast-noise", type=float, default=d, help="forecast augmentation std in units of v")
+    fit.add_argument("--no-non-dp", action="store_true", default=d,
+                     help="skip training the same model without DP (on by default)")
+    fit.add_argument("--autoets", action="store_true", default=d,
+                     help="also score AutoETS (needs the optional statsforecast package)")
+    fit.add_argument("--seed", type=int, default=d, help="seed for sampling, initialisation and DP noise")
+    fit.add_argument("--output-dir", metavar="DIR", default=d, help="where results go (default dpts-run)")
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -170,6 +227,56 @@ def _run_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_config(args: argparse.Namespace):
+    from dataclasses import fields
+
+    from lightning_dpts.fit import FitConfig
+
+    values: dict = {}
+    if getattr(args, "config", None):
+        import yaml
+
+        try:
+            with open(args.config) as handle:
+                loaded = yaml.safe_load(handle) or {}
+        except OSError as err:
+            raise ConfigurationError("config", args.config, f"cannot be read ({err.strerror})") from err
+        if not isinstance(loaded, dict):
+            raise ConfigurationError("config", args.config, "must be a YAML mapping of FitConfig fields")
+        known = {f.name for f in fields(FitConfig)}
+        unknown = sorted(set(loaded) - known)
+        if unknown:
+            raise ConfigurationError("config", args.config, f"has unknown keys {unknown}; known: {sorted(known)}")
+        values.update(loaded)
+    for key, value in vars(args).items():
+        if key in ("command", "config"):
+            continue
+        if key == "no_non_dp":
+            values["non_dp"] = not value
+        else:
+            values[key] = value
+    return FitConfig(**values)
+
+
+def _run_fit(args: argparse.Namespace) -> int:
+    from lightning_dpts.fit import run_fit
+
+    config = _fit_config(args)
+    out = config.output_dir
+    try:
+        run_fit(config)
+    except ConfigurationError:
+        raise
+    except Exception as err:
+        import os
+
+        where = f"; partial results may be in {out}" if os.path.isdir(out) else ""
+        print(f"dpts: error: fit failed ({type(err).__name__}: {err}){where}", file=sys.stderr)
+        return 1
+    print(f"results written to {out}/ (report.json, epsilon.png, forecasts.png, dp-model.ckpt, logs/)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpts`` console script; returns the exit status."""
     parser = build_parser()
@@ -177,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "privacy":
             return _run_privacy(args)
+        if args.command == "fit":
+            return _run_fit(args)
         if args.command == "release":
             from lightning_dpts.release.cli import run_release
 

@@ -1,0 +1,115 @@
+"""``dpts fit``: the main job end to end on a tiny slice of the bundled data, and its bad-input paths."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lightning_dpts.cli import main
+from lightning_dpts.data import load_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny_csv(tmp_path_factory) -> Path:
+    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
+    frame = load_dataset("us_employment")
+    ids = sorted(frame["item_id"].unique())[:24]
+    frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
+    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
+                        "value": frame["target"]})
+    path = tmp_path_factory.mktemp("data") / "tiny.csv"
+    out.to_csv(path, index=False)
+    return path
+
+
+def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--model", "simple_feedforward",
+                 "--epsilon", "2.0", "--delta", "1e-6", "--epochs", "3", "--batch-size", "8", "--seed", "1",
+                 "--output-dir", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "seasonal naive" in printed and "privacy spent" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["epsilon"] <= 2.0 and report["delta"] == 1e-6
+    assert report["bound"]["theorem"] == "Theorem 4.4"
+    for name in ("dp", "non_dp", "seasonal_naive"):
+        assert np.isfinite(report["metrics"][name]["crps"]) and np.isfinite(report["metrics"][name]["mae"])
+    spec = report["privacy_configuration"]["sampling_spec"]
+    assert spec["num_series"] == 24 and spec["prediction_length"] == 6 and spec["batch_size"] == 8
+    for name in ("epsilon.png", "forecasts.png", "dp-model.ckpt"):
+        assert (out / name).stat().st_size > 0
+    metrics = pd.read_csv(next((out / "logs").glob("version_*/metrics.csv")))
+    eps = metrics["epsilon"].dropna()
+    assert len(eps) == report["steps"] and eps.max() <= 2.0
+
+
+def test_fit_reads_a_yaml_config(tiny_csv, tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"data: {tiny_csv}\nprediction_length: 6\nepochs: 2\nbatch_size: 8\nnon_dp: false\n"
+                      f"output_dir: {tmp_path / 'run'}\nepsilon: 3.0\ndelta: 1.0e-6\n")
+    assert main(["fit", "--config", str(config), "--model", "dlinear"]) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["model"] == "dlinear" and "non_dp" not in report["metrics"]
+
+
+@pytest.mark.parametrize(
+    "make,args,option",
+    [
+        (lambda p: None, ["--data", "missing.csv"], "--data"),
+        (lambda p: pd.DataFrame({"series": ["a"], "timestamp": ["2020-01-01"], "value": [1.0]}).to_csv(p, index=False),
+         [], "--id-column"),
+        (lambda p: pd.DataFrame({"id": ["a", "a"], "timestamp": ["2020-01-01", "2020-02-01"],
+                                 "value": [1.0, "lots"]}).to_csv(p, index=False), [], "--value-column"),
+        (lambda p: pd.DataFrame({"id": ["a"] * 3, "timestamp": ["2020-01-01", "2020-02-01", "2020-03-01"],
+                                 "value": [1.0, 2.0, 3.0]}).to_csv(p, index=False), [], "--data"),
+    ],
+)
+def test_bad_input_exits_non_zero_and_writes_nothing(tmp_path, capsys, make, args, option):
+    data = tmp_path / "in.csv"
+    make(data)
+    out = tmp_path / "run"
+    argv = ["fit", "--data", str(data), *args, "--output-dir", str(out)]
+    if args and args[0] == "--data":
+        argv = ["fit", *args, "--output-dir", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert option in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_autoets_without_statsforecast_is_an_error_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "statsforecast" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--autoets", "--output-dir", str(tmp_path / "run")])
+    assert exit_.value.code == 2 and "--autoets" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_default_job(tmp_path):
+    """The documented default: bundled data, epsilon <= 1 at delta = 1e-7, private CRPS below seasonal naive."""
+    out = tmp_path / "default"
+    assert main(["fit", "--output-dir", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["epsilon"] <= 1.0 and report["delta"] == 1e-7
+    assert report["metrics"]["dp"]["crps"] < report["metrics"]["seasonal_naive"]["crps"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")
+def test_autoets_baseline(tiny_csv, tmp_path):
+    out = tmp_path / "ets"
+    assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "2", "--batch-size", "8",
+                 "--autoets", "--no-non-dp", "--output-dir", str(out)]) == 0
+    metrics = json.loads((out / "report.json").read_text())["metrics"]
+    assert set(metrics) == {"dp", "seasonal_naive", "autoets"} and np.isfinite(metrics["autoets"]["crps"])
