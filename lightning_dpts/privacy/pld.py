@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_MIN_GRID_POINTS",
     "DEFAULT_TAIL_MASS",
+    "epsilon_for_delta",
     "grid_spacing",
     "pld_from_profile",
     "profile_support_bound",
@@ -37,28 +38,40 @@ DEFAULT_MIN_GRID_POINTS = 4096
 MAX_GRID_POINTS = 20_000_000
 
 
-def profile_support_bound(profile: PrivacyProfile, tail_mass: float) -> float:
-    """An eps >= 0 (within 1e-6 relative above the smallest one) with H(e^eps) <= ``tail_mass``."""
-    def delta(eps: float) -> float:
+def epsilon_for_delta(profile: PrivacyProfile, delta: float, rtol: float = 1e-6) -> float:
+    """The smallest eps >= 0 with H(e^eps) <= ``delta`` for a single composition unit, by bisection.
+
+    Returns an eps within ``rtol`` (relative) *above* the smallest one, so the result is always on the safe
+    side; ``math.inf`` if no eps up to 1e7 reaches ``delta``.
+    """
+    def value(eps: float) -> float:
         return float(profile.hockey_stick_at_log_alpha(np.array([eps]))[0])
 
-    if delta(0.0) <= tail_mass:
+    if value(0.0) <= delta:
         return 0.0
     hi = 1.0
-    while delta(hi) > tail_mass:
+    while value(hi) > delta:
         hi *= 2.0
         if hi > 1e7:
-            raise ValueError("privacy loss does not reach the tail-mass truncation; is sigma far too small?")
+            return math.inf
     lo = hi / 2.0 if hi > 1.0 else 0.0
-    for _ in range(80):
+    for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if delta(mid) > tail_mass:
+        if value(mid) > delta:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-6 * max(1.0, hi):
+        if hi - lo <= rtol * max(hi, 1e-12):
             break
     return hi
+
+
+def profile_support_bound(profile: PrivacyProfile, tail_mass: float) -> float:
+    """An eps >= 0 (within 1e-6 relative above the smallest one) with H(e^eps) <= ``tail_mass``."""
+    eps = epsilon_for_delta(profile, tail_mass)
+    if math.isinf(eps):
+        raise ValueError("privacy loss does not reach the tail-mass truncation; is sigma far too small?")
+    return eps
 
 
 def grid_spacing(eps_max: float, discretization: float, min_grid_points: int) -> float:

@@ -42,6 +42,7 @@ from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
+    epsilon_for_delta,
     pld_from_profile,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile
@@ -519,26 +520,7 @@ class ReleaseAccountant:
         return self._composed[releases]
 
     def _exact_single_epsilon(self, delta: float) -> float:
-        def d(e: float) -> float:
-            return float(exact_release_delta(self.spec, self.noise_std, e)[0])
-
-        if d(0.0) <= delta:
-            return 0.0
-        hi = 1.0
-        while d(hi) > delta:
-            hi *= 2.0
-            if hi > 1e6:  # pragma: no cover - tail mass of the truncation exceeds delta
-                return math.inf
-        lo = 0.0
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if d(mid) > delta:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-10 * max(hi, 1e-12):
-                break
-        return hi
+        return epsilon_for_delta(exact_release_profile(self.spec, self.noise_std), delta, rtol=1e-10)
 
     def epsilon(self, delta: float, releases: int = 1) -> float:
         """Smallest eps such that ``releases`` releases are (eps, delta)-DP under the chosen bound."""
