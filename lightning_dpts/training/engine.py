@@ -27,9 +27,41 @@ from torch import nn
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.training.surgery import DPFastLSTM
 
-__all__ = ["PerWindowClipper"]
+__all__ = ["PerWindowClipper", "add_noise_and_average", "clip_factors"]
 
+#: Opacus' clipping factor min(1, C / (||g_i|| + 1e-6)) (``opacus.optimizers.optimizer``).
 _CLIP_EPS = 1e-6
+
+
+def clip_factors(squared_norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """Per-window clipping factors min(1, C / (||g_i|| + 1e-6)) from squared gradient norms ``[B]``."""
+    return (max_grad_norm / (squared_norms.sqrt() + _CLIP_EPS)).clamp(max=1.0)
+
+
+def add_noise_and_average(
+    sums: list[torch.Tensor | None],
+    params: list[torch.Tensor],
+    noise_std: float,
+    expected_batch_size: int,
+    generator: torch.Generator,
+) -> list[torch.Tensor]:
+    """Algorithm 2's last line, (sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda, for every parameter.
+
+    ``sums[k]`` is the summed clipped gradient of ``params[k]`` (``None``: noise only). The noise is one draw
+    for all coordinates from ``generator``, split in parameter order.
+    """
+    dtype = params[0].dtype if params else torch.float32
+    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
+    flat.normal_(0.0, noise_std, generator=generator)
+    out = []
+    offset = 0
+    for p, g in zip(params, sums, strict=True):
+        total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
+        offset += p.numel()
+        if g is not None:
+            total = total.add_(g.reshape(p.shape))
+        out.append(total.div_(expected_batch_size))
+    return out
 
 
 class _OpacusSubset(GradSampleModule):
@@ -267,7 +299,7 @@ class PerWindowClipper:
             sq = torch.stack(terms).sum(0) * (scale * scale) if terms else torch.zeros(b, dtype=ref.dtype)
             for gs in samples.values():
                 sq = sq + norm(gs.reshape(b, -1), dim=1).square()
-            factor = (max_grad_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0)
+            factor = clip_factors(sq, max_grad_norm)
             native_factor = factor * scale
             for record, a, g in stacked:
                 weights = native_factor.to(g.dtype)
@@ -285,22 +317,11 @@ class PerWindowClipper:
                         grads[id(bias)] = bias_sum
             for key, gs in samples.items():
                 grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
-        # One draw for all coordinates (then split): N(0, noise_std^2 I) on the summed clipped gradient.
-        dtype = params[0].dtype if params else torch.float32
-        flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
-        flat.normal_(0.0, noise_std, generator=generator)
-        out = []
-        offset = 0
         for p in params:
-            g = grads.get(id(p))
-            if g is None and p.grad is not None and bool(p.grad.ne(0).any()):
+            if id(p) not in grads and p.grad is not None and bool(p.grad.ne(0).any()):
                 raise RuntimeError(
                     f"no per-window gradient for a parameter of shape {tuple(p.shape)} that has a gradient; "
                     "its layer is not supported for DP training"
                 )
-            total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
-            offset += p.numel()
-            if g is not None:
-                total = total.add_(g.reshape(p.shape))
-            out.append(total.div_(expected_batch_size))
-        return out
+        sums = [grads.get(id(p)) for p in params]
+        return add_noise_and_average(sums, params, noise_std, expected_batch_size, generator)

@@ -28,13 +28,10 @@ from torch import nn
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
-from lightning_dpts.training.engine import PerWindowClipper
+from lightning_dpts.training.engine import PerWindowClipper, add_noise_and_average, clip_factors
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "clip_and_noise"]
-
-#: Opacus' clipping factor min(1, C / (||g_i|| + 1e-6)) (``opacus.optimizers.optimizer``).
-_CLIP_EPS = 1e-6
 
 
 def _positive(name: str, value: object) -> float:
@@ -66,24 +63,13 @@ def clip_and_noise(
         The noisy averaged gradient for each parameter.
     """
     present = [g for g in grad_samples if g is not None]
+    sums: list[torch.Tensor | None] = [None] * len(grad_samples)
     if present:
         b = present[0].shape[0]
-        sq = torch.zeros(b, dtype=present[0].dtype, device=present[0].device)
-        for g in present:
-            sq = sq + g.reshape(b, -1).pow(2).sum(dim=1)
-        factor = (max_grad_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0)
-    dtype = params[0].dtype if params else torch.float32
-    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
-    flat.normal_(0.0, noise_std, generator=generator)  # one draw for all coordinates, split per parameter
-    out = []
-    offset = 0
-    for g, p in zip(grad_samples, params, strict=True):
-        total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
-        offset += p.numel()
-        if g is not None:
-            total = total + torch.einsum("i,i...->...", factor.to(g.dtype), g)
-        out.append(total / expected_batch_size)
-    return out
+        sq = sum(g.reshape(b, -1).pow(2).sum(dim=1) for g in present)
+        factor = clip_factors(sq, max_grad_norm)
+        sums = [None if g is None else torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in grad_samples]
+    return add_noise_and_average(sums, params, noise_std, expected_batch_size, generator)
 
 
 class DPForecastStrategy(Callback):
