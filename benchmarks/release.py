@@ -33,38 +33,27 @@ import math
 import tempfile
 import time
 import warnings
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from lightning_dpts.data import load_dataset
+from lightning_dpts.metrics import DEFAULT_QUANTILES, WeightedQuantileLoss
 from lightning_dpts.privacy.spec import NeighbouringRelation
 from lightning_dpts.release import ReleaseSpec, TimeDomainSubsampling, calibrate_release_noise
 
-QUANTILES = np.round(np.arange(0.1, 1.0, 0.1), 1)
+QUANTILES = np.asarray(DEFAULT_QUANTILES)
 RATES = (1.0, 0.75, 0.5)
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
-def load_us_employment() -> pd.DataFrame:
-    """The bundled CSV (package data if installed with it, else the shared checkout copy)."""
-    try:
-        ref = resources.files("lightning_dpts") / "data" / "datasets" / "us_employment.csv.gz"
-        with resources.as_file(ref) as path:
-            if Path(path).is_file():
-                return pd.read_csv(path)
-    except (ModuleNotFoundError, FileNotFoundError):  # pragma: no cover
-        pass
-    return pd.read_csv("/work/shared/data/us_employment.csv.gz")
-
-
 def prepare(context: int, horizon: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """(histories before the window, windows [N, context], targets [N, horizon], scales [N])."""
-    df = load_us_employment().sort_values(["series_id", "month"])
+    df = load_dataset("us_employment")  # sorted by item_id, then timestamp
     hist, windows, targets, scales = [], [], [], []
-    for _, g in df.groupby("series_id", sort=True):
-        y = g["value"].to_numpy(dtype=np.float64)
+    for _, g in df.groupby("item_id", sort=True):
+        y = g["target"].to_numpy(dtype=np.float64)
         if len(y) < context + horizon + 2 * 12:
             continue
         past = y[: -(context + horizon)]
@@ -76,14 +65,14 @@ def prepare(context: int, horizon: int) -> tuple[list[np.ndarray], np.ndarray, n
 
 
 def mean_weighted_quantile_loss(target: np.ndarray, quantile_forecasts: np.ndarray) -> float:
-    """GluonTS mean_wQuantileLoss: mean over q of 2 sum |(y - yhat_q)(1{y <= yhat_q} - q)| / sum |y|.
+    """GluonTS mean_wQuantileLoss (:class:`lightning_dpts.metrics.WeightedQuantileLoss`).
 
     ``quantile_forecasts`` has shape (len(QUANTILES), *target.shape).
     """
-    denom = np.sum(np.abs(target))
-    losses = [2 * np.sum(np.abs((target - f) * ((target <= f) - q))) / denom
-              for q, f in zip(QUANTILES, quantile_forecasts, strict=True)]
-    return float(np.mean(losses))
+    metric = WeightedQuantileLoss(DEFAULT_QUANTILES)
+    metric.update(torch.from_numpy(np.ascontiguousarray(np.moveaxis(quantile_forecasts, 0, -1))),
+                  torch.from_numpy(np.asarray(target, dtype=np.float64)))
+    return float(metric.compute())
 
 
 def seasonal_naive(windows: np.ndarray, horizon: int) -> np.ndarray:
