@@ -20,7 +20,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from lightning_dpts.errors import ConfigurationError
 __all__ = ["MODELS", "FitConfig", "load_long_table", "run_fit", "format_table"]
 
 MODELS: tuple[str, ...] = ("simple_feedforward", "deepar", "dlinear", "patch_tst")
-DEFAULT_QUANTILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 @dataclass
@@ -89,7 +88,6 @@ class FitConfig:
     autoets: bool = False
     seed: int = 0
     output_dir: str = "dpts-run"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Range checks that do not need the data (the datamodule and accountant check the rest)."""
@@ -212,6 +210,8 @@ def _estimator(config: FitConfig, freq: str):
 
 
 def _quantile_matrix(forecast: Any) -> np.ndarray:
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
     return np.stack([np.asarray(forecast.quantile(q), dtype=float) for q in DEFAULT_QUANTILES], axis=-1)
 
 
@@ -219,7 +219,7 @@ def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str,
     """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median."""
     import torch
 
-    from lightning_dpts.metrics import WeightedQuantileLoss
+    from lightning_dpts.metrics import DEFAULT_QUANTILES, WeightedQuantileLoss
 
     metric = WeightedQuantileLoss(DEFAULT_QUANTILES)
     abs_err, count = 0.0, 0
@@ -352,7 +352,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         },
         "data": data_name,
         "model": config.model,
-        "config": {k: v for k, v in asdict(config).items() if k != "extra"},
+        "config": asdict(config),
         "seconds": round(time.perf_counter() - started, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -373,6 +373,8 @@ def _autoets_forecasts(inputs: list[dict[str, Any]], horizon: int, season: int, 
     from gluonts.model.forecast import QuantileForecast
     from scipy.stats import norm
     from statsforecast.models import AutoETS
+
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
 
     out = []
     for entry in inputs:
