@@ -18,6 +18,9 @@ _LAZY = {
     "SamplingSpec": "lightning_dpts.privacy",
     "StructuredSubsamplingAccountant": "lightning_dpts.privacy",
     "StructuredSubsamplingDataModule": "lightning_dpts.data",
+    "DPForecastStrategy": "lightning_dpts.training",
+    "AccountantCallback": "lightning_dpts.training",
+    "calibrate_noise_multiplier": "lightning_dpts.privacy",
 }
 
 __all__ = ["__version__", *_LAZY]

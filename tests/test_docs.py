@@ -13,3 +13,10 @@ def test_api_reference_is_up_to_date():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (DOCS / "api.md").read_text() == module.render(), "docs/api.md is stale: run python docs/gen_api.py"
+
+
+def test_top_level_lazy_exports_resolve():
+    import lightning_dpts
+
+    for name in lightning_dpts.__all__:
+        assert getattr(lightning_dpts, name) is not None, name
