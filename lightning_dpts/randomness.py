@@ -1,0 +1,200 @@
+"""Secret, fresh randomness for every draw that protects privacy (PRIVACY-NOTES trap 7).
+
+Every bound this package reports assumes the adversary knows the code, the configuration and every artifact a
+run writes (checkpoints, logs, reports, plots), but *not* the randomness of the batch sampling, the gradient
+noise, the release masks and noise, or the synthetic-data votes (Kerckhoffs' principle; Opacus calls the
+hardened variant ``secure_mode``). This module is the one place that randomness comes from:
+
+* :func:`resolve_entropy` turns a user's ``seed`` argument into an :class:`Entropy`: ``None`` (the default
+  everywhere) draws 128 bits from the operating system (:mod:`secrets`); an integer is accepted only for
+  experiments and tests, and the returned object is marked ``seeded`` so that the run can say - in its log, its
+  report and its checkpoint metadata - that its guarantee does not hold against anyone who knows the seed.
+* :func:`numpy_generator` and :func:`torch_generator` derive independent streams from it with numpy's
+  ``SeedSequence`` (a stream key such as ``(epoch, step)`` selects the stream; different keys give statistically
+  independent streams).
+* :class:`GaussianNoise` draws the DP noise: from a ``torch.Generator`` keyed by OS entropy (fast), or in
+  ``secure`` mode from the operating system's CSPRNG (``os.urandom``) with the floating-point mitigation Opacus
+  applies in its secure mode (each coordinate is the sum of 4 draws of N(0, std^2) divided by 2, so that the
+  low-order bits of a single Box-Muller sample do not reveal the noise; Mironov 2012, Opacus
+  ``optimizers.optimizer._generate_noise``).
+
+Rules the rest of the package follows: an :class:`Entropy` is never written to any artifact (its ``repr`` hides
+the value, and it refuses to be pickled into anything but a live DataLoader worker); a resumed or restarted run
+draws a *fresh* :class:`Entropy`, so nothing is ever replayed by construction.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lightning_dpts.errors import ConfigurationError
+
+if TYPE_CHECKING:  # torch stays optional for the privacy layer and the CLI's planning commands
+    import torch
+
+__all__ = [
+    "SEEDED_NOTICE",
+    "Entropy",
+    "GaussianNoise",
+    "numpy_generator",
+    "resolve_entropy",
+    "secure_standard_normal",
+    "torch_generator",
+]
+
+#: What a seeded run says in its log, report and checkpoint metadata.
+SEEDED_NOTICE = (
+    "this run used an explicit seed: its sampling and noise are a public function of that seed, so the reported "
+    "(epsilon, delta) guarantee does NOT hold against anyone who knows the seed (use seed=None, the default, "
+    "for data you release)"
+)
+
+_ENTROPY_BITS = 128
+
+
+class Entropy:
+    """The secret root of one run's privacy-protecting randomness.
+
+    Attributes:
+        seeded: ``True`` when the value came from a user's seed (experiments only: the guarantee does not hold
+            against anyone who knows it); ``False`` when it came from the operating system.
+    """
+
+    __slots__ = ("_value", "seeded")
+
+    def __init__(self, value: int, seeded: bool) -> None:
+        self._value = int(value)
+        self.seeded = bool(seeded)
+
+    @classmethod
+    def fresh(cls) -> Entropy:
+        """128 bits from the operating system's CSPRNG (:func:`secrets.randbits`)."""
+        return cls(secrets.randbits(_ENTROPY_BITS), seeded=False)
+
+    def seed_sequence(self, *key: int) -> np.random.SeedSequence:
+        """numpy ``SeedSequence`` of the stream ``key`` (non-negative integers)."""
+        return np.random.SeedSequence(self._value, spawn_key=tuple(int(k) for k in key))
+
+    def __repr__(self) -> str:  # never print the value
+        return f"Entropy(seeded={self.seeded})" if self.seeded else "Entropy(<secret, from the operating system>)"
+
+    def __reduce__(self) -> Any:
+        # DataLoader worker processes receive the sampler by pickling over a pipe; that is in memory and dies with
+        # the run. Anything else (torch.save of a checkpoint, a pickled datamodule on disk) would write the secret.
+        # The sampler and strategy never put an Entropy in a state_dict; this guard catches accidental pickling
+        # outside a worker start-up, which is the only pickling that happens inside DataLoader.__iter__.
+        if not _PICKLE_ALLOWED:
+            raise TypeError(
+                "lightning_dpts.randomness.Entropy must not be pickled: it is the secret that protects privacy and "
+                "would let anyone who reads the file regenerate the batches or the noise"
+            )
+        return (Entropy, (self._value, self.seeded))
+
+
+_PICKLE_ALLOWED = False
+
+
+class allow_worker_pickling:  # noqa: N801 - used as a context manager, reads like a statement
+    """Context in which an :class:`Entropy` may be pickled (starting DataLoader worker processes)."""
+
+    def __enter__(self) -> None:
+        global _PICKLE_ALLOWED
+        self._previous = _PICKLE_ALLOWED
+        _PICKLE_ALLOWED = True
+
+    def __exit__(self, *exc: object) -> None:
+        global _PICKLE_ALLOWED
+        _PICKLE_ALLOWED = self._previous
+
+
+def resolve_entropy(seed: int | None, parameter: str = "seed") -> Entropy:
+    """The run's :class:`Entropy`: fresh OS entropy for ``None``, else derived from an explicit seed.
+
+    Args:
+        seed: ``None`` (default everywhere; secret, fresh, the guarantee holds) or an integer >= 0 for
+            reproducible experiments (the guarantee does not hold against anyone who knows it; see
+            :data:`SEEDED_NOTICE`).
+        parameter: the parameter's name for the error message.
+
+    Raises:
+        ConfigurationError: ``seed`` is not ``None`` nor an integer >= 0.
+    """
+    if seed is None:
+        return Entropy.fresh()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigurationError(parameter, seed, "must be None (secret OS entropy, the default) or an integer >= 0")
+    return Entropy(int(seed), seeded=True)
+
+
+def numpy_generator(entropy: Entropy, *key: int) -> np.random.Generator:
+    """A numpy ``Generator`` (PCG64) for stream ``key`` of ``entropy`` (e.g. ``(epoch, step)``)."""
+    return np.random.Generator(np.random.PCG64(entropy.seed_sequence(*key)))
+
+
+def torch_generator(entropy: Entropy, *key: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with 64 bits of stream ``key`` of ``entropy``."""
+    import torch
+
+    seed = int(entropy.seed_sequence(*key).generate_state(1, np.uint64)[0])
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def secure_standard_normal(n: int) -> np.ndarray:
+    """``n`` float64 draws of N(0, 1) from the operating system's CSPRNG, with Opacus' floating-point mitigation.
+
+    Uniforms are 53-bit fractions of ``os.urandom`` words, offset by half a unit so that they lie in (0, 1);
+    Box-Muller turns pairs into normals. Each returned value is the sum of 4 such normals divided by 2 (still
+    N(0, 1)): the mitigation Opacus applies in ``secure_mode`` against attacks on the floating-point
+    representation of a single Gaussian sample (Mironov, CCS 2012).
+    """
+    if n < 0:
+        raise ConfigurationError("n", n, "must be >= 0")
+    count = 4 * n
+    pairs = (count + 1) // 2
+    words = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64).reshape(2, pairs)
+    u = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * (2.0**-53)
+    radius = np.sqrt(-2.0 * np.log(u[0]))
+    angle = (2.0 * np.pi) * u[1]
+    normals = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+    return normals.reshape(4, n).sum(axis=0) / 2.0
+
+
+class GaussianNoise:
+    """The Gaussian noise of DP training: N(0, std^2) per coordinate, secret and fresh.
+
+    Args:
+        entropy: the run's :class:`Entropy` (fresh OS entropy unless the user gave a seed).
+        secure: ``False`` (default): a ``torch.Generator`` keyed by ``entropy`` (fast; the key is secret and
+            never stored). ``True``: every draw comes straight from ``os.urandom`` through
+            :func:`secure_standard_normal` (Opacus ``secure_mode``'s threat model; ignores a seed, so a seeded
+            secure run is refused). Its cost is measured by ``benchmarks/randomness.py``.
+        stream: stream key under ``entropy`` (keeps noise independent from the sampling streams).
+
+    The object has no ``state_dict``: a resumed run builds a new one from fresh entropy, so no noise is replayed.
+    """
+
+    def __init__(self, entropy: Entropy, *, secure: bool = False, stream: tuple[int, ...] = (7,)) -> None:
+        if secure and entropy.seeded:
+            raise ConfigurationError(
+                "secure_mode", True, "draws from the operating system's CSPRNG and cannot be seeded; use seed=None"
+            )
+        self.secure = bool(secure)
+        self.seeded = entropy.seeded
+        self._generator = None if secure else torch_generator(entropy, *stream)
+
+    def sample(self, numel: int, std: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A flat CPU tensor of ``numel`` independent N(0, std^2) draws (``dtype`` default float32)."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        if self.secure:
+            return torch.from_numpy(secure_standard_normal(numel) * float(std)).to(dtype)
+        out = torch.empty(numel, dtype=dtype)
+        return out.normal_(0.0, float(std), generator=self._generator)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("lightning_dpts.randomness.GaussianNoise must not be pickled (it would write the secret)")
