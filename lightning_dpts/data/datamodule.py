@@ -18,6 +18,7 @@ from lightning_dpts.data.sampler import EpochDataLoader, FixedWindows, Structure
 from lightning_dpts.data.sources import SeriesCollection, to_collection
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
+from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
 
 __all__ = ["EvaluationWindow", "StructuredSubsamplingDataModule"]
 
@@ -85,7 +86,13 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         relation: the neighbouring relation; needs a ``value_bound`` when noise augmentation is on.
         context_noise: sigma_C >= 0, past-window noise std in units of ``relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0, future-window noise std in units of ``relation.value_bound`` (Eq. 1).
-        seed: integer >= 0; all training randomness derives from it.
+        seed: ``None`` (default): the sampling and augmentation randomness comes from fresh, secret
+            operating-system entropy (PRIVACY-NOTES trap 7; the reported epsilon assumes the batches are
+            secret). An integer >= 0 makes the batches a public function of it - for experiments and tests
+            only: a warning with :data:`~lightning_dpts.randomness.SEEDED_NOTICE` is issued, and the guarantee
+            does not hold against anyone who knows the seed. The seed is never written to a checkpoint.
+        secure_mode: draw every training step's sampling from 128 fresh bits of the operating system's CSPRNG
+            (see :class:`~lightning_dpts.data.sampler.StructuredSampler`); needs ``seed=None``.
         model: optional GluonTS torch LightningModule (or its ``.model``). Its ``describe_inputs()`` decides
             the batch fields and shapes; its past length (DeepAR: ``context_length + max(lags_seq)``) becomes
             ``past_length``.
@@ -115,7 +122,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         relation: NeighbouringRelation | None = None,
         context_noise: float = 0.0,
         forecast_noise: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
+        secure_mode: bool = False,
         model: Any = None,
         past_length: int | None = None,
         freq: str | None = None,
@@ -129,7 +137,11 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         value_column: str | Sequence[str] = "target",
     ) -> None:
         super().__init__()
-        self.seed = _require_int("seed", seed, 0)
+        self._entropy = resolve_entropy(seed, "seed")
+        if not isinstance(secure_mode, bool):
+            raise ConfigurationError("secure_mode", secure_mode, "must be True or False")
+        if self._entropy.seeded:
+            warnings.warn(f"StructuredSubsamplingDataModule: {SEEDED_NOTICE}", UserWarning, stacklevel=2)
         self.test_windows = _require_int("test_windows", test_windows, 0)
         self.val_windows = _require_int("val_windows", val_windows, 0)
         self.num_workers = _require_int("num_workers", num_workers, 0)
@@ -199,12 +211,15 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         self.static_cat = self._static(collection.feat_static_cat, static_cat_width, np.int64, "feat_static_cat")
         self.static_real = self._static(collection.feat_static_real, static_real_width, np.float32, "feat_static_real")
         dynamic = self._dynamic_features(collection)
-        self._full_store = WindowStore(collection.targets, self.past_length, self.prediction_length, dynamic)
+        self._full_store = WindowStore(
+            collection.targets, self.past_length, self.prediction_length, dynamic, names=collection.item_ids
+        )
         self._train_store = WindowStore(
             [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
             self.past_length,
             self.prediction_length,
             None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
+            names=collection.item_ids,
         )
         self._check_time_feat_width(inputs)
         # With no validation (test) windows, present val_dataloader (test_dataloader) as not overridden so
@@ -217,10 +232,11 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             self._train_store,
             self._spec,
             self.keys,
-            self.seed,
+            self._entropy,
             static_cat=self.static_cat,
             static_real=self.static_real,
             univariate=collection.univariate,
+            secure_mode=secure_mode,
         )
 
     # ------------------------------------------------------------------------------------------------------
@@ -383,8 +399,19 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         """The training sampler (an ``IterableDataset`` of whole batches)."""
         return self._sampler
 
+    @property
+    def seeded(self) -> bool:
+        """``True`` if the sampling came from an explicit seed (the guarantee then does not hold against anyone
+        who knows it; see :data:`~lightning_dpts.randomness.SEEDED_NOTICE`)."""
+        return self._entropy.seeded
+
     def train_batch(self, epoch: int = 0, step: int = 0) -> dict[str, Any]:
-        """The training batch of step ``step`` of epoch ``epoch``, exactly as the dataloader yields it."""
+        """The training batch of step ``step`` of pass ``epoch``, exactly as a loader iterating that pass yields it.
+
+        Passes are numbered in the order training loaders are iterated (the first iteration of any loader of
+        this datamodule is pass 0, the next one pass 1, ...). With ``seed=None`` the batches come from secret
+        entropy: this is for inspection and tests, the values are not reproducible in another process.
+        """
         return self._sampler.batch(epoch, step)
 
     # ------------------------------------------------------------------------------------------------------
@@ -394,33 +421,34 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         """Nothing to do: the data is prepared in ``__init__`` so that the spec exists before training."""
 
     def train_dataloader(self) -> DataLoader:
-        """Training batches; the sampler's epoch advances every time the loader is iterated."""
+        """Training batches; every iteration of the loader samples a pass never used before (fresh randomness).
+
+        Each batch is a dict with the model's fields plus ``"series_index"`` (int64 ``[B]``, the datamodule
+        index of every window's series; models ignore it, the DP strategy uses it to name a series whose window
+        has a non-finite gradient).
+        """
         self._train_loader = EpochDataLoader(self._sampler, num_workers=self.num_workers, persistent_workers=False)
         return self._train_loader
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"next_epoch": e, "seed": s}``, saved in Lightning checkpoints.
+        """``{"passes_started": k}``, saved in Lightning checkpoints.
 
-        Restoring it makes a resumed run continue with epoch ``e``'s fresh randomness instead of replaying
-        the sampling of epochs already used (replayed samples would not be the independent draws the
-        per-step composition assumes). The rest of a partially consumed epoch is skipped.
+        Only the number of training passes started: nothing that reproduces the sampling (no seed, no generator
+        state; PRIVACY-NOTES trap 7). The privacy ledger (steps and epochs accounted) is kept by
+        :class:`~lightning_dpts.training.DPForecastStrategy`, not here.
         """
-        loader = getattr(self, "_train_loader", None)
-        next_epoch = self._sampler.epoch if loader is None else loader._next_epoch
-        return {"next_epoch": int(next_epoch), "seed": self.seed}
+        return {"passes_started": int(self._sampler.passes_started)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue sampling at ``state_dict["next_epoch"]``; the seed must be the one the checkpoint used."""
-        if state_dict.get("seed", self.seed) != self.seed:
-            raise ConfigurationError(
-                "seed",
-                self.seed,
-                f"must equal the checkpoint's seed {state_dict['seed']} to resume its sampling",
-            )
-        self._sampler.epoch = int(state_dict["next_epoch"])
-        loader = getattr(self, "_train_loader", None)
-        if loader is not None:
-            loader._next_epoch = self._sampler.epoch
+        """Continue after a checkpoint with *fresh* randomness: new OS entropy (unless seeded), new pass numbers.
+
+        A resumed run never replays a batch, whichever checkpoint it starts from (older ones, or the same one
+        twice); a partially used epoch is not completed but a new pass starts (the strategy's ledger counts it
+        as a new epoch). Checkpoints of older versions (``next_epoch``/``seed`` keys) are accepted; their seed is
+        ignored.
+        """
+        started = state_dict.get("passes_started", state_dict.get("next_epoch", 0))
+        self._sampler.refresh(int(started))
 
     def _windows(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, forecast starts, window number) of the deterministic windows of ``split``."""

@@ -1,9 +1,11 @@
 """Vectorised bi-level structured subsampling (Algorithms 1, 3, 4, 5, 6 and Eq. 1 of the paper).
 
 All series live in one zero-padded array; a window is gathered with index arithmetic, so a whole batch is a
-handful of numpy calls regardless of its size. Randomness is owned by :class:`StructuredSampler` and is a
-pure function of ``(seed, epoch, step)``: batches are reproducible and identical for any number of
-DataLoader workers.
+handful of numpy calls regardless of its size. Randomness is owned by :class:`StructuredSampler`: it derives
+from the run's secret :class:`~lightning_dpts.randomness.Entropy` (fresh operating-system entropy unless an
+explicit seed was given; PRIVACY-NOTES trap 7) and the stream key ``(pass, step)``, so batches are identical
+for any number of DataLoader workers, and every iteration of a training loader claims a pass that was never
+used before (nothing is replayed, not by a second Trainer nor by a resume).
 
 Indexing convention (0-based translation of Algorithm 4): series ``n`` of length ``L_n`` is stored after
 ``P = past_length`` zeros (observed mask 0). A start position ``s in {0, ..., T_n - 1}``, with
@@ -14,15 +16,29 @@ exactly at the end of the series.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import SamplingSpec
+from lightning_dpts.randomness import Entropy, allow_worker_pickling, numpy_generator
 
-__all__ = ["StructuredSampler", "WindowStore", "FixedWindows", "EpochDataLoader"]
+#: The largest finite float32 value: data are stored as float32, larger magnitudes would become infinite.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+__all__ = [
+    "FLOAT32_MAX",
+    "SERIES_INDEX_KEY",
+    "EpochDataLoader",
+    "FixedWindows",
+    "StructuredSampler",
+    "WindowStore",
+    "check_float32_range",
+]
 
 
 class WindowStore:
@@ -37,6 +53,12 @@ class WindowStore:
         past_length: P, the past window length gathered (context plus every lag), in time steps.
         prediction_length: L_F, the future window length, in time steps.
         dynamic: optional ``[L_n, F]`` dynamic features per series (same ``F`` for all).
+        names: optional series names for error messages.
+
+    Raises:
+        ConfigurationError: a value (target or dynamic feature) is infinite or its magnitude exceeds the float32
+            range (it would become infinite in the float32 batches and make every gradient of its window
+            non-finite); NaN targets are missing values.
     """
 
     def __init__(
@@ -45,7 +67,11 @@ class WindowStore:
         past_length: int,
         prediction_length: int,
         dynamic: Sequence[np.ndarray] | None = None,
+        names: Sequence[str] | None = None,
     ) -> None:
+        check_float32_range(targets, "data", names)
+        if dynamic is not None:
+            check_float32_range(dynamic, "feat_dynamic_real", names)
         self.past_length = int(past_length)
         self.prediction_length = int(prediction_length)
         self.lengths = np.array([len(t) for t in targets], dtype=np.int64)
@@ -95,6 +121,24 @@ class WindowStore:
         return {k: sources[k][0].take(index[sources[k][1]], axis=0) for k in wanted}
 
 
+def check_float32_range(arrays: Sequence[np.ndarray], parameter: str, names: Sequence[str] | None = None) -> None:
+    """Raise :class:`ConfigurationError` if any value is +-inf or has magnitude above :data:`FLOAT32_MAX`.
+
+    NaN is allowed (a missing value). The check runs once, when the data are loaded.
+    """
+    for n, values in enumerate(arrays):
+        arr = np.asarray(values, dtype=np.float64)
+        bad = np.isinf(arr) | (np.abs(np.nan_to_num(arr, nan=0.0)) > FLOAT32_MAX)
+        if bad.any():
+            where = int(np.flatnonzero(bad.reshape(len(arr), -1).any(axis=1))[0]) if arr.ndim else 0
+            name = names[n] if names is not None else f"#{n}"
+            raise ConfigurationError(
+                parameter, f"series {name!r}, time step {where}: {arr.reshape(len(arr), -1)[where].tolist()}",
+                f"every value must be finite with magnitude <= {FLOAT32_MAX:.6g} (the float32 range the batches "
+                "use; NaN marks a missing value)",
+            )
+
+
 _TARGET_FIELDS = frozenset({"past_target", "past_observed_values", "future_target", "future_observed_values"})
 
 
@@ -123,6 +167,12 @@ def _to_tensors(
     return out
 
 
+#: Batch key of the series index of every window (int64 ``[B]``): not a model input (GluonTS modules select
+#: their inputs by name), it lets :class:`~lightning_dpts.training.DPForecastStrategy` name the series of a window
+#: whose gradient is not finite.
+SERIES_INDEX_KEY = "series_index"
+
+
 class StructuredSampler(IterableDataset):
     """Yields whole training batches of bi-level structured subsampling; use with ``batch_size=None``.
 
@@ -138,19 +188,28 @@ class StructuredSampler(IterableDataset):
     * augmentation (Eq. 1): i.i.d. Gaussian noise with std ``context_noise * v`` on the whole past window and
       ``forecast_noise * v`` on the whole future window of every sampled window, drawn fresh every time.
 
-    Randomness: the generator of step ``b`` of epoch ``e`` is ``numpy.random.default_rng([seed, e, 1, b])``
-    and the per-epoch permutation uses ``[seed, e, 0]``; nothing depends on data values (PRIVACY-NOTES,
-    trap 5). With ``k`` DataLoader workers, worker ``w`` produces steps ``w, w + k, ...``; the DataLoader's
-    round-robin then restores the order, so the batches are the same as with ``num_workers=0``.
+    Randomness (PRIVACY-NOTES trap 7): every draw comes from the secret ``entropy``
+    (:func:`~lightning_dpts.randomness.numpy_generator` with stream ``(pass, 1, step)``; the per-pass
+    permutation of ``shuffling`` uses ``(pass, 0)``); nothing depends on data values (trap 5). A *pass* is
+    one iteration of a training loader: :meth:`claim_pass` hands out pass numbers that were never used by this
+    sampler, so iterating a loader again, a second Trainer on the same datamodule or a resume never replays
+    the batches of a pass already used. Nothing that reproduces the batches is ever stored: the datamodule's
+    ``state_dict`` keeps only the number of passes started, and a datamodule restored from a checkpoint draws
+    fresh entropy. With ``k`` DataLoader workers, worker ``w`` produces steps ``w, w + k, ...``; the
+    DataLoader's round-robin then restores the order, so the batches are the same as with ``num_workers=0``.
 
     Args:
         store: the training series (:class:`WindowStore`).
         spec: the sampling description; its ``top_level``, ``bottom_level``, ``batch_size``,
             ``instances_per_series``, noises and ``relation.value_bound`` drive the sampling.
-        keys: the batch fields to emit.
-        seed: base seed (integer >= 0).
+        keys: the batch fields to emit (every batch also carries :data:`SERIES_INDEX_KEY`).
+        entropy: the secret root of the sampling randomness (:func:`~lightning_dpts.randomness.resolve_entropy`).
         static_cat / static_real: ``[N, C]`` / ``[N, R]`` static features, when ``keys`` asks for them.
         univariate: drop the trailing ``D = 1`` axis of targets and masks.
+        secure_mode: draw every step's sampling and augmentation from a generator seeded with 128 fresh bits
+            of the operating system's CSPRNG (:mod:`secrets`) instead of the ``entropy`` stream (the per-pass
+            permutation of ``shuffling`` stays on the stream, so that workers agree on it). Batches are then not
+            reproducible, not even with :meth:`batch` and an explicit seed (a seeded secure sampler is refused).
     """
 
     def __init__(
@@ -158,20 +217,29 @@ class StructuredSampler(IterableDataset):
         store: WindowStore,
         spec: SamplingSpec,
         keys: Sequence[str],
-        seed: int,
+        entropy: Entropy,
         static_cat: np.ndarray | None = None,
         static_real: np.ndarray | None = None,
         univariate: bool = True,
+        secure_mode: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(entropy, Entropy):
+            raise ConfigurationError("entropy", type(entropy).__name__, "must be a lightning_dpts.randomness.Entropy")
+        if secure_mode and entropy.seeded:
+            raise ConfigurationError(
+                "secure_mode", True, "draws from the operating system's CSPRNG and cannot be seeded; use seed=None"
+            )
+        self.secure_mode = bool(secure_mode)
         self.store = store
         self.spec = spec
         self.keys = tuple(keys)
-        self.seed = int(seed)
+        self.entropy = entropy
         self.static_cat = static_cat
         self.static_real = static_real
         self.univariate = univariate
-        self.epoch = 0
+        self.epoch = 0  # the pass the next iteration samples (set by EpochDataLoader before workers start)
+        self.passes_started = 0  # passes handed out by claim_pass; never decreases
         v = spec.relation.value_bound or 0.0
         self._context_std = spec.context_noise * v
         self._forecast_std = spec.forecast_noise * v
@@ -181,15 +249,28 @@ class StructuredSampler(IterableDataset):
     def __len__(self) -> int:
         return self.spec.steps_per_epoch
 
+    def claim_pass(self) -> int:
+        """A pass number never used by this sampler's loaders (0, 1, 2, ... in order of iteration)."""
+        claimed = self.passes_started
+        self.passes_started += 1
+        return claimed
+
+    def refresh(self, passes_started: int = 0) -> None:
+        """Continue with fresh randomness after a restore: new OS entropy (unless seeded), passes not reused."""
+        if not self.entropy.seeded:
+            self.entropy = type(self.entropy).fresh()
+        self.passes_started = max(self.passes_started, int(passes_started))
+        self.epoch = self.passes_started
+
     # -- top level ---------------------------------------------------------------------------------------
     def top_level(self, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """Series indices of step ``step`` of epoch ``epoch`` (int64, possibly empty for Poisson)."""
+        """Series indices of step ``step`` of pass ``epoch`` (int64, possibly empty for Poisson)."""
         n_top, num = self.spec.top_sample_size, self._num_series
         mode = self.spec.top_level
         if mode == "iteration":
             return np.arange(step * n_top, (step + 1) * n_top, dtype=np.int64)
         if mode == "shuffling":
-            perm = np.random.default_rng([self.seed, epoch, 0]).permutation(num)
+            perm = numpy_generator(self.entropy, epoch, 0).permutation(num)
             return perm[step * n_top : (step + 1) * n_top].astype(np.int64)
         if mode == "without_replacement":  # a uniformly random N'-subset, in random order
             if num <= 1024:  # faster for small N; Generator.choice uses Floyd's algorithm for large N
@@ -216,13 +297,16 @@ class StructuredSampler(IterableDataset):
 
     def sample_indices(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
         """(rows, starts, generator) of one step; the generator continues with the augmentation noise."""
-        rng = np.random.default_rng([self.seed, epoch, 1, step])
+        if self.secure_mode:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(secrets.randbits(128))))
+        else:
+            rng = numpy_generator(self.entropy, epoch, 1, step)
         series = self.top_level(epoch, step, rng)
         rows, starts = self.bottom_level(series, rng)
         return rows, starts, rng
 
     def batch(self, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        """The training batch of step ``step`` of epoch ``epoch``."""
+        """The training batch of step ``step`` of pass ``epoch``."""
         rows, starts, rng = self.sample_indices(epoch, step)
         arrays = self.store.gather(rows, starts, self.keys)
         if self._context_std > 0:
@@ -231,7 +315,9 @@ class StructuredSampler(IterableDataset):
         if self._forecast_std > 0:
             future = arrays["future_target"]
             future += rng.standard_normal(future.shape, dtype=np.float32) * np.float32(self._forecast_std)
-        return _to_tensors(arrays, rows, self.keys, self.static_cat, self.static_real, self.univariate)
+        out = _to_tensors(arrays, rows, self.keys, self.static_cat, self.static_real, self.univariate)
+        out[SERIES_INDEX_KEY] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+        return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch = self.epoch
@@ -242,19 +328,22 @@ class StructuredSampler(IterableDataset):
 
 
 class EpochDataLoader(DataLoader):
-    """DataLoader that advances its :class:`StructuredSampler`'s epoch each time it is iterated.
+    """DataLoader that samples a pass never used before each time it is iterated.
 
-    Setting the epoch before the workers are started makes every worker sample the same epoch. Persistent
-    workers would keep a stale copy of the epoch and are therefore rejected by the datamodule.
+    The pass is claimed from the :class:`StructuredSampler` (shared by every loader of the datamodule) and set
+    before the workers are started, so every worker samples the same pass. Persistent workers would keep a
+    stale copy of the pass and are therefore rejected by the datamodule. Worker processes receive the sampler
+    (and its secret entropy) in memory only (:class:`~lightning_dpts.randomness.allow_worker_pickling`).
     """
 
     def __init__(self, dataset: StructuredSampler, **kwargs) -> None:
         super().__init__(dataset, batch_size=None, **kwargs)
-        self._next_epoch = dataset.epoch
 
     def __iter__(self):  # type: ignore[override]
-        self.dataset.epoch = self._next_epoch
-        self._next_epoch += 1
+        self.dataset.epoch = self.dataset.claim_pass()
+        if self.num_workers > 0:
+            with allow_worker_pickling():
+                return super().__iter__()
         return super().__iter__()
 
 
