@@ -3,12 +3,14 @@
 * :class:`DPForecastStrategy` - per-window clipping + Gaussian noise for an unchanged LightningModule.
 * :class:`AccountantCallback` - logs epsilon every step and stops training within the privacy budget.
 * :func:`make_private_compatible` - the layer surgery (LSTM/GRU/RNN, multi-head attention) behind the strategy.
+* :class:`PrivacyLedger` - the noisy steps a model took, carried by the module and every checkpoint.
 * :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
 """
 
-from lightning_dpts.training.accountant_callback import AccountantCallback, PrivacyBudgetExhausted
-from lightning_dpts.training.engine import PerWindowClipper
-from lightning_dpts.training.strategy import DPForecastStrategy, clip_and_noise
+from lightning_dpts.training.accountant_callback import AccountantCallback
+from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper
+from lightning_dpts.training.ledger import PrivacyLedger, attach_ledger, install_load_hook, ledger_of, read_ledger
+from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted, clip_and_noise
 from lightning_dpts.training.surgery import (
     DPCompatibleMultiheadAttention,
     DPFastLSTM,
@@ -22,10 +24,17 @@ __all__ = [
     "DPCompatibleMultiheadAttention",
     "DPFastLSTM",
     "DPForecastStrategy",
+    "NonFiniteGradientError",
     "PerWindowClipper",
     "PrivacyBudgetExhausted",
+    "PrivacyLedger",
     "Surgery",
+    "attach_ledger",
     "check_per_window_layers",
     "clip_and_noise",
+    "ledger_of",
     "make_private_compatible",
+    "read_ledger",
 ]
+
+install_load_hook()  # load_from_checkpoint attaches a checkpoint's privacy ledger to the loaded module

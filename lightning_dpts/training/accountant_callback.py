@@ -10,6 +10,12 @@ configuration) and
   epoch) and lowers the Trainer's ``max_steps`` to it, so no step beyond the budget is ever taken;
 * logs ``epsilon`` after every optimizer step to every attached logger and to the progress bar.
 
+The step count is not kept here: the strategy's :class:`~lightning_dpts.training.ledger.PrivacyLedger` is the
+single source of truth (it travels with the weights, through checkpoints, second Trainers and
+``load_from_checkpoint``), and this callback accounts ``ledger.accounted_steps(spec)``: the noisy steps, or for
+per-epoch accounting the epochs started (a resumed partial epoch is a new epoch). The budget is the *total*
+for the model, over every fit. The strategy refuses to continue a non-empty ledger without this callback.
+
 Per-step cost. Composing a privacy-loss distribution takes ~10-50 ms, more than a small training step, so
 epsilon is not recomputed every step. At step n (n compositions, or the number of started epochs) the callback
 logs epsilon at a *grid point* g >= n, computed exactly; epsilon grows with the number of compositions, so
@@ -27,20 +33,15 @@ import time
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
 from lightning_dpts.privacy.spec import SamplingSpec
-from lightning_dpts.training.strategy import DPForecastStrategy
+from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
 
 __all__ = ["AccountantCallback", "PrivacyBudgetExhausted"]
-
-
-class PrivacyBudgetExhausted(RuntimeError):
-    """Raised instead of taking an optimizer step the privacy budget does not cover (a safety net)."""
 
 
 class AccountantCallback(Callback):
@@ -58,8 +59,8 @@ class AccountantCallback(Callback):
         log_name: metric name (default ``"epsilon"``).
 
     Attributes:
-        max_steps: the largest optimizer-step count the budget allows (after ``on_train_start``).
-        steps: optimizer steps accounted so far (saved in checkpoints; resuming continues the count).
+        max_steps: the largest accounted-step count the budget allows (after ``on_train_start``).
+        steps: noisy steps accounted for the model so far, over every fit (read from the strategy's ledger).
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
     """
 
@@ -92,7 +93,7 @@ class AccountantCallback(Callback):
             raise ConfigurationError("max_overhead", max_overhead, "must be a number > 0, or None")
         self.max_overhead = max_overhead
         self.log_name = log_name
-        self.steps = 0
+        self._strategy_ref: DPForecastStrategy | None = None
         self.max_steps: int | None = None
         self.report: PrivacyReport | None = None
         self.accountant: StructuredSubsamplingAccountant | None = None
@@ -108,6 +109,15 @@ class AccountantCallback(Callback):
     @property
     def state_key(self) -> str:
         return "AccountantCallback"
+
+    @property
+    def steps(self) -> int:
+        """Accounted steps of the model (``ledger.accounted_steps(spec)``; 0 before training starts)."""
+        if self._strategy_ref is None:
+            return 0
+        spec = getattr(self, "spec", None)
+        ledger = self._strategy_ref.ledger
+        return ledger.steps if spec is None else ledger.accounted_steps(spec)
 
     # ------------------------------------------------------------------------------------------------
     def _strategy(self, trainer: L.Trainer) -> DPForecastStrategy:
@@ -135,6 +145,7 @@ class AccountantCallback(Callback):
         strategy = self._strategy(trainer)
         sigma = strategy.resolve(trainer)
         self.spec = spec
+        self._strategy_ref = strategy
         if self._loaded is not None:
             saved_sigma, saved_spec = self._loaded.get("noise_multiplier"), self._loaded.get("spec")
             if saved_sigma is not None and not math.isclose(saved_sigma, sigma, rel_tol=1e-9):
@@ -146,14 +157,16 @@ class AccountantCallback(Callback):
                 raise ConfigurationError(
                     "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
                 )
-            self.steps = int(self._loaded["steps"])
             self._loaded = None
-        if strategy.steps > self.steps:  # e.g. a checkpoint written without this callback: count every noisy step
+        ledger = strategy.begin(trainer, pl_module)  # the model's ledger: checkpoint, attached, or empty
+        if ledger.budget is not None and ledger.budget != (self.epsilon, self.delta):
             rank_zero_warn(
-                f"AccountantCallback: {strategy.steps} noisy steps were taken but only {self.steps} accounted; "
-                f"accounting {strategy.steps}"
+                f"AccountantCallback: the model's earlier steps were accounted with the budget "
+                f"epsilon={ledger.budget[0]:g}, delta={ledger.budget[1]:g}; this fit enforces "
+                f"epsilon={self.epsilon:g}, delta={self.delta:g} for the total of "
+                f"all {ledger.steps} earlier and the new steps"
             )
-            self.steps = strategy.steps
+        ledger.budget = (self.epsilon, self.delta)
         if spec.accounts_per_epoch and trainer.num_training_batches != spec.steps_per_epoch:
             raise ConfigurationError(
                 "limit_train_batches", trainer.num_training_batches,
@@ -163,7 +176,16 @@ class AccountantCallback(Callback):
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound)
         self.accountant = acc
         self.max_steps = acc.max_steps(self.epsilon, self.delta)
-        remaining = self.max_steps - self.steps
+        strategy.step_cap = self.max_steps
+        accounted = ledger.accounted_steps(spec)
+        if spec.accounts_per_epoch:
+            # Whole epochs remain; a partially done Trainer epoch (mid-epoch resume) finishes as a *new* epoch.
+            spe = spec.steps_per_epoch
+            remaining_epochs = (self.max_steps - accounted) // spe
+            done_in_epoch = trainer.global_step % spe
+            remaining = max(0, remaining_epochs * spe - done_in_epoch) if remaining_epochs > 0 else 0
+        else:
+            remaining = self.max_steps - accounted
         loop = trainer.fit_loop.epoch_loop
         allowed = trainer.global_step + max(0, remaining)
         if loop.max_steps < 0 or loop.max_steps > allowed:
@@ -171,12 +193,14 @@ class AccountantCallback(Callback):
         if remaining <= 0:
             rank_zero_warn(
                 f"AccountantCallback: the budget epsilon={self.epsilon} at delta={self.delta} allows "
-                f"{self.max_steps} optimizer steps and {self.steps} are already accounted; no step is taken"
+                f"{self.max_steps} accounted optimizer steps and the model's ledger already accounts {accounted} "
+                f"({ledger.steps} noisy steps, {ledger.epochs} epochs); no step is taken"
             )
             trainer.should_stop = True
         rank_zero_info(
             f"AccountantCallback: budget epsilon={self.epsilon}, delta={self.delta} allows {self.max_steps} "
-            f"optimizer steps ({acc.theorem}, {acc.kind} bound, per {acc.unit}, sigma={sigma:.4g})"
+            f"optimizer steps ({acc.theorem}, {acc.kind} bound, per {acc.unit}, sigma={sigma:.4g}); "
+            f"{accounted} already accounted"
         )
         self._start_grid()
 
@@ -226,16 +250,6 @@ class AccountantCallback(Callback):
         self.grid_points.append((point, value))
         return value
 
-    def on_before_optimizer_step(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            raise PrivacyBudgetExhausted(
-                f"optimizer step {self.steps + 1} would exceed epsilon={self.epsilon} at delta={self.delta} "
-                f"(the budget allows {self.max_steps} steps)"
-            )
-        self.steps += 1
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -280,5 +294,4 @@ class AccountantCallback(Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._loaded = dict(state_dict)
-        self.steps = int(state_dict["steps"])
+        self._loaded = dict(state_dict)  # the step count itself is restored from the strategy's ledger

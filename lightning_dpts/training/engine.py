@@ -17,7 +17,7 @@ Opacus': ``min(1, C / (||g_i|| + 1e-6))``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from opacus import GradSampleModule
@@ -27,7 +27,27 @@ from torch import nn
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.training.surgery import DPFastLSTM
 
-__all__ = ["PerWindowClipper", "add_noise_and_average", "clip_factors"]
+__all__ = ["NoiseSource", "NonFiniteGradientError", "PerWindowClipper", "add_noise_and_average", "clip_factors"]
+
+
+class NoiseSource(Protocol):
+    """What draws the DP noise (the interface of :class:`lightning_dpts.randomness.GaussianNoise`)."""
+
+    def sample(self, numel: int, std: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A flat CPU tensor of ``numel`` N(0, std^2) draws."""
+        ...
+
+
+class NonFiniteGradientError(RuntimeError):
+    """A window's gradient is not finite (or its squared norm overflows): its sensitivity is not bounded.
+
+    Attributes:
+        windows: positions in the batch of the offending windows.
+    """
+
+    def __init__(self, message: str, windows: list[int]) -> None:
+        super().__init__(message)
+        self.windows = windows
 
 #: Opacus' clipping factor min(1, C / (||g_i|| + 1e-6)) (``opacus.optimizers.optimizer``).
 _CLIP_EPS = 1e-6
@@ -43,16 +63,21 @@ def add_noise_and_average(
     params: list[torch.Tensor],
     noise_std: float,
     expected_batch_size: int,
-    generator: torch.Generator,
+    noise: NoiseSource | torch.Generator,
 ) -> list[torch.Tensor]:
     """Algorithm 2's last line, (sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda, for every parameter.
 
     ``sums[k]`` is the summed clipped gradient of ``params[k]`` (``None``: noise only). The noise is one draw
-    for all coordinates from ``generator``, split in parameter order.
+    for all coordinates from ``noise`` (a :class:`NoiseSource` such as
+    :class:`~lightning_dpts.randomness.GaussianNoise`, or a CPU ``torch.Generator`` for tests), split in
+    parameter order.
     """
     dtype = params[0].dtype if params else torch.float32
-    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
-    flat.normal_(0.0, noise_std, generator=generator)
+    numel = sum(p.numel() for p in params)
+    if isinstance(noise, torch.Generator):
+        flat = torch.empty(numel, dtype=dtype).normal_(0.0, noise_std, generator=noise)
+    else:
+        flat = noise.sample(numel, noise_std, dtype)
     out = []
     offset = 0
     for p, g in zip(params, sums, strict=True):
@@ -257,9 +282,14 @@ class PerWindowClipper:
         max_grad_norm: float,
         noise_std: float,
         expected_batch_size: int,
-        generator: torch.Generator,
+        noise: NoiseSource | torch.Generator,
     ) -> list[torch.Tensor]:
-        """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``."""
+        """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``.
+
+        Raises:
+            NonFiniteGradientError: a window's gradient norm is not finite (NaN, inf, or a squared norm
+                beyond the float range): Algorithm 2's per-window bound C would not hold for it.
+        """
         stacked = []
         for record in [*self._records.values(), *self._lstm_records.values()]:
             pair = self._stacked(record)
@@ -299,6 +329,13 @@ class PerWindowClipper:
             sq = torch.stack(terms).sum(0) * (scale * scale) if terms else torch.zeros(b, dtype=ref.dtype)
             for gs in samples.values():
                 sq = sq + norm(gs.reshape(b, -1), dim=1).square()
+            bad = ~torch.isfinite(sq)
+            if bool(bad.any()):
+                windows = bad.nonzero().flatten().tolist()
+                raise NonFiniteGradientError(
+                    f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
+                    "overflows); clipping cannot bound its contribution", windows,
+                )
             factor = clip_factors(sq, max_grad_norm)
             native_factor = factor * scale
             for record, a, g in stacked:
@@ -324,4 +361,4 @@ class PerWindowClipper:
                     "its layer is not supported for DP training"
                 )
         sums = [grads.get(id(p)) for p in params]
-        return add_noise_and_average(sums, params, noise_std, expected_batch_size, generator)
+        return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)

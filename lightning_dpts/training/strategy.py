@@ -11,12 +11,25 @@ the clipped sum from :class:`~lightning_dpts.training.engine.PerWindowClipper` (
 Opacus ``GradSampleModule`` hooks for every other layer), adds the noise once per optimizer step and writes
 g~ into ``p.grad`` in ``on_before_optimizer_step``; the user's optimizer (from their ``configure_optimizers``)
 then takes its step as usual. The clipping factor min(1, C / (||g_i|| + 1e-6)) is Opacus'.
+
+Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer step, not only at setup:
+
+* the noise is drawn through one :class:`~lightning_dpts.randomness.GaussianNoise` built from fresh
+  operating-system entropy at the start of every fit (:meth:`DPForecastStrategy._make_noise`); nothing that
+  reproduces it is stored, so a resume from any checkpoint draws new noise;
+* exactly one sampled batch reaches each optimizer step (any gradient accumulation is an error);
+* every per-window gradient is finite, else :class:`NonFiniteGradientError` names the window's series;
+* at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
+* a batch without windows (Poisson sampling) takes the noise-only step;
+* every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import secrets
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -28,10 +41,25 @@ from torch import nn
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
-from lightning_dpts.training.engine import PerWindowClipper, add_noise_and_average, clip_factors
+from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, GaussianNoise, resolve_entropy
+from lightning_dpts.training.engine import (
+    NoiseSource,
+    NonFiniteGradientError,
+    PerWindowClipper,
+    add_noise_and_average,
+    clip_factors,
+)
+from lightning_dpts.training.ledger import LEDGER_ATTRIBUTE, LEDGER_KEY, PrivacyLedger, ledger_of
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
-__all__ = ["DPForecastStrategy", "clip_and_noise"]
+__all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
+
+#: Windows in the synthetic probe batch of the window-independence check.
+_PROBE_WINDOWS = 4
+
+
+class PrivacyBudgetExhausted(RuntimeError):
+    """Raised instead of taking an optimizer step the privacy budget does not cover (a safety net)."""
 
 
 def _positive(name: str, value: object) -> float:
@@ -46,7 +74,7 @@ def clip_and_noise(
     max_grad_norm: float,
     noise_std: float,
     expected_batch_size: int,
-    generator: torch.Generator,
+    generator: NoiseSource | torch.Generator,
 ) -> list[torch.Tensor]:
     """Algorithm 2's aggregation: (sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda, per parameter.
 
@@ -57,7 +85,8 @@ def clip_and_noise(
         max_grad_norm: C, the l2 bound of each window's gradient over *all* parameters jointly.
         noise_std: sigma * C, the std of the Gaussian noise added to the summed clipped gradient.
         expected_batch_size: Lambda, the divisor (the expected, not the realised, batch size).
-        generator: the CPU ``torch.Generator`` that draws the noise.
+        generator: what draws the noise: a :class:`~lightning_dpts.randomness.GaussianNoise` (or any object
+            with its ``sample`` method), or a CPU ``torch.Generator`` (tests).
 
     Returns:
         The noisy averaged gradient for each parameter.
@@ -91,9 +120,18 @@ class DPForecastStrategy(Callback):
     :func:`~lightning_dpts.privacy.calibrate_noise_multiplier` on ``trainer.datamodule.sampling_spec``.
 
     Settings that would break the guarantee raise :class:`~lightning_dpts.errors.ConfigurationError`:
-    Trainer ``gradient_clip_val``, ``accumulate_grad_batches != 1``, more than one optimizer, manual
-    optimisation, more than one device/process, mixed precision, BatchNorm, and trainable parameters in the
-    optimizer that the hooks do not cover.
+    Trainer ``gradient_clip_val``, gradient accumulation in any form (``accumulate_grad_batches != 1``, a
+    ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
+    more than one optimizer, manual optimisation, more than one device/process, mixed precision, BatchNorm,
+    trainable parameters in the optimizer that the hooks do not cover, a ``forward`` that mixes windows (the
+    probe at the first step), and continuing a model whose ledger is not empty without an
+    :class:`~lightning_dpts.training.AccountantCallback`.
+
+    Privacy ledger: every noisy step is counted in ``self.ledger`` (a
+    :class:`~lightning_dpts.training.ledger.PrivacyLedger`), which is attached to the LightningModule
+    (``module.dpts_privacy_ledger``) and written into every checkpoint; a fit continues the ledger of the
+    checkpoint it resumes from, or the one attached to the module (a second Trainer, or weights loaded with
+    ``load_from_checkpoint``). See :mod:`lightning_dpts.training.ledger`.
 
     Args:
         noise_multiplier: sigma > 0; the noise std on the summed clipped gradient is ``sigma * C``.
@@ -102,9 +140,19 @@ class DPForecastStrategy(Callback):
         target_epsilon: epsilon > 0 to calibrate sigma for (instead of ``noise_multiplier``).
         target_delta: delta in (0, 1) to calibrate sigma for.
         epochs: number of epochs (each ``spec.steps_per_epoch`` optimizer steps) to calibrate sigma for.
-        seed: seed of the noise generator, for reproducible experiments. ``None`` (default) draws a fresh seed
-            from the operating system. **Anyone who knows the seed can subtract the noise**: a fixed seed is
-            for tests and benchmarks, not for releasing a model.
+        seed: ``None`` (default): the noise comes from fresh, secret operating-system entropy drawn at the
+            start of every fit (PRIVACY-NOTES trap 7). An integer >= 0 makes the noise a public function of it,
+            for experiments and tests only: **anyone who knows the seed can subtract the noise**; the run then
+            warns with :data:`~lightning_dpts.randomness.SEEDED_NOTICE` and the checkpoint metadata says
+            ``"seeded": True`` (the seed itself is never written).
+        secure_mode: draw the noise from the operating system's CSPRNG with Opacus' floating-point mitigation
+            (:class:`~lightning_dpts.randomness.GaussianNoise` ``secure=True``; cost measured by
+            ``benchmarks/randomness.py``). Needs ``seed=None``.
+        check_independence: at the first step of every fit, check on a synthetic probe batch that ``forward``
+            keeps windows independent: perturbing window 0 must not move any other window's per-window gradient
+            (Algorithm 2's sensitivity 2C assumes it; PRIVACY-NOTES trap 8). Costs two extra forward/backward
+            passes of 4 windows per fit. ``False`` skips the check (only for a model you have verified
+            yourself; training steps, callbacks and logging of the module's ``training_step`` are unaffected).
         expected_batch_size: Lambda, only for datamodules without a ``sampling_spec``; otherwise Lambda is read
             from ``sampling_spec.batch_size`` and giving a different value is an error.
         loss_reduction: ``"mean"`` (default; GluonTS modules average their loss over the windows of a batch)
@@ -129,6 +177,8 @@ class DPForecastStrategy(Callback):
         target_delta: float | None = None,
         epochs: int | None = None,
         seed: int | None = None,
+        secure_mode: bool = False,
+        check_independence: bool = True,
         expected_batch_size: int | None = None,
         loss_reduction: str = "mean",
         scaler_default_scale: float = 1.0,
@@ -159,9 +209,19 @@ class DPForecastStrategy(Callback):
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
         self.epochs = epochs
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ConfigurationError("seed", seed, "must be an integer >= 0 or None")
-        self.seed = secrets.randbits(63) if seed is None else seed
+        if seed is not None:
+            resolve_entropy(seed, "seed")  # validates; the entropy itself is drawn at every fit start
+        if not isinstance(secure_mode, bool):
+            raise ConfigurationError("secure_mode", secure_mode, "must be True or False")
+        if secure_mode and seed is not None:
+            raise ConfigurationError(
+                "secure_mode", True, "draws from the operating system's CSPRNG and cannot be seeded; use seed=None"
+            )
+        if not isinstance(check_independence, bool):
+            raise ConfigurationError("check_independence", check_independence, "must be True or False")
+        self._seed = seed
+        self.secure_mode = secure_mode
+        self.check_independence = check_independence
         if expected_batch_size is not None and (
             isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) or expected_batch_size < 1
         ):
@@ -175,9 +235,17 @@ class DPForecastStrategy(Callback):
             raise ConfigurationError("data_dependent_schedulers", data_dependent_schedulers,
                                      "must be 'disable' or 'error'")
         self.data_dependent_schedulers = data_dependent_schedulers
-        self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        self.noise: NoiseSource | None = None
+        self.ledger = PrivacyLedger()
+        self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
+        self._restored: PrivacyLedger | None = None
+        self._begun = False
+        self._new_epoch = True
+        self._batches_since_step = 0
+        self._probed = False
+        self._batch: Any = None
+        self._original_training_step: Callable[..., Any] | None = None
         self.expected_batch_size: int | None = None
-        self.steps = 0
         self.surgery: Surgery | None = None
         self._clipper: PerWindowClipper | None = None
         self._params: list[nn.Parameter] = []
@@ -186,6 +254,25 @@ class DPForecastStrategy(Callback):
     @property
     def state_key(self) -> str:
         return "DPForecastStrategy"
+
+    @property
+    def seeded(self) -> bool:
+        """``True`` if the noise comes from an explicit seed (see :data:`~lightning_dpts.randomness.SEEDED_NOTICE`)."""
+        return self._seed is not None
+
+    @property
+    def steps(self) -> int:
+        """Noisy optimizer steps taken by the model, over every fit (``self.ledger.steps``)."""
+        return self.ledger.steps
+
+    def _make_noise(self, entropy: Entropy) -> NoiseSource:
+        """The one object that draws this fit's DP noise (``sample(numel, std, dtype)``; swap another source here).
+
+        The stream key includes the ledger's step count, so that even a seeded run continued from its latest
+        checkpoint does not reuse noise (a seeded run resumed from an *older* checkpoint does: seeds are for
+        experiments only). Unseeded, ``entropy`` is fresh at every fit, so nothing is ever replayed.
+        """
+        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
 
     @property
     def noise_multiplier(self) -> float:
@@ -248,6 +335,24 @@ class DPForecastStrategy(Callback):
         self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
         if not self._params:
             raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
+        self._wrap_training_step(pl_module)
+        self._begun = False
+
+    def _wrap_training_step(self, pl_module: L.LightningModule) -> None:
+        """A batch without windows (Poisson sampling) skips the model: ``None`` loss, then the noise-only step."""
+        from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+        original = pl_module.training_step
+        self._original_training_step = original
+        self._probe_args = (0,) if is_param_in_hook_signature(original, "batch_idx", min_args=2) else ()
+
+        @functools.wraps(original)
+        def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if _num_windows(batch) == 0:
+                return None
+            return original(batch, *args, **kwargs)
+
+        pl_module.training_step = training_step  # type: ignore[method-assign]
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not pl_module.automatic_optimization:
@@ -271,6 +376,54 @@ class DPForecastStrategy(Callback):
                     )
         self._check_schedulers(trainer)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.begin(trainer, pl_module)
+
+    def begin(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PrivacyLedger:
+        """Start this fit's ledger and noise (idempotent per fit; AccountantCallback calls it too).
+
+        The ledger continues the one of the checkpoint this fit resumed from, else the one attached to the
+        module, else starts empty; a fresh :class:`~lightning_dpts.randomness.Entropy` is drawn (no replay).
+        """
+        if self._begun:
+            return self.ledger
+        sigma = self.resolve(trainer)
+        spec = _spec_or_none(trainer)
+        if self._restored is not None:
+            ledger = self._restored
+        else:
+            attached = ledger_of(pl_module)
+            ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
+        self._restored = None
+        if ledger.epochs < 0:  # an older checkpoint without an epoch count: every started epoch, at least
+            spe = spec.steps_per_epoch if spec is not None else 1
+            ledger.epochs = -(-ledger.steps // spe)
+        ledger.check_continuation(sigma, self.max_grad_norm, spec)
+        if not ledger.empty and not _has_accountant(trainer):
+            raise ConfigurationError(
+                "callbacks", "no AccountantCallback",
+                f"the model's privacy ledger already holds {ledger.steps} noisy steps"
+                + (f" (budget epsilon={ledger.budget[0]:g}, delta={ledger.budget[1]:g})" if ledger.budget else "")
+                + "; add an AccountantCallback with your total budget to continue training it, so that the "
+                "continuation is accounted and stopped within the budget",
+            )
+        ledger.noise_multiplier = sigma
+        ledger.max_grad_norm = self.max_grad_norm
+        if spec is not None:
+            ledger.sampling_spec = repr(spec)
+        self.ledger = ledger
+        object.__setattr__(pl_module, LEDGER_ATTRIBUTE, ledger)
+        entropy = resolve_entropy(self._seed, "seed")
+        if entropy.seeded:
+            ledger.seeded = True
+            rank_zero_warn(f"DPForecastStrategy: {SEEDED_NOTICE}")
+        self.noise = self._make_noise(entropy)
+        self._new_epoch = True
+        self._batches_since_step = 0
+        self._probed = not self.check_independence
+        self._begun = True
+        return ledger
+
     def _check_schedulers(self, trainer: L.Trainer) -> None:
         """Schedulers that adapt to a monitored (private, noiseless) metric are outside the guarantee."""
         monitored = [c for c in trainer.lr_scheduler_configs if c.monitor is not None]
@@ -291,24 +444,137 @@ class DPForecastStrategy(Callback):
             "optimizer's value (pass data_dependent_schedulers='error' to fail instead)."
         )
 
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._new_epoch = True  # the first noisy step of this epoch counts a new epoch (also a resumed one)
+
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if not self._begun:
+            self.begin(trainer, pl_module)
+        if self._batches_since_step >= 1:
+            raise ConfigurationError(
+                "accumulate_grad_batches", self._batches_since_step + 1,
+                "a second batch started before the optimizer step of the previous one (gradient accumulation, "
+                "e.g. a GradientAccumulationScheduler): DP training needs exactly one sampled batch per "
+                "optimizer step; raise the datamodule's batch_size instead",
+            )
+        self._batches_since_step += 1
+        self._batch = batch
         self._clear()
+        if not self._probed:
+            self._probed = True
+            self._check_window_independence(pl_module, batch)
         if self._clipper is not None:
             self._clipper.enable()
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        assert self.expected_batch_size is not None and self._clipper is not None
-        noisy = self._clipper.noisy_gradients(
-            self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.generator
-        )
+        assert self.expected_batch_size is not None and self._clipper is not None and self.noise is not None
+        if self._batches_since_step != 1:
+            raise ConfigurationError(
+                "accumulate_grad_batches", self._batches_since_step,
+                "DP training needs exactly one sampled batch per optimizer step",
+            )
+        after = PrivacyLedger(steps=self.ledger.steps + 1, epochs=self.ledger.epochs + int(self._new_epoch))
+        spec = _spec_or_none(trainer)
+        if self.step_cap is not None and spec is not None and after.accounted_steps(spec) > self.step_cap:
+            raise PrivacyBudgetExhausted(
+                f"noisy step {after.steps} would bring the accounted steps to {after.accounted_steps(spec)}, beyond "
+                f"the {self.step_cap} the privacy budget allows"
+            )
+        try:
+            noisy = self._clipper.noisy_gradients(
+                self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
+            )
+        except NonFiniteGradientError as err:
+            raise NonFiniteGradientError(self._describe_windows(trainer, err.windows), err.windows) from err
         for p, g in zip(self._params, noisy, strict=True):
             p.grad = g
         self._clear()
-        self.steps += 1
+        self.ledger.steps = after.steps
+        self.ledger.epochs = after.epochs
+        self._new_epoch = False
+        self._batches_since_step = 0
+
+    def _describe_windows(self, trainer: L.Trainer, windows: list[int]) -> str:
+        """Error message naming the series of the windows (from the batch's ``series_index``)."""
+        index = self._batch.get("series_index") if isinstance(self._batch, dict) else None
+        names: list[str] = []
+        if isinstance(index, torch.Tensor) and index.numel() > max(windows):
+            ids = getattr(getattr(trainer, "datamodule", None), "item_ids", None)
+            for w in windows:
+                n = int(index[w])
+                names.append(repr(ids[n]) if ids is not None and n < len(ids) else f"#{n}")
+        where = f"series {', '.join(dict.fromkeys(names))}" if names else "(the batch has no 'series_index')"
+        return (
+            f"the per-window gradient of window(s) {windows} of the batch, {where}, is not finite (or its squared "
+            "norm overflows): clipping cannot bound its contribution, so no step is taken. Check those series' "
+            "values and the model's numerical stability (e.g. the loss on unscaled data)"
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # Window independence (PRIVACY-NOTES trap 8)
+    # ------------------------------------------------------------------------------------------------
+    def _check_window_independence(self, pl_module: L.LightningModule, batch: Any) -> None:
+        """Perturb window 0 of a synthetic probe batch; no other window's per-window gradient may move.
+
+        The probe has the structure of ``batch`` (keys, trailing shapes, dtypes) but synthetic values (masks
+        1, integers 0, other values in [1, 2)), so its outcome depends on the model only, never on private data.
+        """
+        assert self._clipper is not None and self._original_training_step is not None
+        probe = _synthetic_probe(batch)
+        if probe is None:
+            return
+        perturbed = _perturb_first_window(probe)
+        base = self._probe_gradients(pl_module, probe)
+        moved = self._probe_gradients(pl_module, perturbed)
+        if base is None or moved is None:
+            return
+        scale = float(base.abs().max()) + 1e-12
+        diff = (base[1:] - moved[1:]).abs().amax(dim=1)
+        if bool((diff > 1e-4 * scale).any()):
+            window = int(diff.argmax()) + 1
+            raise ConfigurationError(
+                "model", type(pl_module).__name__,
+                f"forward mixes the windows of a batch: on a synthetic probe batch, changing window 0 moved the "
+                f"per-window gradient of window {window} by {float(diff.max()):.3g} (largest gradient entry "
+                f"{scale:.3g}). One window then changes the update by more than 2C and the privacy analysis does "
+                "not apply (PRIVACY-NOTES trap 8): remove batch statistics, batch-level scaling or cross-window "
+                "operations from forward. If you have verified the model yourself, pass "
+                "check_independence=False",
+            )
+
+    def _probe_gradients(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor | None:
+        """Per-window gradients ``[B, d]`` of the module's training loss on ``batch`` (no logging, no step)."""
+        assert self._clipper is not None and self._original_training_step is not None
+        devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
+        saved_grads = [p.grad for p in self._params]
+        pl_module.log = _no_log  # type: ignore[method-assign]
+        pl_module.log_dict = _no_log  # type: ignore[method-assign]
+        try:
+            with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.manual_seed(0)  # the same dropout masks in both probe passes (synthetic data, no privacy draw)
+                self._clear()
+                self._clipper.enable()
+                for p in self._params:
+                    p.grad = None
+                out = self._original_training_step(batch, *self._probe_args)
+                loss = out.get("loss") if isinstance(out, dict) else out
+                if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+                    return None
+                loss.backward()
+                grads = self._clipper.per_window_gradients(self._params)
+                flat = [g.reshape(g.shape[0], -1) for g in grads if g is not None]
+                return torch.cat(flat, dim=1).detach().double() if flat else None
+        finally:
+            self._clear()
+            for p, g in zip(self._params, saved_grads, strict=True):
+                p.grad = g
+            del pl_module.log
+            del pl_module.log_dict
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._clipper is not None:
@@ -328,6 +594,12 @@ class DPForecastStrategy(Callback):
     def _undo(self, pl_module: L.LightningModule) -> None:
         """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
         self._clear()
+        if self._original_training_step is not None:
+            if "training_step" in vars(pl_module):
+                del pl_module.training_step
+            self._original_training_step = None
+        self._begun = False
+        self._batch = None
         if self._clipper is not None:
             self._clipper.remove()
             self._clipper = None
@@ -345,23 +617,113 @@ class DPForecastStrategy(Callback):
     # Checkpointing
     # ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """Sigma, C and the privacy ledger - never a seed or a generator state (nothing that reproduces noise).
+
+        A seeded run adds ``"seeded": True`` and :data:`~lightning_dpts.randomness.SEEDED_NOTICE`.
+        """
+        state: dict[str, Any] = {
             "noise_multiplier": self._noise_multiplier,
             "max_grad_norm": self.max_grad_norm,
-            "steps": self.steps,
-            "generator_state": self.generator.get_state(),
+            "ledger": self.ledger.to_dict(),
+            "seeded": self.ledger.seeded or self.seeded,
         }
+        if state["seeded"]:
+            state["seeded_notice"] = SEEDED_NOTICE
+        return state
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Also write the ledger at the top level of the checkpoint (read by ``load_from_checkpoint``)."""
+        checkpoint[LEDGER_KEY] = self.ledger.to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the checkpoint's ledger; the noise of the resumed fit comes from fresh entropy (no replay).
+
+        Checkpoints of older versions (``steps`` and ``generator_state``) are accepted: their step count is
+        kept, their generator state is ignored.
+        """
         for key, mine in (("noise_multiplier", self._noise_multiplier), ("max_grad_norm", self.max_grad_norm)):
             saved = state_dict.get(key)
             if saved is not None and mine is not None and not math.isclose(saved, mine, rel_tol=1e-9):
                 raise ConfigurationError(
                     key, mine, f"the checkpoint was trained with {key}={saved}; resume with the same value"
                 )
-        # Continue the noise stream: replaying noise already used would correlate steps and void the guarantee.
-        self.generator.set_state(state_dict["generator_state"])
-        self.steps = int(state_dict.get("steps", 0))
+        if isinstance(state_dict.get("ledger"), dict):
+            self._restored = PrivacyLedger.from_dict(state_dict["ledger"])
+        else:  # before the ledger: steps only; epochs derived when the fit starts
+            self._restored = PrivacyLedger(
+                steps=int(state_dict.get("steps", 0)), epochs=-1,
+                noise_multiplier=state_dict.get("noise_multiplier"), max_grad_norm=state_dict.get("max_grad_norm"),
+            )
+        self._begun = False
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``LightningModule.log`` during the probe passes."""
+
+
+def _has_accountant(trainer: L.Trainer) -> bool:
+    from lightning_dpts.training.accountant_callback import AccountantCallback
+
+    return any(isinstance(cb, AccountantCallback) for cb in trainer.callbacks)
+
+
+def _leading_sizes(batch: Any) -> list[int]:
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    sizes: list[int] = []
+    apply_to_collection(batch, torch.Tensor, lambda t: sizes.append(int(t.shape[0])) if t.dim() else None)
+    return sizes
+
+
+def _num_windows(batch: Any) -> int | None:
+    """Windows in a batch (the leading dimension of its tensors), ``None`` when it has no tensor."""
+    sizes = _leading_sizes(batch)
+    return max(sizes) if sizes else None
+
+
+def _synthetic_probe(batch: Any) -> Any:
+    """A batch of :data:`_PROBE_WINDOWS` synthetic windows with the structure of ``batch`` (``None``: no tensors)."""
+    size = _num_windows(batch)
+    if size is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+
+    def make(t: torch.Tensor, key: str = "") -> torch.Tensor:
+        if t.dim() == 0 or t.shape[0] != size:
+            return t
+        shape = (_PROBE_WINDOWS, *t.shape[1:])
+        if not t.is_floating_point():
+            return torch.zeros(shape, dtype=t.dtype, device=t.device)
+        if "observed" in key or "mask" in key:
+            return torch.ones(shape, dtype=t.dtype, device=t.device)
+        return (1.0 + torch.rand(shape, generator=generator, dtype=torch.float64)).to(t.dtype).to(t.device)
+
+    if isinstance(batch, dict):
+        return {k: make(v, k) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor, make)
+
+
+def _perturb_first_window(batch: Any) -> Any:
+    """A copy of a probe batch with window 0's real values changed (masks and integers kept)."""
+
+    def change(t: torch.Tensor, key: str = "") -> torch.Tensor:
+        if t.dim() == 0 or t.shape[0] != _PROBE_WINDOWS or not t.is_floating_point():
+            return t
+        if "observed" in key or "mask" in key:
+            return t
+        out = t.clone()
+        out[0] = out[0] * 3.0 + 0.5
+        return out
+
+    if isinstance(batch, dict):
+        return {k: change(v, k) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor, change)
 
 
 def _spec_or_none(trainer: L.Trainer) -> SamplingSpec | None:

@@ -41,7 +41,8 @@ def test_model_trains_privately_on_the_datamodule(name, tmp_path):
     assert len(rows) == 5 and all(float(r["epsilon"]) <= budget for r in rows)
 
 
-def test_resume_on_the_datamodule_ends_at_the_same_total(tmp_path):
+def test_mid_epoch_resume_counts_the_partial_epoch_as_a_new_epoch(tmp_path):
+    """Issue 9 item 4a: a resumed partial epoch samples a fresh pass, so it is accounted as a whole new epoch."""
     def run(directory, ckpt=None):
         module = make_module("dlinear")
         dm = _datamodule(module, top_level="shuffling")  # accounted per epoch: 148 // 16 = 9 steps per epoch
@@ -56,6 +57,9 @@ def test_resume_on_the_datamodule_ends_at_the_same_total(tmp_path):
     full, acc = run(tmp_path)
     assert full.global_step == acc.steps == 18 and acc.report.compositions == 2
     resumed, acc2 = run(tmp_path / "b", ckpt=str(tmp_path / "step=5.ckpt"))
-    assert resumed.global_step == acc2.steps == 18
+    # 5 steps of epoch 1 (checkpoint) + the 4 remaining steps of the resumed epoch = epoch 2: the budget is spent
+    assert resumed.global_step == 9 and acc2.steps == 18 and acc2.report.compositions == 2
+    ledger = resumed.lightning_module.dpts_privacy_ledger
+    assert ledger.steps == 9 and ledger.epochs == 2
     assert acc2.report.epsilon == pytest.approx(acc.report.epsilon)
     assert torch.isfinite(torch.tensor(acc2.report.epsilon))
