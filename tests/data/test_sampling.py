@@ -16,7 +16,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_dpts.data import StructuredSubsamplingDataModule
-from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
 from .conftest import id_series
