@@ -49,6 +49,7 @@ _OPTION_NAMES = {
     "max_grad_norm": "--max-grad-norm",
     "learning_rate": "--learning-rate",
     "seed": "--seed",
+    "secure_mode": "--secure-mode",
     "autoets": "--autoets",
     "config": "--config",
 }
@@ -161,7 +162,11 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
                      help="skip training the same model without DP (on by default)")
     fit.add_argument("--autoets", action="store_true", default=d,
                      help="also score AutoETS (needs the optional statsforecast package)")
-    fit.add_argument("--seed", type=int, default=d, help="seed for sampling, initialisation and DP noise")
+    fit.add_argument("--seed", type=int, default=d,
+                     help="explicit seed for sampling, initialisation and DP noise, for experiments only: the "
+                          "guarantee does not hold against anyone who knows it (default: secret OS entropy)")
+    fit.add_argument("--secure-mode", action="store_true", default=d,
+                     help="draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no --seed)")
     fit.add_argument("--output-dir", metavar="DIR", default=d, help="where results go (default dpts-run)")
 
 

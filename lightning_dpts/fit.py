@@ -56,8 +56,12 @@ class FitConfig:
             augmentation (see docs/privacy.md).
         non_dp: also train the model without DP for the same number of steps (a utility reference).
         autoets: also score AutoETS (needs the optional ``statsforecast`` package).
-        seed: seed for sampling, initialisation and noise (fixed seeds make experiments reproducible;
-            **do not release a model trained with a published noise seed**).
+        seed: ``None`` (default): sampling, initialisation and noise come from fresh, secret operating-system
+            entropy (PRIVACY-NOTES trap 7), so two runs differ. An integer >= 0 makes the run reproducible for
+            experiments only: its guarantee does not hold against anyone who knows the seed, and the log, the
+            report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
+        secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
+            ``secure_mode`` threat model; needs ``seed=None``).
         output_dir: where checkpoint, logs, report and plots go.
     """
 
@@ -86,7 +90,8 @@ class FitConfig:
     forecast_noise: float = 0.0
     non_dp: bool = True
     autoets: bool = False
-    seed: int = 0
+    seed: int | None = None
+    secure_mode: bool = False
     output_dir: str = "dpts-run"
 
     def validate(self) -> None:
@@ -110,8 +115,14 @@ class FitConfig:
             raise ConfigurationError("max_grad_norm", self.max_grad_norm, "must be a finite number > 0")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ConfigurationError("learning_rate", self.learning_rate, "must be a finite number > 0")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigurationError("seed", self.seed, "must be an integer >= 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigurationError("seed", self.seed,
+                                     "must be None (secret OS entropy, the default) or an integer >= 0")
+        if not isinstance(self.secure_mode, bool):
+            raise ConfigurationError("secure_mode", self.secure_mode, "must be true or false")
+        if self.secure_mode and self.seed is not None:
+            raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
+                                     "combined with seed; leave seed unset")
         if self.autoets:
             import importlib.util
 
@@ -250,11 +261,20 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     from lightning_dpts.data import StructuredSubsamplingDataModule
     from lightning_dpts.privacy import NeighbouringRelation, calibrate_noise_multiplier
+    from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
 
     config.validate()
     out = Path(config.output_dir)
     started = time.perf_counter()
+    entropy = resolve_entropy(config.seed)  # None: fresh OS entropy; never written anywhere
+    if entropy.seeded:
+        warnings.warn(f"dpts fit: {SEEDED_NOTICE}", UserWarning, stacklevel=2)
+        progress(f"WARNING: {SEEDED_NOTICE}")
+
+    def torch_seed(stream: int) -> int:
+        """A torch seed from stream ``stream`` of the run's entropy (initialisation, forecast sampling)."""
+        return int(entropy.seed_sequence(stream).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
     if config.data is None:
         from lightning_dpts.data import load_dataset
@@ -272,13 +292,17 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
             top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
             context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
-            model=module, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target",
+            secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
+            value_column="target",
         )
 
-    torch.manual_seed(config.seed)
+    init_seed = torch_seed(3)  # the initialisation is secret too (unless seeded); the non-DP reference reuses it
+    torch.manual_seed(init_seed)
     estimator = _estimator(config, freq)
     module = estimator.create_lightning_module()
-    dm = datamodule(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded notice was given above
+        dm = datamodule(module)
     spec = dm.sampling_spec
     progress(f"data: {data_name}, {spec.num_series} series, shortest training part {spec.min_length} steps; "
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
@@ -291,7 +315,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         progress(f"noise multiplier {sigma:.4f}")
 
     out.mkdir(parents=True, exist_ok=True)
-    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed)
+    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                  secure_mode=config.secure_mode)
     accountant = AccountantCallback(epsilon=config.epsilon, delta=config.delta)
     logger = CSVLogger(str(out), name="logs")
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
@@ -309,19 +334,23 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     inputs = [p[0] for p in pairs]
     labels = [np.asarray(p[1]["target"], dtype=float) for p in pairs]
     predictor = estimator.create_predictor(estimator.create_transformation(), module)
-    torch.manual_seed(config.seed)  # sample-based forecasts: make the evaluation reproducible too
+    eval_seed = torch_seed(4)  # sample-based forecasts (reproducible when seeded)
+    torch.manual_seed(eval_seed)
     predictions["dp"] = list(predictor.predict(inputs))
 
     if config.non_dp and steps > 0:
         progress(f"training the same model without DP for the same {steps} steps ...")
-        torch.manual_seed(config.seed)
+        torch.manual_seed(init_seed)
         plain_estimator = _estimator(config, freq)
         plain = plain_estimator.create_lightning_module()
         plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                                   enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
-        plain_trainer.fit(plain, datamodule=datamodule(plain))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            plain_dm = datamodule(plain)
+        plain_trainer.fit(plain, datamodule=plain_dm)
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(eval_seed)
         predictions["non_dp"] = list(plain_predictor.predict(inputs))
 
     from gluonts.model.seasonal_naive import SeasonalNaivePredictor
@@ -350,16 +379,28 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             "noise_multiplier": sigma,
             "calibrated": config.noise_multiplier is None,
         },
+        "seeded": entropy.seeded,
+        "secure_mode": config.secure_mode,
+        "privacy_ledger": strategy.ledger.to_dict(),
         "data": data_name,
         "model": config.model,
-        "config": asdict(config),
+        "config": _config_dict(config),
         "seconds": round(time.perf_counter() - started, 1),
     }
+    if entropy.seeded:
+        report["seeded_notice"] = SEEDED_NOTICE
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     _plot_epsilon(out, logger.log_dir, config.epsilon)
     _plot_forecasts(out, inputs, labels, predictions["dp"], pairs)
     progress(format_table(report))
     return report
+
+
+def _config_dict(config: FitConfig) -> dict[str, Any]:
+    """The configuration for the report, without the seed (never written: it would reproduce the randomness)."""
+    d = asdict(config)
+    d["seed"] = "explicit (not recorded)" if config.seed is not None else None
+    return d
 
 
 def _spec_dict(spec: Any) -> dict[str, Any]:
@@ -401,6 +442,8 @@ def format_table(report: dict[str, Any]) -> str:
                  f"delta={report['delta']:g} after {report['steps']} steps; "
                  f"{bound['theorem']} ({bound['kind']} bound), "
                  f"noise multiplier {report['noise_multiplier']:.4f}")
+    if report.get("seeded"):
+        lines.append(f"WARNING: {report.get('seeded_notice', 'this run used an explicit seed')}")
     return "\n".join(lines)
 
 

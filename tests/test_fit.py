@@ -47,6 +47,33 @@ def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):
     metrics = pd.read_csv(next((out / "logs").glob("version_*/metrics.csv")))
     eps = metrics["epsilon"].dropna()
     assert len(eps) == report["steps"] and eps.max() <= 2.0
+    # an explicit seed: the run says its guarantee does not hold against anyone who knows it, and stores no seed
+    assert report["seeded"] is True and "does NOT hold" in report["seeded_notice"] and "WARNING" in printed
+    assert report["config"]["seed"] == "explicit (not recorded)"
+    assert report["privacy_ledger"]["steps"] == report["steps"] and report["privacy_ledger"]["seeded"] is True
+
+
+def test_two_default_fits_release_different_models_and_write_nothing_that_reproduces_them(tiny_csv, tmp_path):
+    """Issue 9 item 1: `dpts fit` without --seed uses secret OS entropy for sampling, noise and initialisation."""
+    import torch
+
+    from lightning_dpts.fit import FitConfig
+
+    assert FitConfig().seed is None and FitConfig().secure_mode is False
+    weights = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--model", "simple_feedforward",
+                     "--epsilon", "2.0", "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--no-non-dp",
+                     "--output-dir", str(out)]) == 0
+        report = json.loads((out / "report.json").read_text())
+        assert report["seeded"] is False and "seeded_notice" not in report and report["config"]["seed"] is None
+        checkpoint = torch.load(out / "dp-model.ckpt", weights_only=False)
+        state = checkpoint["callbacks"]["DPForecastStrategy"]
+        assert "generator_state" not in state and "seed" not in state and state["seeded"] is False
+        assert checkpoint["dpts_privacy_ledger"]["steps"] == report["steps"] > 0
+        weights.append(checkpoint["state_dict"])
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 def test_fit_reads_a_yaml_config(tiny_csv, tmp_path):
