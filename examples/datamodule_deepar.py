@@ -27,7 +27,8 @@ def main() -> None:
         top_level="without_replacement",
         bottom_level="with_replacement",
         model=module,  # context_length, prediction_length and past_length come from the model
-        seed=0,
+        # seed=None (default): secret OS entropy; an explicit seed is for experiments (the guarantee then does
+        # not hold against anyone who knows it)
     )
     print(dm.describe())
     print(dm.sampling_spec)
