@@ -417,6 +417,8 @@ class DPForecastStrategy(Callback):
         if entropy.seeded:
             ledger.seeded = True
             rank_zero_warn(f"DPForecastStrategy: {SEEDED_NOTICE}")
+        if getattr(getattr(trainer, "datamodule", None), "seeded", False) is True:
+            ledger.seeded = True  # seeded batch sampling: the checkpoint metadata must say so too
         self.noise = self._make_noise(entropy)
         self._new_epoch = True
         self._batches_since_step = 0
