@@ -35,7 +35,7 @@ def make_dm(series, **kw) -> StructuredSubsamplingDataModule:
 
 def _first_batches(dm: StructuredSubsamplingDataModule, count: int = 3) -> torch.Tensor:
     loader = iter(dm.train_dataloader())
-    return torch.cat([next(loader)["series_index"] for _ in range(count)])
+    return torch.cat([next(loader)["future_target"] for _ in range(count)])  # id_series: values name the windows
 
 
 def test_default_batches_are_not_a_function_of_anything_public(ids):
