@@ -14,7 +14,13 @@ import pandas as pd
 from torch.utils.data import DataLoader
 
 from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
-from lightning_dpts.data.sampler import EpochDataLoader, FixedWindows, StructuredSampler, WindowStore
+from lightning_dpts.data.sampler import (
+    EpochDataLoader,
+    FixedWindows,
+    StructuredSampler,
+    WindowStore,
+    check_float32_range,
+)
 from lightning_dpts.data.sources import SeriesCollection, to_collection
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
@@ -341,6 +347,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             return np.zeros((num, width), dtype=dtype)
         if given.shape[1] != width:
             raise ConfigurationError(name, f"{given.shape[1]} columns", f"the model expects {width}")
+        if np.issubdtype(dtype, np.floating):
+            check_float32_range(list(np.asarray(given, dtype=np.float64)), name, self.collection.item_ids)
         return np.ascontiguousarray(given, dtype=dtype)
 
     def _dynamic_features(self, collection: SeriesCollection) -> list[np.ndarray] | None:
