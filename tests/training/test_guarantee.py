@@ -269,3 +269,28 @@ def test_the_ledger_round_trips_through_plain_types():
                            budget=(1.0, 1e-5), seeded=True)
     assert PrivacyLedger.from_dict(ledger.to_dict()) == ledger
     assert ledger.accounted_steps(SPEC) == 3
+
+
+def test_checkpoints_of_older_versions_keep_their_step_count_and_lose_their_generator_state():
+    old = {"noise_multiplier": SIGMA, "max_grad_norm": 1.0, "steps": 4,
+           "generator_state": torch.Generator().manual_seed(0).get_state()}
+    strategy = DPForecastStrategy(SIGMA, 1.0)
+    strategy.load_state_dict(old)
+    module = LinearModule(DIM, lr=1.0)
+    t = trainer(max_epochs=100, callbacks=[strategy, AccountantCallback(BUDGET_8, DELTA, max_overhead=None)])
+    t.fit(module, datamodule=SpecDataModule(SPEC, [_zeros() for _ in range(SPEC.steps_per_epoch)]))
+    assert t.global_step == 4 and strategy.ledger.steps == 8  # the 4 old steps count; only 4 more fit the budget
+    assert read_ledger({"callbacks": {"DPForecastStrategy": old}}).steps == 4
+
+
+def test_weights_copied_by_hand_get_their_ledger_with_attach_ledger(tmp_path):
+    from lightning_dpts.training import attach_ledger, ledger_of
+
+    _run(tmp_path / "a", max_steps=6)
+    path = tmp_path / "a" / "step=6.ckpt"
+    module = LinearModule(DIM, lr=1.0)
+    module.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
+    assert ledger_of(module) is None  # by hand: nothing attached ...
+    attach_ledger(module, path)  # ... until the ledger is attached
+    t, _, strategy, _, _ = _run(module=module)
+    assert t.global_step == 2 and strategy.ledger.steps == 8
