@@ -111,6 +111,15 @@ def test_bad_input_exits_non_zero_and_writes_nothing(tmp_path, capsys, make, arg
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, option", [(["--secure-mode", "--seed", "1"], "--secure-mode"),
+                                          (["--seed", "-1"], "--seed")])
+def test_seed_and_secure_mode_errors_name_the_option(tmp_path, capsys, argv, option):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *argv, "--output-dir", str(tmp_path / "run")])
+    assert exit_.value.code == 2 and option in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_autoets_without_statsforecast_is_an_error_before_anything_is_written(tmp_path, capsys, monkeypatch):
     import importlib.util
 
