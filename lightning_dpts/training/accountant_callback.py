@@ -61,6 +61,9 @@ class AccountantCallback(Callback):
         max_steps: the largest optimizer-step count the budget allows (after ``on_train_start``).
         steps: optimizer steps accounted so far (saved in checkpoints; resuming continues the count).
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
+        hyperparameters: the DP settings logged once per run through every logger's ``log_hyperparams`` under
+            the key ``"dp"`` (sigma, C, delta, budget, Lambda, lambda, sampling levels and rates, relation,
+            theorem; see :func:`lightning_dpts.hparams.dp_hyperparameters`), set in ``on_train_start``.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class AccountantCallback(Callback):
         self.steps = 0
         self.max_steps: int | None = None
         self.report: PrivacyReport | None = None
+        self.hyperparameters: dict[str, Any] | None = None
         self.accountant: StructuredSubsamplingAccountant | None = None
         self._loaded: dict[str, Any] | None = None
         self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
@@ -178,7 +182,25 @@ class AccountantCallback(Callback):
             f"AccountantCallback: budget epsilon={self.epsilon}, delta={self.delta} allows {self.max_steps} "
             f"optimizer steps ({acc.theorem}, {acc.kind} bound, per {acc.unit}, sigma={sigma:.4g})"
         )
+        self._log_hyperparameters(trainer, spec, strategy, sigma)
         self._start_grid()
+
+    def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
+                             sigma: float) -> None:
+        """Log the DP settings once per run to every logger (``log_hyperparams``, key ``"dp"``).
+
+        The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
+        also kept as :attr:`hyperparameters` for reports.
+        """
+        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+
+        self.hyperparameters = dp_hyperparameters(
+            spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,
+            strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound,
+            max_steps=self.max_steps,
+        )
+        for logger in trainer.loggers:
+            logger.log_hyperparams({HPARAMS_KEY: dict(self.hyperparameters)})
 
     def _start_grid(self) -> None:
         assert self.accountant is not None and self.max_steps is not None
