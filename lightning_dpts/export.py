@@ -54,6 +54,7 @@ PREDICTOR_DIR = "predictor"
 #: File of a ``dpts fit`` run describing the model (class, constructor arguments, estimator, geometry).
 MODEL_FILE = "model.json"
 
+_PREDICTOR_MARKERS = ("gluonts-config.json", "type.txt")  # GluonTS >= 0.14 / older
 _PRIMITIVES = (int, float, str, bool, type(None))
 
 
@@ -162,13 +163,12 @@ def export_model(estimator: Any, module: Any, directory: str | Path, *, freq: st
 
 def _predictor_dir(path: str | Path) -> Path:
     path = Path(path)
-    if (path / "type.txt").is_file():
-        return path
-    if (path / PREDICTOR_DIR / "type.txt").is_file():
-        return path / PREDICTOR_DIR
+    for candidate in (path, path / PREDICTOR_DIR):
+        if any((candidate / marker).is_file() for marker in _PREDICTOR_MARKERS):
+            return candidate
     raise ConfigurationError(
         "model", str(path), f"must be a dpts fit output directory (with {PREDICTOR_DIR}/) or a serialized "
-        "GluonTS predictor directory (with type.txt)",
+        "GluonTS predictor directory (with gluonts-config.json)",
     )
 
 

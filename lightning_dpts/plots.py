@@ -25,6 +25,7 @@ PRIVATE_PLOT_NOTICE = (
     "delta) guarantee - do not publish it for private data, or run with --no-private-plots"
 )
 
+_COLORS = {"dp": "C0", "non_dp": "C1", "seasonal_naive": "C2", "autoets": "C4"}
 _LABELS = {"dp": "private model (DP-SGD)", "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive",
            "autoets": "AutoETS"}
 
@@ -65,7 +66,7 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     steps = np.asarray(steps)
     epsilon = np.asarray(epsilon, dtype=float)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ax.step(steps, epsilon, where="post", color="C0", label=f"epsilon spent (delta = {delta:g})")
+    ax.step(steps, epsilon, where="post", color="C0", label=f"epsilon spent, logged upper bound (delta = {delta:g})")
     ax.axhline(budget, color="C3", linestyle="--", label=f"budget epsilon = {budget:g}")
     if spent is not None and len(steps):
         ax.plot([steps[-1]], [spent], "o", color="C0", label=f"final epsilon = {spent:.4g}")
@@ -120,26 +121,28 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
         t_past = _dates(start, shown, len(target) - shown)
         t_future = _dates(start, len(truth), len(target))
         ax.plot(t_past, target[len(target) - shown:], color="black", lw=1, label="history")
-        ax.plot(t_future, truth, color="black", lw=1, ls=":", label="truth")
         for i, key in enumerate(order):
+            color = _COLORS.get(key, f"C{5 + i}")
             forecast = forecasts[key][row]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 median = np.asarray(forecast.quantile(0.5), dtype=float)
                 if key == "dp":
                     lo, hi = (np.asarray(forecast.quantile(q), dtype=float) for q in (0.1, 0.9))
-                    ax.fill_between(t_future, lo, hi, color=f"C{i}", alpha=0.25, label="DP 10-90%")
-            ax.plot(t_future, median, color=f"C{i}", lw=1.4, ls="-" if key == "dp" else "--",
+                    ax.fill_between(t_future, lo, hi, color=color, alpha=0.25, label="DP 10-90%")
+            ax.plot(t_future, median, color=color, lw=1.4, ls="-" if key == "dp" else "--",
                     label=f"{_LABELS.get(key, key)} (median)")
+        ax.plot(t_future, truth, color="black", lw=1, marker="o", markersize=2.5, zorder=5, label="truth")
         item = str(entry.get("item_id", ""))
         name = (names or {}).get(item)
         ax.set_title(f"{name} ({item})" if name and name != item else item, fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7, loc="upper left", ncol=2)
     axes[-1, 0].set_xlabel("date" if isinstance(inputs[0].get("start"), pd.Period) else "time step")
     fig.suptitle("Test-window forecasts - shows PRIVATE data, not covered by the DP guarantee", fontsize=9)
-    fig.tight_layout()
+    handles, texts = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, texts, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if count > 1 else 0.1, 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
