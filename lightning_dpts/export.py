@@ -229,7 +229,8 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
 
     Args:
         model: a ``dpts fit`` output directory or a serialized GluonTS predictor directory.
-        data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does.
+        data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does
+            (missing periods inside a series become missing values).
         output: the CSV file to write (see :func:`forecast_table` for its columns).
         id_column, time_column, value_column: column names in ``data``.
         freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
@@ -241,6 +242,7 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     Returns:
         The table written.
     """
+    from lightning_dpts.data.sources import to_collection
     from lightning_dpts.fit import load_long_table
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
@@ -252,11 +254,18 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
             pd.tseries.frequencies.to_offset(model_freq):
         raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
-    table, _ = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+    table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+    if table.duplicated(["item_id", "timestamp"]).any():
+        raise ConfigurationError(
+            "freq", used_freq, "puts several time stamps of one series into the same period: the data is not at "
+            f"this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}",
+        )
+    # the datamodule's reading: one value per period from the first time stamp on, gaps as missing values
+    collection = to_collection(table, freq=used_freq, id_column="item_id", timestamp_column="timestamp",
+                               value_column="target")
     entries = [
-        {"target": group["target"].to_numpy(dtype=np.float32), "start": group["timestamp"].iloc[0],
-         "item_id": str(item)}
-        for item, group in table.groupby("item_id", sort=False)
+        {"target": target[:, 0].astype(np.float32), "start": start, "item_id": item}
+        for target, start, item in zip(collection.targets, collection.starts or [], collection.item_ids, strict=True)
     ]
     if seed is not None:
         import torch

@@ -17,7 +17,7 @@ import yaml
 
 from lightning_dpts.cli import main
 from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
-from lightning_dpts.export import forecast_table, load_predictor, make_checkpoint_loadable
+from lightning_dpts.export import forecast_table, load_predictor, make_checkpoint_loadable, predict_to_csv
 from lightning_dpts.metrics import DEFAULT_QUANTILES
 from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
 
@@ -268,3 +268,21 @@ def test_planning_bad_input_exits_2(capsys, args, option):
     with pytest.raises(SystemExit) as exit_:
         main(["privacy", "noise", *args, "--epsilon", "1", "--delta", "1e-6"])
     assert exit_.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_dpts_predict_rejects_data_at_a_finer_frequency(run_dir, tmp_path, capsys):
+    daily = pd.DataFrame({"id": ["a"] * 40, "timestamp": pd.date_range("2020-01-01", periods=40, freq="D"),
+                          "value": np.arange(40.0)})
+    daily.to_csv(tmp_path / "daily.csv", index=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", str(run_dir), "--data", str(tmp_path / "daily.csv"),
+              "--output", str(tmp_path / "x.csv")])
+    assert exit_.value.code == 2 and "--freq" in capsys.readouterr().err
+
+
+def test_dpts_predict_keeps_gaps_as_missing_values(run_dir, tmp_path):
+    months = pd.period_range("2015-01", periods=40, freq="M").to_timestamp()
+    frame = pd.DataFrame({"id": "a", "timestamp": months, "value": np.linspace(100.0, 140.0, 40)})
+    frame.drop(index=[30, 31]).to_csv(tmp_path / "gappy.csv", index=False)  # two months missing
+    table = predict_to_csv(run_dir, tmp_path / "gappy.csv", tmp_path / "fc.csv", seed=0)
+    assert table["timestamp"].tolist() == [str(pd.Period("2018-04", "M") + k) for k in range(1, H + 1)]
