@@ -28,6 +28,15 @@ __all__ = ["add_planning_options", "fit_sampling_spec", "resolve_planning"]
 # Options of the manual planning mode that --data replaces (N, L, L_C) or gives dpts fit's defaults to.
 _FROM_DATA = ("num_series", "min_length")
 _FIT_DEFAULTED = ("context_length", "prediction_length", "batch_size")
+_WITH_DATA = {
+    "num_series": "required unless --data gives it",
+    "min_length": "required unless --data gives it",
+    "context_length": "required unless --data; with --data: the model's context as for dpts fit (default: the "
+                      "horizon; the lags of --model are added)",
+    "prediction_length": "required unless --data (then default 12)",
+    "batch_size": "required unless --data (then default 64)",
+    "steps": "or give --epochs",
+}
 
 
 def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, multi_steps: bool) -> None:
@@ -42,6 +51,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     for action in parser._actions:  # argparse has no public API to relax ``required`` after the fact
         if action.dest in (*_FROM_DATA, *_FIT_DEFAULTED) or (needs_steps and action.dest == "steps"):
             action.required = False
+            action.help = f"{action.help}; {_WITH_DATA[action.dest]}"
     group = parser.add_argument_group(
         "geometry from a data file (instead of --num-series/--min-length; the same options as dpts fit)",
         "N and the shortest training length L are read as the datamodule of dpts fit reads them (after the "
@@ -128,6 +138,10 @@ def resolve_planning(args: argparse.Namespace, manual: Callable[[argparse.Namesp
             if getattr(args, name, None) is not None:
                 values[name] = getattr(args, name)
         spec = fit_sampling_spec(FitConfig(**values), num_dims=args.num_dims)
+        if not getattr(args, "json", False):
+            print(f"geometry of {data} as dpts fit trains on it: N={spec.num_series} series, shortest training "
+                  f"length L={spec.min_length}, past window L_C={spec.context_length} (incl. lags), "
+                  f"L_F={spec.prediction_length}, Lambda={spec.batch_size}, {spec.steps_per_epoch} steps/epoch")
     else:
         for name in ("model", "freq"):
             if getattr(args, name, None) is not None:

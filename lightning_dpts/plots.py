@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lightning_dpts.errors import ConfigurationError
+
 __all__ = ["PRIVATE_PLOT_NOTICE", "plot_epsilon", "plot_forecasts", "read_epsilon_log"]
 
 #: The sentence ``report.json`` carries about ``forecasts.png``.
@@ -108,8 +110,10 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
         count: number of windows (panels).
         history: past time steps shown before the forecast start.
     """
+    if not inputs or count < 1:
+        raise ConfigurationError("count", min(count, len(inputs)), "needs at least one forecast window to plot")
     plt = _pyplot()
-    count = max(1, min(count, len(inputs)))
+    count = min(count, len(inputs))
     fig, axes = plt.subplots(count, 1, figsize=(7.5, 2.4 * count + 0.6), squeeze=False)
     order = [k for k in ("dp", "non_dp", "seasonal_naive", "autoets") if k in forecasts]
     order += [k for k in forecasts if k not in order]
