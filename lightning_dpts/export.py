@@ -149,10 +149,10 @@ def export_model(estimator: Any, module: Any, directory: str | Path, *, freq: st
         "past_length": int(getattr(inner, "_past_length", inner.context_length)),
         "checkpoint": checkpoint,
         "predictor": PREDICTOR_DIR,
-        "load": {
-            "predictor": f"gluonts.model.Predictor.deserialize(Path({str(predictor_dir)!r}))",
+        "load": {  # paths relative to this directory, so that the run directory can be moved
+            "predictor": f"gluonts.model.Predictor.deserialize(Path({PREDICTOR_DIR!r}))",
             "checkpoint": None if checkpoint is None else
-            f"{type(module).__qualname__}.load_from_checkpoint({str(directory / checkpoint)!r})",
+            f"{type(module).__qualname__}.load_from_checkpoint({checkpoint!r})",
         },
     }
     if extra:
