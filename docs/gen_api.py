@@ -14,6 +14,10 @@ MODULES = [
     ("lightning_dpts.metrics", None),
     ("lightning_dpts.release", None),
     ("lightning_dpts.fit", ["FitConfig", "run_fit", "load_long_table"]),
+    ("lightning_dpts.export", None),
+    ("lightning_dpts.hparams", None),
+    ("lightning_dpts.planning", None),
+    ("lightning_dpts.plots", None),
 ]
 
 

@@ -1,7 +1,9 @@
 """The ``dpts`` command.
 
-``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant without torch;
-``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts release
+``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant (without torch, unless
+``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.planning`);
+``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts predict`` forecasts
+new data with the exported model (:mod:`lightning_dpts.export`); ``dpts release
 epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
 combinations exit with status 2 and a message naming the option.
 """
@@ -52,6 +54,7 @@ _OPTION_NAMES = {
     "secure_mode": "--secure-mode",
     "autoets": "--autoets",
     "config": "--config",
+    "quantiles": "--quantiles",
 }
 
 
@@ -101,6 +104,9 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     if needs_epsilon:
         priv.add_argument("--epsilon", type=float, required=True, metavar="E", help="target epsilon")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    from lightning_dpts.planning import add_planning_options
+
+    add_planning_options(parser, needs_steps=needs_steps, multi_steps=multi_steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps")
     _add_privacy_options(p_noise, needs_noise=False, multi_steps=False, needs_steps=True, needs_epsilon=True)
     _add_fit_parser(sub)
+    _add_predict_parser(sub)
     from lightning_dpts.release.cli import add_release_parser
 
     add_release_parser(sub)
@@ -162,12 +169,46 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
                      help="skip training the same model without DP (on by default)")
     fit.add_argument("--autoets", action="store_true", default=d,
                      help="also score AutoETS (needs the optional statsforecast package)")
+    fit.add_argument("--no-private-plots", dest="private_plots", action="store_false", default=d,
+                     help="do not write forecasts.png, which shows private data (history, truth, forecasts)")
     fit.add_argument("--seed", type=int, default=d,
                      help="explicit seed for sampling, initialisation and DP noise, for experiments only: the "
                           "guarantee does not hold against anyone who knows it (default: secret OS entropy)")
     fit.add_argument("--secure-mode", action="store_true", default=d,
                      help="draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no --seed)")
     fit.add_argument("--output-dir", metavar="DIR", default=d, help="where results go (default dpts-run)")
+
+
+def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
+    predict = sub.add_parser(
+        "predict", help="forecast new data with a model dpts fit exported",
+        description="Forecast the prediction_length steps after the end of every series of a long-format file "
+                    "with the GluonTS predictor dpts fit exported, and write quantiles as CSV (columns item_id, "
+                    "timestamp, horizon, mean, one per quantile level).",
+    )
+    predict.add_argument("--model", metavar="DIR", required=True,
+                         help="dpts fit output directory (or its predictor/ directory)")
+    predict.add_argument("--data", metavar="PATH", required=True, help="long-format CSV or Parquet file")
+    predict.add_argument("--output", metavar="CSV", default="forecasts.csv", help="default forecasts.csv")
+    predict.add_argument("--id-column", default="id", help="series id column (default id)")
+    predict.add_argument("--time-column", default="timestamp", help="time stamp column (default timestamp)")
+    predict.add_argument("--value-column", default="value", help="value column (default value)")
+    predict.add_argument("--freq", default=None, help="pandas frequency (default: the model's)")
+    predict.add_argument("--quantiles", type=float, nargs="+", default=None, metavar="Q",
+                         help="quantile levels in (0, 1) (default 0.1 ... 0.9)")
+    predict.add_argument("--seed", type=int, default=None,
+                         help="seed for sample-based forecasts (post-processing; no effect on privacy)")
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    from lightning_dpts.export import predict_to_csv
+
+    table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
+                           time_column=args.time_column, value_column=args.value_column, freq=args.freq,
+                           quantiles=args.quantiles, seed=args.seed)
+    print(f"{table['item_id'].nunique()} series x {table['horizon'].max()} steps of forecasts written to "
+          f"{args.output}")
+    return 0
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -191,9 +232,10 @@ def _spec_from_args(args: argparse.Namespace):
 
 
 def _run_privacy(args: argparse.Namespace) -> int:
+    from lightning_dpts.planning import resolve_planning
     from lightning_dpts.privacy.accountant import StructuredSubsamplingAccountant, calibrate_noise_multiplier
 
-    spec = _spec_from_args(args)
+    spec = resolve_planning(args, _spec_from_args)
     if args.action == "noise":
         if args.steps < 1:
             raise ConfigurationError("steps", args.steps, "must be >= 1")
@@ -278,7 +320,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         where = f"; partial results may be in {out}" if os.path.isdir(out) else ""
         print(f"dpts: error: fit failed ({type(err).__name__}: {err}){where}", file=sys.stderr)
         return 1
-    print(f"results written to {out}/ (report.json, epsilon.png, forecasts.png, dp-model.ckpt, logs/)")
+    print(f"results written to {out}/ (report.json, epsilon.png, forecasts.png unless --no-private-plots, "
+          f"dp-model.ckpt, model.json, predictor/, logs/)")
     return 0
 
 
@@ -291,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_privacy(args)
         if args.command == "fit":
             return _run_fit(args)
+        if args.command == "predict":
+            return _run_predict(args)
         if args.command == "release":
             from lightning_dpts.release.cli import run_release
 

@@ -10,7 +10,9 @@
 5. optionally train the same model without DP for the same number of steps;
 6. forecast the held-out test windows with GluonTS predictors and score them (mean weighted quantile loss
    as GluonTS reports it, and MAE of the median) next to seasonal naive (and optionally AutoETS);
-7. write ``report.json``, ``epsilon.png``, ``forecasts.png``, the checkpoint and the Lightning logs.
+7. write ``report.json``, ``epsilon.png``, ``forecasts.png`` (private data; ``private_plots=False`` skips it),
+   the checkpoint, the exported GluonTS predictor and ``model.json`` (:mod:`lightning_dpts.export`) and the
+   Lightning logs (with the DP settings as hyperparameters, :mod:`lightning_dpts.hparams`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class FitConfig:
             augmentation (see docs/privacy.md).
         non_dp: also train the model without DP for the same number of steps (a utility reference).
         autoets: also score AutoETS (needs the optional ``statsforecast`` package).
+        private_plots: write ``forecasts.png``, which shows private data (history, held-out truth, forecasts
+            of the first test windows); ``False`` (``--no-private-plots``) skips it. ``epsilon.png`` has no data.
         seed: ``None`` (default): sampling, initialisation and noise come from fresh, secret operating-system
             entropy (PRIVACY-NOTES trap 7), so two runs differ. An integer >= 0 makes the run reproducible for
             experiments only: its guarantee does not hold against anyone who knows the seed, and the log, the
@@ -90,6 +94,7 @@ class FitConfig:
     forecast_noise: float = 0.0
     non_dp: bool = True
     autoets: bool = False
+    private_plots: bool = True
     seed: int | None = None
     secure_mode: bool = False
     output_dir: str = "dpts-run"
@@ -300,6 +305,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     torch.manual_seed(init_seed)
     estimator = _estimator(config, freq)
     module = estimator.create_lightning_module()
+    from lightning_dpts.export import make_checkpoint_loadable
+
+    make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the seeded notice was given above
         dm = datamodule(module)
@@ -328,6 +336,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     assert report_privacy is not None
     steps = int(trainer.global_step)
     trainer.save_checkpoint(str(out / "dp-model.ckpt"))
+    from lightning_dpts.export import export_model
+
+    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
 
     predictions: dict[str, list[Any]] = {}
     pairs = dm.gluonts_test_pairs("test")
@@ -374,6 +385,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         "noise_multiplier": sigma,
         "max_grad_norm": config.max_grad_norm,
         "metrics": metrics,
+        "dp_hyperparameters": accountant.hyperparameters,
         "privacy_configuration": {
             "sampling_spec": _spec_dict(spec),
             "noise_multiplier": sigma,
@@ -389,9 +401,18 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     }
     if entropy.seeded:
         report["seeded_notice"] = SEEDED_NOTICE
+    from lightning_dpts.plots import PRIVATE_PLOT_NOTICE, plot_epsilon, plot_forecasts, read_epsilon_log
+
+    report["plots"] = {"epsilon.png": "epsilon against optimizer step (no data)",
+                       "forecasts.png": PRIVATE_PLOT_NOTICE if config.private_plots else
+                       "not written (private_plots=False / --no-private-plots)"}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    _plot_epsilon(out, logger.log_dir, config.epsilon)
-    _plot_forecasts(out, inputs, labels, predictions["dp"], pairs)
+    plot_epsilon(out / "epsilon.png", *read_epsilon_log(Path(logger.log_dir) / "metrics.csv"), budget=config.epsilon,
+                 delta=report_privacy.delta, theorem=report_privacy.theorem, kind=report_privacy.kind,
+                 spent=report_privacy.epsilon)
+    if config.private_plots:
+        names = dict(zip(table["item_id"], table["title"], strict=True)) if "title" in table else None
+        plot_forecasts(out / "forecasts.png", inputs, labels, predictions, names=names)
     progress(format_table(report))
     return report
 
@@ -446,49 +467,3 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"WARNING: {report.get('seeded_notice', 'this run used an explicit seed')}")
     return "\n".join(lines)
 
-
-def _plot_epsilon(out: Path, log_dir: str, budget: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = pd.read_csv(Path(log_dir) / "metrics.csv")
-    eps = metrics.dropna(subset=["epsilon"]) if "epsilon" in metrics else metrics.iloc[0:0]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(eps["step"] + 1, eps["epsilon"], label="epsilon spent")
-    ax.axhline(budget, color="red", linestyle="--", label=f"budget {budget:g}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("epsilon")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "epsilon.png", dpi=120)
-    plt.close(fig)
-
-
-def _plot_forecasts(out: Path, inputs: list[dict[str, Any]], labels: list[np.ndarray], forecasts: list[Any],
-                    pairs: list[Any], count: int = 4, history: int = 48) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    count = min(count, len(forecasts))
-    fig, axes = plt.subplots(count, 1, figsize=(7, 2.2 * count), squeeze=False)
-    for ax, entry, truth, forecast in zip(axes[:, 0], inputs, labels, forecasts, strict=False):
-        past = np.asarray(entry["target"], dtype=float)[-history:]
-        t_past = np.arange(-len(past), 0)
-        t_future = np.arange(len(truth))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            lo, med, hi = (np.asarray(forecast.quantile(q)) for q in (0.1, 0.5, 0.9))
-        ax.plot(t_past, past, color="black", lw=1)
-        ax.plot(t_future, truth, color="black", lw=1, ls=":", label="truth")
-        ax.plot(t_future, med, color="C0", label="median")
-        ax.fill_between(t_future, lo, hi, color="C0", alpha=0.3, label="10-90%")
-        ax.set_title(str(entry.get("item_id", "")), fontsize=9)
-    axes[0, 0].legend(fontsize=8, loc="upper left")
-    axes[-1, 0].set_xlabel("time steps relative to the forecast start")
-    fig.tight_layout()
-    fig.savefig(out / "forecasts.png", dpi=120)
-    plt.close(fig)

@@ -503,6 +503,20 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         """
         return self._eval_loader("test")
 
+    #: Which deterministic windows :meth:`predict_dataloader` yields: ``"test"`` (default) or ``"val"``.
+    predict_split: str = "test"
+
+    def predict_dataloader(self) -> DataLoader | list:
+        """Windows for ``trainer.predict``: the test windows by default (``predict_split = "val"`` for validation).
+
+        Batches are the same dicts as :meth:`test_dataloader` (the model's input fields plus ``future_target``
+        and ``future_observed_values``), in the order of :meth:`evaluation_windows` for that split, so
+        ``trainer.predict`` outputs line up with ``evaluation_windows(dm.predict_split)``. Deterministic: no
+        training randomness is used. GluonTS modules have no ``predict_step``; see
+        :func:`lightning_dpts.export.attach_quantile_predict_step`.
+        """
+        return self._eval_loader(self.predict_split)
+
     def evaluation_windows(self, split: str = "test") -> list[EvaluationWindow]:
         """Everything needed to score forecasts of ``split`` (``"val"`` or ``"test"``), in loader order."""
         rows, starts, window = self._windows(split)

@@ -62,6 +62,9 @@ class AccountantCallback(Callback):
         max_steps: the largest accounted-step count the budget allows (after ``on_train_start``).
         steps: noisy steps accounted for the model so far, over every fit (read from the strategy's ledger).
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
+        hyperparameters: the DP settings logged once per run through every logger's ``log_hyperparams`` under
+            the key ``"dp"`` (sigma, C, delta, budget, Lambda, lambda, sampling levels and rates, relation,
+            theorem; see :func:`lightning_dpts.hparams.dp_hyperparameters`), set in ``on_train_start``.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class AccountantCallback(Callback):
         self._strategy_ref: DPForecastStrategy | None = None
         self.max_steps: int | None = None
         self.report: PrivacyReport | None = None
+        self.hyperparameters: dict[str, Any] | None = None
         self.accountant: StructuredSubsamplingAccountant | None = None
         self._loaded: dict[str, Any] | None = None
         self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
@@ -202,7 +206,25 @@ class AccountantCallback(Callback):
             f"optimizer steps ({acc.theorem}, {acc.kind} bound, per {acc.unit}, sigma={sigma:.4g}); "
             f"{accounted} already accounted"
         )
+        self._log_hyperparameters(trainer, spec, strategy, sigma)
         self._start_grid()
+
+    def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
+                             sigma: float) -> None:
+        """Log the DP settings once per run to every logger (``log_hyperparams``, key ``"dp"``).
+
+        The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
+        also kept as :attr:`hyperparameters` for reports.
+        """
+        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+
+        self.hyperparameters = dp_hyperparameters(
+            spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,
+            strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound,
+            max_steps=self.max_steps,
+        )
+        for logger in trainer.loggers:
+            logger.log_hyperparams({HPARAMS_KEY: dict(self.hyperparameters)})
 
     def _start_grid(self) -> None:
         assert self.accountant is not None and self.max_steps is not None

@@ -1,0 +1,321 @@
+"""Use a model ``dpts fit`` trained without reading ``fit.py``: checkpoint, predictor, forecasts as CSV.
+
+``dpts fit`` writes, next to ``dp-model.ckpt``:
+
+* ``predictor/`` - a GluonTS predictor (``PyTorchPredictor.serialize``: input transformation, network
+  constructor arguments and weights). ``gluonts.model.Predictor.deserialize(Path("run/predictor"))`` gives a
+  predictor whose ``predict(dataset)`` forecasts new data;
+* ``model.json`` - the LightningModule class, its constructor arguments and the estimator that built it
+  (GluonTS serde encoding), the frequency and the window lengths.
+
+The GluonTS quirk. GluonTS torch LightningModules take their constructor arguments through ``@validated()`` and
+never call ``save_hyperparameters``, so their Lightning checkpoints carry no ``hyper_parameters`` and
+``SomeLightningModule.load_from_checkpoint(path)`` fails with ``model_kwargs field required`` - for any GluonTS
+checkpoint, DP or not. :func:`make_checkpoint_loadable` records the constructor arguments as Lightning
+hyperparameters before training. Arguments that equal the model's defaults and are objects (the default
+``StudentTOutput()`` distribution head) are left out, so that the checkpoint loads with torch's default
+``weights_only=True`` unpickler; the class default rebuilds the same object. A non-default object argument is
+kept, and that checkpoint then needs ``load_from_checkpoint(path, weights_only=False)`` (a file you trust).
+
+Only the DP-trained model is exported. The optional non-DP reference model of ``dpts fit`` is trained on the
+private data without noise and is never written to disk.
+
+``dpts predict --model DIR --data PATH`` (:func:`predict_to_csv`) writes the forecasts of every series in a
+long-format file, starting after the series' last time stamp, as quantiles in a CSV file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lightning_dpts.errors import ConfigurationError
+
+__all__ = [
+    "MODEL_FILE",
+    "PREDICTOR_DIR",
+    "attach_quantile_predict_step",
+    "export_model",
+    "forecast_table",
+    "load_predictor",
+    "make_checkpoint_loadable",
+    "predict_to_csv",
+]
+
+#: Sub-directory of a ``dpts fit`` run holding the serialized GluonTS predictor.
+PREDICTOR_DIR = "predictor"
+#: File of a ``dpts fit`` run describing the model (class, constructor arguments, estimator, geometry).
+MODEL_FILE = "model.json"
+
+_PREDICTOR_MARKERS = ("gluonts-config.json", "type.txt")  # GluonTS >= 0.14 / older
+_PRIMITIVES = (int, float, str, bool, type(None))
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether ``value`` is made only of types torch's ``weights_only`` unpickler accepts."""
+    if isinstance(value, _PRIMITIVES):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    from gluonts.core import serde
+
+    try:
+        return serde.encode(a) == serde.encode(b)
+    except Exception:  # not serde-encodable: compare conservatively
+        return a is b
+
+
+def _loadable_hparams(module: Any) -> dict[str, Any]:
+    init_args = getattr(module, "__init_args__", None)
+    if init_args is None:
+        raise ConfigurationError(
+            "model", type(module).__name__,
+            "must be a GluonTS torch LightningModule (constructor arguments recorded by @validated())",
+        )
+    hparams: dict[str, Any] = {}
+    for name, value in init_args.items():
+        if name == "model_kwargs" and isinstance(value, dict):
+            inner = getattr(module, "model", None)
+            defaults = {} if inner is None else inspect.signature(type(inner).__init__).parameters
+            kwargs = {}
+            for key, arg in value.items():
+                param = defaults.get(key)
+                if not _is_plain(arg) and param is not None and param.default is not inspect.Parameter.empty \
+                        and _same(arg, param.default):
+                    continue  # the class default rebuilds the same object; keeps the checkpoint weights_only-safe
+                kwargs[key] = list(arg) if isinstance(arg, tuple) else arg
+            hparams[name] = kwargs
+        else:
+            hparams[name] = value
+    return hparams
+
+
+def make_checkpoint_loadable(module: Any) -> dict[str, Any]:
+    """Record a GluonTS LightningModule's constructor arguments as Lightning hyperparameters.
+
+    Afterwards every checkpoint of ``module`` (``trainer.save_checkpoint``, ``ModelCheckpoint``) loads with
+    ``type(module).load_from_checkpoint(path)``. See the module docstring for the quirk this fixes. Returns the
+    recorded hyperparameters. Call it before ``trainer.fit`` so that loggers also record the architecture.
+    """
+    hparams = _loadable_hparams(module)
+    module.save_hyperparameters(hparams)
+    return hparams
+
+
+def export_model(estimator: Any, module: Any, directory: str | Path, *, freq: str | None,
+                 checkpoint: str | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``directory/predictor/`` (GluonTS ``serialize``) and ``directory/model.json``.
+
+    Args:
+        estimator: the GluonTS estimator whose ``create_transformation``/``create_predictor`` apply to ``module``.
+        module: the trained GluonTS torch LightningModule (the DP-trained one; never a non-DP model of
+            private data).
+        directory: the run directory.
+        freq: pandas frequency of the training data (used by ``dpts predict`` to read new data).
+        checkpoint: file name of the Lightning checkpoint in ``directory``, recorded in ``model.json``.
+        extra: further JSON-able facts to record (e.g. the privacy spent).
+
+    Returns:
+        The predictor directory.
+    """
+    from gluonts.core import serde
+
+    directory = Path(directory)
+    predictor_dir = directory / PREDICTOR_DIR
+    predictor_dir.mkdir(parents=True, exist_ok=True)
+    predictor = estimator.create_predictor(estimator.create_transformation(), module)
+    predictor.serialize(predictor_dir)
+    inner = getattr(module, "model", module)
+    description = {
+        "lightning_module": f"{type(module).__module__}.{type(module).__qualname__}",
+        "constructor_arguments": serde.encode(dict(getattr(module, "__init_args__", {}))),
+        "estimator": serde.encode(estimator),
+        "freq": freq,
+        "prediction_length": int(inner.prediction_length),
+        "context_length": int(inner.context_length),
+        "past_length": int(getattr(inner, "_past_length", inner.context_length)),
+        "checkpoint": checkpoint,
+        "predictor": PREDICTOR_DIR,
+        "load": {  # paths relative to this directory, so that the run directory can be moved
+            "predictor": f"gluonts.model.Predictor.deserialize(Path({PREDICTOR_DIR!r}))",
+            "checkpoint": None if checkpoint is None else
+            f"{type(module).__qualname__}.load_from_checkpoint({checkpoint!r})",
+        },
+    }
+    if extra:
+        description.update(extra)
+    (directory / MODEL_FILE).write_text(json.dumps(description, indent=2, default=str))
+    return predictor_dir
+
+
+def _predictor_dir(path: str | Path) -> Path:
+    path = Path(path)
+    for candidate in (path, path / PREDICTOR_DIR):
+        if any((candidate / marker).is_file() for marker in _PREDICTOR_MARKERS):
+            return candidate
+    raise ConfigurationError(
+        "model", str(path), f"must be a dpts fit output directory (with {PREDICTOR_DIR}/) or a serialized "
+        "GluonTS predictor directory (with gluonts-config.json)",
+    )
+
+
+def load_predictor(path: str | Path) -> Any:
+    """The GluonTS predictor of a ``dpts fit`` run directory (or of a predictor directory itself)."""
+    from gluonts.model.predictor import Predictor
+
+    return Predictor.deserialize(_predictor_dir(path))
+
+
+def _model_freq(path: str | Path) -> str | None:
+    predictor_dir = _predictor_dir(path)
+    for candidate in (predictor_dir.parent / MODEL_FILE, predictor_dir / MODEL_FILE):
+        if candidate.is_file():
+            return json.loads(candidate.read_text()).get("freq")
+    return None
+
+
+def _check_quantiles(quantiles: Sequence[float]) -> list[float]:
+    out = []
+    for q in quantiles:
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0 < q < 1) or not math.isfinite(q):
+            raise ConfigurationError("quantiles", q, "every quantile level must lie strictly between 0 and 1")
+        out.append(float(q))
+    if not out:
+        raise ConfigurationError("quantiles", list(quantiles), "give at least one quantile level")
+    return out
+
+
+def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float]) -> pd.DataFrame:
+    """GluonTS forecasts as a long table: ``item_id``, ``timestamp``, ``horizon`` (1..H), ``mean``, one column
+    per quantile level (named like ``"0.1"``)."""
+    import warnings
+
+    levels = _check_quantiles(quantiles)
+    frames = []
+    for forecast in forecasts:
+        index = forecast.index
+        stamps = index.astype(str) if index is not None else [""] * forecast.prediction_length
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            columns: dict[str, Any] = {
+                "item_id": forecast.item_id,
+                "timestamp": list(stamps),
+                "horizon": np.arange(1, forecast.prediction_length + 1),
+                "mean": np.asarray(forecast.mean, dtype=float),
+            }
+            for q in levels:
+                columns[f"{q:g}"] = np.asarray(forecast.quantile(q), dtype=float)
+        frames.append(pd.DataFrame(columns))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, id_column: str = "id",
+                   time_column: str = "timestamp", value_column: str = "value", freq: str | None = None,
+                   quantiles: Sequence[float] | None = None, seed: int | None = None) -> pd.DataFrame:
+    """Forecast the ``prediction_length`` steps after the end of every series of ``data``; write a CSV.
+
+    Args:
+        model: a ``dpts fit`` output directory or a serialized GluonTS predictor directory.
+        data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does
+            (missing periods inside a series become missing values).
+        output: the CSV file to write (see :func:`forecast_table` for its columns).
+        id_column, time_column, value_column: column names in ``data``.
+        freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
+            A frequency different from the model's is an error.
+        quantiles: quantile levels in (0, 1); default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`.
+        seed: seed of torch's global generator for sample-based forecasts (reproducible output). Forecasting
+            is post-processing of the DP model, so this seed does not touch the privacy guarantee.
+
+    Returns:
+        The table written.
+    """
+    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.fit import load_long_table
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    levels = _check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigurationError("seed", seed, "must be an integer >= 0")
+    predictor = load_predictor(model)
+    model_freq = _model_freq(model)
+    if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
+            pd.tseries.frequencies.to_offset(model_freq):
+        raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
+    table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+    if table.duplicated(["item_id", "timestamp"]).any():
+        raise ConfigurationError(
+            "freq", used_freq, "puts several time stamps of one series into the same period: the data is not at "
+            f"this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}",
+        )
+    # the datamodule's reading: one value per period from the first time stamp on, gaps as missing values
+    collection = to_collection(table, freq=used_freq, id_column="item_id", timestamp_column="timestamp",
+                               value_column="target")
+    entries = [
+        {"target": target[:, 0].astype(np.float32), "start": start, "item_id": item}
+        for target, start, item in zip(collection.targets, collection.starts or [], collection.item_ids, strict=True)
+    ]
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
+    frame = forecast_table(list(predictor.predict(entries)), levels)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(output, index=False)
+    return frame
+
+
+def attach_quantile_predict_step(module: Any, quantiles: Sequence[float] | None = None,
+                                 num_samples: int = 100) -> Any:
+    """Give a GluonTS torch LightningModule a ``predict_step`` so that ``trainer.predict`` works on it.
+
+    GluonTS modules define no ``predict_step``, and Lightning's default calls ``module(batch)`` with the whole
+    dict, which their ``forward`` (keyword inputs) rejects. The attached step feeds the model the inputs it
+    declares (``module.model.describe_inputs()``) from the batch - e.g. a
+    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` predict batch - and returns the forecast
+    quantiles as a ``[B, L_F, Q]`` tensor, estimated from ``num_samples`` sample paths (DeepAR's forward returns
+    sample paths; the distribution-head models return distribution arguments, which are sampled). Returns the
+    module (changed in place).
+    """
+    import types
+
+    import torch
+
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    levels = _check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ConfigurationError("num_samples", num_samples, "must be an integer >= 1")
+    inner = getattr(module, "model", None)
+    if inner is None or not hasattr(inner, "describe_inputs"):
+        raise ConfigurationError("model", type(module).__name__, "must be a GluonTS torch LightningModule")
+    names = list(inner.describe_inputs(1))
+    q = torch.tensor(levels)
+
+    def predict_step(self: Any, batch: dict[str, torch.Tensor], batch_idx: int = 0,
+                     dataloader_idx: int = 0) -> torch.Tensor:
+        out = self.model(**{name: batch[name] for name in names})
+        if isinstance(out, tuple) and hasattr(self.model, "distr_output"):
+            distr_args, loc, scale = out
+            distr = self.model.distr_output.distribution(distr_args, loc, scale)
+            samples = distr.sample((num_samples,))  # [S, B, H]
+        else:  # sample paths [B, S, H] (DeepAR)
+            samples = out.transpose(0, 1)
+        return torch.quantile(samples.to(q.dtype), q.to(samples.device), dim=0).permute(1, 2, 0)
+
+    module.predict_step = types.MethodType(predict_step, module)
+    return module
+

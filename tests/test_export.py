@@ -1,0 +1,288 @@
+"""Issue 16: loadable checkpoints, the exported predictor, ``dpts predict``, planning from the shell, report.json.
+
+One ``dpts fit`` run on a tiny slice of the bundled data (module fixture) is checked from every side.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from lightning_dpts.cli import main
+from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
+from lightning_dpts.export import forecast_table, load_predictor, make_checkpoint_loadable, predict_to_csv
+from lightning_dpts.metrics import DEFAULT_QUANTILES
+from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
+
+warnings.filterwarnings("ignore")
+
+H = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_csv(tmp_path_factory) -> Path:
+    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
+    frame = load_dataset("us_employment")
+    ids = sorted(frame["item_id"].unique())[:24]
+    frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
+    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
+                        "value": frame["target"]})
+    path = tmp_path_factory.mktemp("data") / "tiny.csv"
+    out.to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fit") / "run"
+    code = main(["fit", "--data", str(tiny_csv), "--prediction-length", str(H), "--model", "simple_feedforward",
+                 "--epsilon", "2.0", "--delta", "1e-6", "--epochs", "2", "--batch-size", "8", "--seed", "1",
+                 "--no-non-dp", "--no-private-plots", "--output-dir", str(out)])
+    assert code == 0
+    return out
+
+
+def _save_untrained(module, path: Path) -> None:
+    import lightning as L
+
+    t = L.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False)
+    t.strategy.connect(module)
+    t.save_checkpoint(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checkpoints
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["simple_feedforward", "dlinear", "deepar", "patchtst"])
+def test_gluonts_checkpoints_load_only_with_recorded_hyperparameters(name, tmp_path):
+    from tests.training.conftest import make_module
+
+    module = make_module(name)
+    _save_untrained(module, tmp_path / "plain.ckpt")
+    with pytest.raises(Exception, match="model_kwargs"):  # the GluonTS quirk: no hyperparameters recorded
+        type(module).load_from_checkpoint(tmp_path / "plain.ckpt")
+    make_checkpoint_loadable(module)
+    _save_untrained(module, tmp_path / "fixed.ckpt")
+    loaded = type(module).load_from_checkpoint(tmp_path / "fixed.ckpt")  # torch's default weights_only unpickler
+    assert type(loaded.model) is type(module.model)
+    for key, value in module.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert loaded.model.prediction_length == module.model.prediction_length
+    assert loaded.model.context_length == module.model.context_length
+
+
+def test_fit_checkpoint_loads_and_matches_the_exported_predictor(run_dir):
+    from gluonts.torch.model.simple_feedforward import SimpleFeedForwardLightningModule
+
+    description = json.loads((run_dir / "model.json").read_text())
+    assert description["lightning_module"].endswith("SimpleFeedForwardLightningModule")
+    assert description["prediction_length"] == H and description["freq"] == "M"
+    assert description["constructor_arguments"]["model_kwargs"]["hidden_dimensions"] == [64, 64]
+    loaded = SimpleFeedForwardLightningModule.load_from_checkpoint(run_dir / description["checkpoint"])
+    predictor = load_predictor(run_dir)
+    net = predictor.prediction_net.state_dict()
+    assert set(net) == set(loaded.state_dict())
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(net[key], value), key
+
+
+# ---------------------------------------------------------------------------------------------------------
+# predictor round trip and dpts predict
+# ---------------------------------------------------------------------------------------------------------
+def _entries(csv: Path, cut: int = 0) -> list[dict]:
+    frame = pd.read_csv(csv, parse_dates=["timestamp"])
+    out = []
+    for item, group in frame.groupby("id", sort=False):
+        y = group["value"].to_numpy(np.float32)
+        out.append({"target": y[: len(y) - cut], "start": pd.Period(group["timestamp"].iloc[0], "M"),
+                    "item_id": str(item)})
+    return out
+
+
+def test_predictor_round_trip_gives_the_same_forecasts(run_dir, tiny_csv, tmp_path):
+    from gluonts.core import serde
+    from gluonts.model.predictor import Predictor
+    from gluonts.torch.model.simple_feedforward import SimpleFeedForwardLightningModule
+
+    entries = _entries(tiny_csv, cut=H)
+    deserialized = Predictor.deserialize(run_dir / "predictor")  # the one line a user writes
+    estimator = serde.decode(json.loads((run_dir / "model.json").read_text())["estimator"])
+    module = SimpleFeedForwardLightningModule.load_from_checkpoint(run_dir / "dp-model.ckpt")
+    rebuilt = estimator.create_predictor(estimator.create_transformation(), module)
+    tables = []
+    for predictor in (deserialized, rebuilt):
+        torch.manual_seed(3)
+        tables.append(forecast_table(list(predictor.predict(entries)), DEFAULT_QUANTILES))
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+    assert len(tables[0]) == 24 * H and np.isfinite(tables[0][[f"{q:g}" for q in DEFAULT_QUANTILES]]).all().all()
+    # serialize again: still the same forecasts
+    again = tmp_path / "again"
+    again.mkdir()
+    deserialized.serialize(again)
+    torch.manual_seed(3)
+    pd.testing.assert_frame_equal(tables[0], forecast_table(list(load_predictor(again).predict(entries)),
+                                                            DEFAULT_QUANTILES))
+
+
+def test_dpts_predict_writes_quantiles_after_the_last_time_stamp(run_dir, tiny_csv, tmp_path, capsys):
+    out = tmp_path / "fc.csv"
+    assert main(["predict", "--model", str(run_dir), "--data", str(tiny_csv), "--output", str(out),
+                 "--seed", "5"]) == 0
+    assert "24 series" in capsys.readouterr().out
+    table = pd.read_csv(out)
+    levels = [f"{q:g}" for q in DEFAULT_QUANTILES]
+    assert list(table.columns) == ["item_id", "timestamp", "horizon", "mean", *levels]
+    assert len(table) == 24 * H and table["horizon"].tolist() == list(range(1, H + 1)) * 24
+    data = pd.read_csv(tiny_csv, parse_dates=["timestamp"])
+    for item, group in table.groupby("item_id"):
+        last = pd.Period(data.loc[data["id"] == item, "timestamp"].max(), "M")
+        assert group["timestamp"].tolist() == [str(last + k) for k in range(1, H + 1)]
+    values = table[levels].to_numpy()
+    assert np.all(np.diff(values, axis=1) >= -1e-6 * np.abs(values).max())  # quantiles ordered
+    torch.manual_seed(5)
+    expected = forecast_table(list(load_predictor(run_dir / "predictor").predict(_entries(tiny_csv))),
+                              DEFAULT_QUANTILES)
+    np.testing.assert_allclose(values, expected[levels].to_numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra,option",
+    [(["--quantiles", "0.5", "1.0"], "--quantiles"), (["--freq", "D"], "--freq"), (["--seed", "-1"], "--seed")],
+)
+def test_dpts_predict_bad_input_exits_2(run_dir, tiny_csv, tmp_path, capsys, extra, option):
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", str(run_dir), "--data", str(tiny_csv), "--output", str(tmp_path / "x.csv"),
+              *extra])
+    assert exit_.value.code == 2 and option in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_dpts_predict_unknown_model_dir_exits_2(tiny_csv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", str(tmp_path), "--data", str(tiny_csv)])
+    assert exit_.value.code == 2 and "--model" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# report.json and logs
+# ---------------------------------------------------------------------------------------------------------
+def test_report_and_logs_carry_the_dp_settings(run_dir):
+    report = json.loads((run_dir / "report.json").read_text())
+    hp = report["dp_hyperparameters"]
+    spec = report["privacy_configuration"]["sampling_spec"]
+    assert hp["noise_multiplier"] == report["noise_multiplier"] and hp["max_grad_norm"] == report["max_grad_norm"]
+    assert hp["delta"] == 1e-6 and hp["epsilon_budget"] == 2.0 and hp["theorem"] == report["bound"]["theorem"]
+    for key in ("num_series", "min_length", "context_length", "prediction_length", "batch_size", "top_level",
+                "bottom_level", "instances_per_series"):
+        assert hp[key] == spec[key], key
+    assert hp["relation_level"] == "event" and hp["relation_size"] == 1
+    logged = yaml.safe_load(next(run_dir.glob("logs/version_*/hparams.yaml")).read_text())
+    assert logged["dp"] == hp
+    assert "model_kwargs" in logged  # the architecture is in the logs too
+    # forecasts.png shows private data: skipped on request, and the report says so either way
+    assert not (run_dir / "forecasts.png").exists() and (run_dir / "epsilon.png").stat().st_size > 0
+    assert "not written" in report["plots"]["forecasts.png"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# planning from the shell
+# ---------------------------------------------------------------------------------------------------------
+def _privacy(capsys, *args: str) -> dict:
+    assert main(["privacy", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_planning_from_the_data_reproduces_the_fit_run(run_dir, tiny_csv, capsys):
+    """`dpts privacy noise --data ... --epochs 2` gives the sigma `dpts fit` calibrated for the same options."""
+    report = json.loads((run_dir / "report.json").read_text())
+    out = _privacy(capsys, "noise", "--data", str(tiny_csv), "--prediction-length", str(H), "--model",
+                   "simple_feedforward", "--batch-size", "8", "--epochs", "2", "--epsilon", "2.0", "--delta", "1e-6")
+    assert out["noise_multiplier"] == pytest.approx(report["noise_multiplier"], rel=1e-12)
+
+
+@pytest.mark.parametrize("model,lags", [("dlinear", 0), ("deepar", None)])
+def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags):
+    from gluonts.time_feature import get_lags_for_frequency
+
+    from lightning_dpts.cli import _spec_from_args, build_parser
+    from lightning_dpts.planning import resolve_planning
+
+    args = build_parser().parse_args(
+        ["privacy", "epsilon", "--data", str(tiny_csv), "--prediction-length", str(H), "--context-length", "9",
+         "--model", model, "--batch-size", "8", "--noise-multiplier", "2", "--delta", "1e-6", "--epochs", "1", "3"])
+    spec = resolve_planning(args, _spec_from_args)
+    # independent of the code under test: 24 series of 60 months, the last H held out as the test window; DeepAR
+    # reads lags get_lags_for_frequency("M") (1-based; its model shifts them by -1) before the context window
+    max_lag = max(get_lags_for_frequency("M")) - 1 if lags is None else lags
+    assert spec == SamplingSpec(num_series=24, min_length=60 - H, context_length=9 + max_lag, prediction_length=H,
+                                batch_size=8)
+    assert args.steps == [3, 9]  # floor(24 / 8) = 3 steps per epoch
+    # and what the datamodule builds for the same model
+    from lightning_dpts.fit import FitConfig, _estimator, load_long_table
+
+    config = FitConfig(data=str(tiny_csv), prediction_length=H, context_length=9, model=model, batch_size=8)
+    table, freq = load_long_table(tiny_csv, "id", "timestamp", "value")
+    dm = StructuredSubsamplingDataModule(table, batch_size=8, model=_estimator(config, freq).create_lightning_module(),
+                                         freq=freq, id_column="item_id", timestamp_column="timestamp",
+                                         value_column="target")
+    assert dm.sampling_spec == spec
+
+
+def test_epochs_equal_steps_times_steps_per_epoch(capsys):
+    common = ["--num-series", "320", "--min-length", "400", "--context-length", "24", "--prediction-length", "12",
+              "--batch-size", "32", "--delta", "1e-6"]
+    by_epochs = _privacy(capsys, "epsilon", *common, "--noise-multiplier", "1.1", "--epochs", "2", "5")
+    by_steps = _privacy(capsys, "epsilon", *common, "--noise-multiplier", "1.1", "--steps", "20", "50")
+    assert list(by_epochs["epsilon"]) == ["20", "50"] and by_epochs == by_steps  # 320 // 32 = 10 steps per epoch
+    spec = SamplingSpec(num_series=320, min_length=400, context_length=24, prediction_length=12, batch_size=32)
+    sigma = _privacy(capsys, "noise", *common, "--epsilon", "1.0", "--epochs", "3")["noise_multiplier"]
+    assert StructuredSubsamplingAccountant(spec, sigma).epsilon(30, 1e-6) == pytest.approx(1.0, abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["--data", "X", "--num-series", "10"], "--num-series"),
+        (["--num-series", "10", "--context-length", "4", "--prediction-length", "2", "--batch-size", "2"],
+         "--min-length"),
+        (["--num-series", "10", "--min-length", "20", "--context-length", "4", "--prediction-length", "2",
+          "--batch-size", "2", "--model", "deepar"], "--model"),
+        (["--num-series", "10", "--min-length", "20", "--context-length", "4", "--prediction-length", "2",
+          "--batch-size", "2", "--steps", "3", "--epochs", "1"], "--epochs"),
+        (["--num-series", "10", "--min-length", "20", "--context-length", "4", "--prediction-length", "2",
+          "--batch-size", "2", "--epochs", "0"], "--epochs"),
+        (["--num-series", "10", "--min-length", "20", "--context-length", "4", "--prediction-length", "2",
+          "--batch-size", "2"], "--steps"),
+        (["--data", "missing.csv"], "--data"),
+    ],
+)
+def test_planning_bad_input_exits_2(capsys, args, option):
+    with pytest.raises(SystemExit) as exit_:
+        main(["privacy", "noise", *args, "--epsilon", "1", "--delta", "1e-6"])
+    assert exit_.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_dpts_predict_rejects_data_at_a_finer_frequency(run_dir, tmp_path, capsys):
+    daily = pd.DataFrame({"id": ["a"] * 40, "timestamp": pd.date_range("2020-01-01", periods=40, freq="D"),
+                          "value": np.arange(40.0)})
+    daily.to_csv(tmp_path / "daily.csv", index=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", str(run_dir), "--data", str(tmp_path / "daily.csv"),
+              "--output", str(tmp_path / "x.csv")])
+    assert exit_.value.code == 2 and "--freq" in capsys.readouterr().err
+
+
+def test_dpts_predict_keeps_gaps_as_missing_values(run_dir, tmp_path):
+    months = pd.period_range("2015-01", periods=40, freq="M").to_timestamp()
+    frame = pd.DataFrame({"id": "a", "timestamp": months, "value": np.linspace(100.0, 140.0, 40)})
+    frame.drop(index=[30, 31]).to_csv(tmp_path / "gappy.csv", index=False)  # two months missing
+    table = predict_to_csv(run_dir, tmp_path / "gappy.csv", tmp_path / "fc.csv", seed=0)
+    assert table["timestamp"].tolist() == [str(pd.Period("2018-04", "M") + k) for k in range(1, H + 1)]

@@ -1,0 +1,147 @@
+"""Issue 16: the DP settings reach every logger once per run; ``trainer.predict`` after private training."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.loggers import CSVLogger, Logger
+
+from lightning_dpts.privacy import StructuredSubsamplingAccountant
+from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+
+from .conftest import FakeDataModule, H, make_module, trainer
+
+DELTA = 1e-6
+SIGMA, CLIP = 2.5, 0.7
+SEED = 918273645  # a distinctive value that must appear in no artifact
+
+
+class RecordingLogger(Logger):
+    """A minimal logger that records every ``log_hyperparams`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hparams_calls: list[dict[str, Any]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        self.hparams_calls.append(dict(params))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        pass
+
+
+def _fit(loggers: list[Logger], steps: int = 3):
+    module = make_module("dlinear")
+    dm = FakeDataModule(module, num_series=64, batch_size=8)
+    budget = StructuredSubsamplingAccountant(dm.sampling_spec, SIGMA).epsilon(steps, DELTA)
+    accountant = AccountantCallback(budget, DELTA)
+    t = trainer(max_epochs=5, logger=loggers, callbacks=[DPForecastStrategy(SIGMA, CLIP, seed=SEED), accountant])
+    t.fit(module, datamodule=dm)
+    return dm, accountant, budget
+
+
+def _expected(dm: FakeDataModule, budget: float) -> dict[str, Any]:
+    """What the logged settings must say, from the run's inputs (not from the code under test)."""
+    spec = dm.sampling_spec
+    return {
+        "noise_multiplier": SIGMA, "max_grad_norm": CLIP, "noise_std": pytest.approx(SIGMA * CLIP),
+        "delta": DELTA, "epsilon_budget": budget, "bound": "upper",
+        "theorem": "Theorem 4.4",  # without replacement / with replacement, lambda = 1 (PRIVACY-NOTES table)
+        "composition_unit": "step", "max_steps": 3,
+        "num_series": 64, "min_length": 40, "context_length": spec.context_length, "prediction_length": H,
+        "batch_size": 8, "instances_per_series": 1, "top_sample_size": 8,
+        "top_level": "without_replacement", "bottom_level": "with_replacement",
+        "top_level_rate": pytest.approx(8 / 64),
+        "bottom_level_rate": pytest.approx((spec.context_length + H) / (40 - H + 1)),
+        "relation_level": "event", "relation_size": 1, "relation_value_bound": None, "context_noise": 0.0,
+        "forecast_noise": 0.0,
+    }
+
+
+def test_dp_settings_are_logged_once_to_every_logger(tmp_path):
+    recording = RecordingLogger()
+    csv = CSVLogger(tmp_path, name="csv")
+    loggers: list[Logger] = [csv, recording]
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(tmp_path, name="tb"))
+    dm, accountant, budget = _fit(loggers)
+    expected = _expected(dm, budget)
+
+    dp_calls = [call for call in recording.hparams_calls if "dp" in call]
+    assert len(dp_calls) == 1  # once per run
+    logged = dp_calls[0]["dp"]
+    for key, value in expected.items():
+        assert logged[key] == value, key
+    assert logged == accountant.hyperparameters
+
+    on_disk = yaml.safe_load((Path(csv.log_dir) / "hparams.yaml").read_text())["dp"]
+    for key, value in expected.items():
+        assert on_disk[key] == value, key
+    if len(loggers) == 3:
+        tb_yaml = yaml.safe_load((Path(loggers[2].log_dir) / "hparams.yaml").read_text())
+        assert tb_yaml["dp"]["noise_multiplier"] == SIGMA and tb_yaml["dp"]["theorem"] == "Theorem 4.4"
+
+
+def test_logged_settings_never_contain_the_seed(tmp_path):
+    """The attacker reads every file the run wrote: the noise seed must not be among them (trap 7)."""
+    recording = RecordingLogger()
+    _fit([CSVLogger(tmp_path, name="csv"), recording])
+    text = "".join(p.read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file())
+    assert "dp:" in text and str(SEED) not in text
+    assert str(SEED) not in repr(recording.hparams_calls)
+    assert not any("seed" in key for call in recording.hparams_calls for key in call.get("dp", {}))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# trainer.predict
+# ---------------------------------------------------------------------------------------------------------
+data = pytest.importorskip("lightning_dpts.data")
+
+
+@pytest.mark.parametrize("name", ["dlinear", "deepar"])
+def test_trainer_predict_after_private_training(name):
+    from lightning_dpts.export import attach_quantile_predict_step
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    module = make_module(name)
+    dm = data.StructuredSubsamplingDataModule("us_employment", batch_size=16, model=module, seed=1, test_windows=2)
+    budget = StructuredSubsamplingAccountant(dm.sampling_spec, 3.0).epsilon(2, DELTA)
+    accountant = AccountantCallback(budget, DELTA)
+    t = trainer(max_epochs=3, callbacks=[DPForecastStrategy(3.0, 0.5, seed=0), accountant])
+    t.fit(module, datamodule=dm)
+    assert accountant.steps == 2
+
+    # the predict loader is the test loader, batch for batch, in evaluation_windows order
+    for got, want in zip(dm.predict_dataloader(), dm.test_dataloader(), strict=True):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+    attach_quantile_predict_step(module)
+    torch.manual_seed(0)
+    outputs = t.predict(module, datamodule=dm)
+    quantiles = torch.cat(outputs)
+    assert quantiles.shape == (len(dm.evaluation_windows("test")), H, len(DEFAULT_QUANTILES))
+    assert torch.isfinite(quantiles).all() and (quantiles.diff(dim=-1) >= 0).all()
+    assert accountant.steps == 2  # prediction takes no private step
+
+
+def test_predict_split_val_uses_the_validation_windows():
+    module = make_module("dlinear")
+    dm = data.StructuredSubsamplingDataModule("us_employment", batch_size=16, model=module, seed=1, val_windows=1)
+    dm.predict_split = "val"
+    for got, want in zip(dm.predict_dataloader(), dm.val_dataloader(), strict=True):
+        assert all(torch.equal(got[k], want[k]) for k in got)
