@@ -104,7 +104,9 @@ def test_logged_settings_never_contain_the_seed(tmp_path):
     text = "".join(p.read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file())
     assert "dp:" in text and str(SEED) not in text
     assert str(SEED) not in repr(recording.hparams_calls)
-    assert not any("seed" in key for call in recording.hparams_calls for key in call.get("dp", {}))
+    logged = [call.get("dp", {}) for call in recording.hparams_calls]
+    assert not any(key == "seed" or value == SEED for dp in logged for key, value in dp.items())
+    assert all(dp.get("seeded") is True for dp in logged)  # a seeded run says so, without the seed
 
 
 # ---------------------------------------------------------------------------------------------------------
