@@ -14,6 +14,9 @@ MODULES = [
     ("lightning_dpts.metrics", None),
     ("lightning_dpts.release", None),
     ("lightning_dpts.fit", ["FitConfig", "run_fit", "load_long_table"]),
+    ("lightning_dpts.privacy.montecarlo", None),
+    ("lightning_dpts.data.bminsep", None),
+    ("lightning_dpts.training.correlated_noise", None),
 ]
 
 

@@ -7,6 +7,7 @@
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback, PrivacyBudgetExhausted
+from lightning_dpts.training.correlated_noise import BandMFNoise, banded_sqrt_coefficients, optimize_coefficients
 from lightning_dpts.training.engine import PerWindowClipper
 from lightning_dpts.training.strategy import DPForecastStrategy, clip_and_noise
 from lightning_dpts.training.surgery import (
@@ -19,13 +20,16 @@ from lightning_dpts.training.surgery import (
 
 __all__ = [
     "AccountantCallback",
+    "BandMFNoise",
     "DPCompatibleMultiheadAttention",
     "DPFastLSTM",
     "DPForecastStrategy",
     "PerWindowClipper",
     "PrivacyBudgetExhausted",
     "Surgery",
+    "banded_sqrt_coefficients",
     "check_per_window_layers",
     "clip_and_noise",
     "make_private_compatible",
+    "optimize_coefficients",
 ]

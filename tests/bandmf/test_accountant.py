@@ -70,7 +70,9 @@ def test_structured_b1_is_the_fixed_direction_pair_and_below_the_sound_switching
 
 def test_gaussian_mechanism_delta_matches_integration():
     for mu, eps in ((1.0, 0.5), (0.3, 0.1), (2.5, 3.0)):
-        f = lambda y: max(norm.pdf(y, mu, 1.0) - math.exp(eps) * norm.pdf(y, 0, 1.0), 0.0)  # noqa: E731
+        def f(y: float, mu: float = mu, eps: float = eps) -> float:
+            return max(norm.pdf(y, mu, 1.0) - math.exp(eps) * norm.pdf(y, 0, 1.0), 0.0)
+
         want = integrate.quad(f, -20, 20, points=[mu / 2 + eps / mu], limit=200, epsabs=1e-13)[0]
         assert gaussian_mechanism_delta(mu, eps) == pytest.approx(want, rel=1e-7, abs=1e-13)
 

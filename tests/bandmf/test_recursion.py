@@ -52,7 +52,7 @@ def _brute_force_ratio(y: np.ndarray, c: np.ndarray, p: float, sigma: float, war
             if pl == 0:
                 continue
             xl = np.zeros(n)
-            for i, v in zip(ones, leak):
+            for i, v in zip(ones, leak, strict=True):
                 xl[i] = v
             mean = s * dense @ xl
             ratio += px * pl * math.exp((mean @ y - 0.5 * mean @ mean) / sigma**2)
