@@ -49,7 +49,7 @@ def main() -> None:
         c = banded_sqrt_coefficients(b)
         mech = BandMFMechanism(n, tuple(c), p, sigma)
         t = time.perf_counter()
-        ours = mech.privacy_loss_samples(np.random.default_rng(1), args.samples, "remove")
+        ours = mech.privacy_loss_samples(np.random.Generator(np.random.SFC64(1)), args.samples, "remove")
         ours_rate = args.samples / (time.perf_counter() - t)
         row = {"iterations": n, "bands": b, "sampling_prob": p, "sigma": sigma, "samples": args.samples,
                "ours_samples_per_s": ours_rate,

@@ -121,3 +121,24 @@ def test_monte_carlo_delta_matches_numerical_integration(b):
             se = terms.std() / math.sqrt(m)
             assert abs(got - want) < 5 * se + 1e-5, (eps, got, want, se)
         assert max(want_remove, want_add) > 0.01  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("sigma,b,p,warm", [(1.0, 4, 0.05, True), (0.25, 3, 0.3, True), (0.03, 2, 1.0, False),
+                                            (0.6, 20, 0.1, True)])
+def test_linear_recursion_with_rescaling_matches_log_space(sigma, b, p, warm):
+    """The fast linear-space recursion (renormalised, with log-space fallback) equals the log-space recursion (which
+    the enumeration tests pin) on long runs, including extreme losses (small sigma) that force the fallback."""
+    from lightning_dpts.privacy.montecarlo import _column_terms, _linear_recursion, _log_space_recursion
+
+    n, m = 400, 300
+    c = np.linspace(1.0, 0.2, b)
+    mech = BandMFMechanism(n, tuple(c), p, sigma, warm_start=warm)
+    yt = np.ascontiguousarray(mech.sample_outputs(np.random.default_rng(3), m, "P").T)
+    log_g = _column_terms(yt, c, sigma, 1.0)
+    fast, bad = _linear_recursion(log_g, p, b, warm)
+    slow = _log_space_recursion(log_g, p, b, warm)
+    np.testing.assert_allclose(fast[~bad], slow[~bad], rtol=1e-9, atol=1e-9)
+    full = mech.log_likelihood_ratio(yt.T)
+    np.testing.assert_allclose(full, slow, rtol=1e-9, atol=1e-9)
+    if sigma < 0.05:
+        assert bad.any()  # the fallback path is exercised
