@@ -194,9 +194,14 @@ def _log_likelihood_ratio_time_major(yt: np.ndarray, mech: BandMFMechanism) -> n
 
 def _linear_recursion(log_g: np.ndarray, p: float, b: int, warm_start: bool) -> tuple[np.ndarray, np.ndarray]:
     """f_i = (1 - p) f_{i+1} + p g_i f_{i+b} with per-sample rescaling; returns (ln P/Q, samples to redo)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below and redone in log space
+        return _linear_recursion_unchecked(log_g, p, b, warm_start)
+
+
+def _linear_recursion_unchecked(log_g: np.ndarray, p: float, b: int, warm_start: bool
+                                ) -> tuple[np.ndarray, np.ndarray]:
     n, m = log_g.shape
-    with np.errstate(over="ignore"):
-        g = np.exp(log_g)
+    g = np.exp(log_g)
     g *= p
     q = 1.0 - p
     f = np.empty((n + b, m))
@@ -221,7 +226,7 @@ def _linear_recursion(log_g: np.ndarray, p: float, b: int, warm_start: bool) -> 
         total = f[0] + p * f[1:b].sum(axis=0)
         total /= 1.0 + (b - 1) * p
     bad |= ~((total > 1e-280) & (total < 1e280))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore"):
         return np.log(total) + log_scale, bad
 
 
@@ -643,6 +648,41 @@ class MonteCarloAccountant:
             else:
                 hi = mid
         return hi
+
+    def substitution_epsilon(self, steps: int, delta: float) -> float:
+        """Epsilon for *substitution* of one example (bounded DP) from the add/remove analysis, by group privacy.
+
+        Substituting an example is removing it then adding the new one: an (eps, d)-DP mechanism under add/remove is
+        (2 eps, (1 + e^eps) d)-DP under substitution. Returns 2 eps for an eps (found by doubling then bisection,
+        within 1e-4 relative) whose EVR-verified d(eps) satisfies (1 + e^eps) d(eps) <= ``delta``; every returned
+        value satisfies it (the bisection keeps a satisfying upper end), ``inf`` if none up to eps = 1e4 does. Sound
+        for the package's substitution relations at series level (r = 1, sensitivity = windows per series), but
+        loose: it does not reduce to the package's structured accountant at b = 1 (docs/bandmf.md).
+        """
+        self._check_steps(steps)
+        d = _probability("delta", delta)
+        if steps == 0:
+            return 0.0
+
+        def ok(eps: float) -> bool:
+            upper = self.delta_upper(eps)
+            return upper == 0.0 or math.log1p(math.exp(-eps)) + eps + math.log(upper) <= math.log(d)
+
+        if ok(0.0):
+            return 0.0
+        hi = 1.0
+        while not ok(hi):
+            hi *= 2.0
+            if hi > 1e4:
+                return math.inf
+        lo = 0.0 if hi == 1.0 else hi / 2
+        while hi - lo > 1e-4 * hi:
+            mid = 0.5 * (lo + hi)
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        return 2.0 * hi
 
     def report(self, epsilons: Sequence[float] = ()) -> dict[str, Any]:
         """A JSON-ready summary: the mechanism, the samples, and per epsilon the estimate and EVR bound."""

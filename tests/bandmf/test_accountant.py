@@ -144,3 +144,14 @@ def test_calibration_algorithm_5():
 def test_hockey_stick_estimate_of_known_losses():
     losses = np.array([0.0, 1.0, 3.0])
     assert hockey_stick_estimate(losses, 1.0) == pytest.approx((1 - math.exp(-2)) / 3)
+
+
+def test_substitution_epsilon_by_group_privacy():
+    """Substitution = remove + add: the returned 2 eps satisfies (1 + e^eps) d(eps) <= delta, and exceeds twice the
+    add/remove epsilon at delta (group privacy can only cost more)."""
+    acc = MonteCarloAccountant(BandMFMechanism(60, (1.0,), 0.05, 0.8), samples=20_000, seed=1)
+    e2 = acc.substitution_epsilon(60, 0.1)
+    assert math.isfinite(e2)
+    assert (1 + math.exp(e2 / 2)) * acc.delta_upper(e2 / 2) <= 0.1
+    assert e2 >= 2 * acc.epsilon(60, 0.1)
+    assert acc.substitution_epsilon(60, 1e-4) == math.inf  # 20,000 samples cannot verify that small a delta
