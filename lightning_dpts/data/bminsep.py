@@ -118,6 +118,20 @@ class BMinSepSampler:
         self._next_step += 1
         return np.flatnonzero(take)
 
+    def indices_at(self, step: int) -> np.ndarray:
+        """Series of step ``step`` >= the next step, advancing the chain through the steps in between.
+
+        Step i's draws come from the stream ``(entropy, 22, i)`` alone, so a DataLoader worker that only serves some
+        steps can replay the others and obtain exactly the batches a single process would (the chain is sequential,
+        the randomness is not). Going back is refused (the history is not stored).
+        """
+        target = int(step)
+        if target < self._next_step:
+            raise ConfigurationError("step", step, f"must be >= the next step {self._next_step} (no going back)")
+        while self._next_step < target:
+            self.step(self._next_step)
+        return self.step(target)
+
     def __iter__(self) -> Iterator[np.ndarray]:
         while True:
             yield self.step(self._next_step)

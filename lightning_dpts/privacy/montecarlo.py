@@ -568,6 +568,8 @@ class MonteCarloAccountant:
     seed: int | None = None
     fixed_direction: bool = False
     is_monte_carlo: bool = field(default=True, init=False)
+    #: Metric name for loggers: the value is an EVR-verified Monte Carlo bound, not a closed-form accountant's.
+    log_name: str = field(default="epsilon_monte_carlo_upper", init=False)
     _losses: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -683,6 +685,21 @@ class MonteCarloAccountant:
             else:
                 lo = mid
         return 2.0 * hi
+
+    def check_budget(self, epsilon: float, delta: float) -> float:
+        """Before training: the verified epsilon of the whole planned run; raises if it exceeds ``epsilon``.
+
+        Raises:
+            ConfigurationError: the planned run's EVR-verified epsilon at ``delta`` is above the budget (or cannot be
+                verified with the accountant's samples).
+        """
+        budget = _positive("epsilon", epsilon)
+        eps = self.epsilon(self.planned_steps, delta)
+        if not eps <= budget:
+            raise ConfigurationError(
+                "epsilon", budget, f"is below the Monte Carlo-verified epsilon={eps:.4g} of the planned "
+                f"{self.planned_steps} steps at delta={delta:g} (raise sigma, reduce steps, or add samples)")
+        return eps
 
     def report(self, epsilons: Sequence[float] = ()) -> dict[str, Any]:
         """A JSON-ready summary: the mechanism, the samples, and per epsilon the estimate and EVR bound."""

@@ -7,7 +7,12 @@
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback, PrivacyBudgetExhausted
-from lightning_dpts.training.correlated_noise import BandMFNoise, banded_sqrt_coefficients, optimize_coefficients
+from lightning_dpts.training.correlated_noise import (
+    BandMFNoise,
+    banded_sqrt_coefficients,
+    make_noise,
+    optimize_coefficients,
+)
 from lightning_dpts.training.engine import PerWindowClipper
 from lightning_dpts.training.strategy import DPForecastStrategy, clip_and_noise
 from lightning_dpts.training.surgery import (
@@ -30,6 +35,7 @@ __all__ = [
     "banded_sqrt_coefficients",
     "check_per_window_layers",
     "clip_and_noise",
+    "make_noise",
     "make_private_compatible",
     "optimize_coefficients",
 ]

@@ -39,10 +39,12 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "NOISE_KINDS",
     "BandMFNoise",
     "CoefficientOptimisation",
     "banded_sqrt_coefficients",
     "inverse_coefficients",
+    "make_noise",
     "optimize_coefficients",
     "prefix_sum_error",
 ]
@@ -216,3 +218,34 @@ class BandMFNoise:
     def __repr__(self) -> str:
         return f"BandMFNoise(bands={self.bands}, secure={self.secure}, steps={self.steps})"
 
+
+#: Noise kinds the strategy's noise seam accepts.
+NOISE_KINDS: tuple[str, ...] = ("gaussian", "bandmf")
+
+
+def make_noise(
+    kind: str,
+    entropy: Entropy,
+    *,
+    secure: bool = False,
+    bands: int | None = None,
+    coefficients: Sequence[float] | np.ndarray | None = None,
+) -> GaussianNoise | BandMFNoise:
+    """The noise object of a DP run: the one call the strategy's noise seam needs.
+
+    ``"gaussian"``: :class:`~lightning_dpts.randomness.GaussianNoise` (DP-SGD; ``bands``/``coefficients`` must be
+    unset or b = 1). ``"bandmf"``: :class:`BandMFNoise` with ``coefficients`` (length b) or, if omitted, the default
+    :func:`banded_sqrt_coefficients` of ``bands``. Both have ``sample(numel, std, dtype)``, called once per step.
+    """
+    if kind not in NOISE_KINDS:
+        raise ConfigurationError("noise", kind, f"must be one of {NOISE_KINDS}")
+    if kind == "gaussian":
+        if coefficients is not None or (bands is not None and bands != 1):
+            raise ConfigurationError("bands", bands, "only noise='bandmf' takes bands/coefficients")
+        return GaussianNoise(entropy, secure=secure)
+    if coefficients is None:
+        if bands is None:
+            raise ConfigurationError("bands", bands, "noise='bandmf' needs bands (or coefficients)")
+        coefficients = banded_sqrt_coefficients(bands)
+    c = check_coefficients(coefficients, bands)
+    return BandMFNoise(entropy, c, secure=secure)

@@ -155,3 +155,12 @@ def test_substitution_epsilon_by_group_privacy():
     assert (1 + math.exp(e2 / 2)) * acc.delta_upper(e2 / 2) <= 0.1
     assert e2 >= 2 * acc.epsilon(60, 0.1)
     assert acc.substitution_epsilon(60, 1e-4) == math.inf  # 20,000 samples cannot verify that small a delta
+
+
+def test_check_budget_before_training():
+    acc = MonteCarloAccountant(BandMFMechanism(50, (0.9, 0.43), 0.1, 1.2), samples=5000, seed=0)
+    eps = acc.check_budget(50.0, 0.05)
+    assert eps == acc.epsilon(50, 0.05)
+    with pytest.raises(ConfigurationError, match="epsilon"):
+        acc.check_budget(eps * 0.5, 0.05)
+    assert acc.log_name == "epsilon_monte_carlo_upper"

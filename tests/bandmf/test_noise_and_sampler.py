@@ -129,3 +129,30 @@ def test_sampler_refusals_and_secrecy():
     c = BMinSepSampler(1000, 2, 0.3, resolve_entropy(8))
     d = BMinSepSampler(1000, 2, 0.3, resolve_entropy(8))
     assert np.array_equal(c.step(0), d.step(0)) and c.seeded
+
+
+def test_make_noise_seam():
+    from lightning_dpts.training.correlated_noise import make_noise
+
+    e = resolve_entropy(None)
+    assert isinstance(make_noise("gaussian", e), GaussianNoise)
+    band = make_noise("bandmf", e, bands=4)
+    assert isinstance(band, BandMFNoise) and band.bands == 4
+    np.testing.assert_allclose(band.coefficients, banded_sqrt_coefficients(4))
+    with pytest.raises(ConfigurationError, match="noise"):
+        make_noise("laplace", e)
+    with pytest.raises(ConfigurationError, match="bands"):
+        make_noise("gaussian", e, bands=3)
+    with pytest.raises(ConfigurationError, match="coefficients"):
+        make_noise("bandmf", e, bands=3, coefficients=[1.0, 0.5])
+
+
+def test_sampler_replay_gives_the_same_batches():
+    """A worker that skips steps (indices_at) sees exactly the batches of the sequential sampler."""
+    seq = BMinSepSampler(500, 3, 0.2, resolve_entropy(4))
+    batches = [seq.step(t) for t in range(12)]
+    worker = BMinSepSampler(500, 3, 0.2, resolve_entropy(4))
+    for t in (2, 5, 11):
+        np.testing.assert_array_equal(worker.indices_at(t), batches[t])
+    with pytest.raises(ConfigurationError, match="step"):
+        worker.indices_at(3)
