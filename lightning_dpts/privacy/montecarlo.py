@@ -772,14 +772,16 @@ def calibrate_noise_multiplier_monte_carlo(
     grid_size: int = 12,
     pilot_samples: int = 20_000,
     seed: int | None = None,
+    fixed_direction: bool = False,
 ) -> CalibrationResult:
     """Algorithm 5 (Appendix A): the smallest verified noise multiplier for (target_epsilon, target_delta).
 
     1. A pilot Monte Carlo search (its own samples, independent of the verification; no private data is involved)
        locates sigma_pilot whose estimated delta equals the verifier threshold.
     2. The candidate list is sigma_pilot * ratio^j for j = -2 .. grid_size - 3 (increasing), followed by sigma_k, the
-       analytic noise multiplier of the unamplified Gaussian mechanism (:func:`analytic_noise_multiplier`), which
-       satisfies the target by Theorem 8 of Balle & Wang (2018). Candidates above sigma_k are dropped.
+       analytic noise multiplier of the unamplified Gaussian mechanism (:func:`analytic_noise_multiplier`) at
+       (epsilon, threshold): Theorem A.1 needs M_k to satisfy (epsilon, delta) for the delta of the tail bound, which
+       is > threshold, so this is sufficient (Theorem 8 of Balle & Wang 2018). Candidates >= sigma_k are dropped.
     3. Each candidate i < k is verified with fresh, independent samples (both directions, each estimate <=
        threshold); i* = min{i : v_j = 1 for all j >= i} (scanning from the top, stopping at the first rejection
        which suffices to determine i*).
@@ -792,17 +794,18 @@ def calibrate_noise_multiplier_monte_carlo(
     if not (eps >= 0 and math.isfinite(eps)):
         raise ConfigurationError("target_epsilon", target_epsilon, "must be a finite number >= 0")
     t = _probability("target_delta", target_delta)
+    MonteCarloAccountant(mechanism, samples=1, fixed_direction=fixed_direction)  # refuses r < 1 for guarantees
     if not (ratio > 1 and math.isfinite(ratio)):
         raise ConfigurationError("ratio", ratio, "must be a finite number > 1")
     _int_at_least("grid_size", grid_size, 3)
     s = samples_for_target_delta(t) if samples is None else _int_at_least("samples", samples, 1)
     threshold = verification_threshold(s, t)
-    sigma_k = analytic_noise_multiplier(mechanism, eps, t)
+    sigma_k = analytic_noise_multiplier(mechanism, eps, threshold)
 
     def pilot_delta(sigma: float, key: int) -> float:
         acc = MonteCarloAccountant(mechanism.with_noise_multiplier(sigma), samples=pilot_samples,
                                    seed=None if seed is None else seed + 7919 * (key + 1),
-                                   fixed_direction=mechanism.leak_probability < 1)
+                                   fixed_direction=fixed_direction)
         return acc.delta_estimate(eps)
 
     lo, hi = sigma_k / 64, sigma_k
@@ -820,7 +823,7 @@ def calibrate_noise_multiplier_monte_carlo(
     for i in range(len(candidates) - 2, -1, -1):
         acc = MonteCarloAccountant(mechanism.with_noise_multiplier(candidates[i]), samples=s,
                                    seed=None if seed is None else seed + 104729 * (i + 1),
-                                   fixed_direction=mechanism.leak_probability < 1)
+                                   fixed_direction=fixed_direction)
         if acc.delta_estimate(eps) <= threshold:
             chosen_index = i
         else:

@@ -138,7 +138,9 @@ def test_calibration_algorithm_5():
     assert check.delta_estimate(1.0) <= 0.05
     # and the analytic top candidate satisfies the target by itself
     top = res.candidates[-1]
-    assert gaussian_mechanism_delta(mech.unamplified_sensitivity() / top, 1.0) <= 0.05
+    assert gaussian_mechanism_delta(mech.unamplified_sensitivity() / top, 1.0) <= res.threshold
+    with pytest.raises(ConfigurationError, match="leak_probability"):
+        calibrate_noise_multiplier_monte_carlo(BandMFMechanism(30, (1.0,), 0.2, 1.0, leak_probability=0.5), 1.0, 0.05)
 
 
 def test_hockey_stick_estimate_of_known_losses():
