@@ -9,7 +9,8 @@ The (epsilon, delta) guarantee is ``delta(eps) = max(H_{e^eps}(P||Q), H_{e^eps}(
 What this module computes:
 
 * :func:`log_likelihood_ratio`: ``ln P(y)/Q(y)`` for a batch of outputs with the dynamic program of Theorem 5.1
-  (and its warm-start corollary), O(n b) per sample and vectorised over samples; numerically in log space.
+  (and its warm-start corollary), O(n b) per sample and vectorised over samples; in linear space with
+  per-sample rescaling and an exact log-space fallback for extreme losses.
 * :class:`BandMFMechanism`: sampling y from P or from Q (O(n b) per sample) and the privacy-loss samples of both
   directions.
 * Estimate-Verify-Release (Appendix A, Algorithm 5, Theorem A.1) with the KL-Chernoff tail bound of
@@ -155,7 +156,7 @@ def log_likelihood_ratio(
     ``f_i = (1 - p) f_{i+1} + p g_i f_{i+b}``, ``f_i = 1`` for i > n, with ``g_i = exp(L_i)`` (Eq. 1) or, in the
     structured extension, ``g_i = (1 - r) + r exp(L_i)`` (docs/bandmf.md, Theorem B.1). Algorithm 1 (cold start)
     gives ``P/Q = f_1``; Algorithm 2 (warm start, the corollary after Theorem 5.1) gives
-    ``(f_1 + p sum_{i=2}^{b} f_i) / (1 + (b - 1) p)``. Computed in log space (``logaddexp``), O(n b) per row.
+    ``(f_1 + p sum_{i=2}^{b} f_i) / (1 + (b - 1) p)``. O(n b) per row; see :func:`_linear_recursion`.
 
     Args:
         y: outputs, shape (m, n) or (n,).
