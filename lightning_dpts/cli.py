@@ -217,8 +217,7 @@ def _add_bandmf_parser(psub: argparse._SubParsersAction) -> None:
 
 
 def _run_bandmf(args: argparse.Namespace) -> int:
-    from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
-    from lightning_dpts.training.correlated_noise import banded_sqrt_coefficients
+    from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant, banded_sqrt_coefficients
 
     if args.bands < 1:
         raise ConfigurationError("bands", args.bands, "must be an integer >= 1")

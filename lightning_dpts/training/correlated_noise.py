@@ -32,7 +32,7 @@ import numpy as np
 from scipy import optimize, signal
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.privacy.montecarlo import check_coefficients
+from lightning_dpts.privacy.montecarlo import banded_sqrt_coefficients, check_coefficients
 from lightning_dpts.randomness import Entropy, GaussianNoise
 
 if TYPE_CHECKING:
@@ -48,21 +48,6 @@ __all__ = [
     "optimize_coefficients",
     "prefix_sum_error",
 ]
-
-
-def banded_sqrt_coefficients(bands: int) -> np.ndarray:
-    """Default strategy: first ``bands`` entries of A^{1/2}'s first column, binom(2k, k)/4^k, scaled to unit L2 norm.
-
-    A (all-ones lower-triangular) is the Toeplitz matrix of 1/(1 - x); its square root has generating function
-    (1 - x)^{-1/2} = sum_k binom(2k, k) 4^{-k} x^k. Banding keeps k < b (banded square root factorisation); the
-    column normalisation makes a participation's sensitivity ||c||_2 = 1. b = 1 gives C = I (DP-SGD).
-    """
-    if isinstance(bands, bool) or not isinstance(bands, (int, np.integer)) or bands < 1:
-        raise ConfigurationError("bands", bands, "must be an integer >= 1")
-    c = np.ones(int(bands))
-    for k in range(1, int(bands)):
-        c[k] = c[k - 1] * (2 * k - 1) / (2 * k)
-    return c / np.linalg.norm(c)
 
 
 def inverse_coefficients(coefficients: Sequence[float] | np.ndarray, iterations: int) -> np.ndarray:

@@ -51,3 +51,17 @@ def test_bad_mechanism_exit_2(flag, value, capsys):
     with pytest.raises(SystemExit) as err:
         main(argv)
     assert err.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_bandmf_command_does_not_import_torch():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from lightning_dpts.cli import main; "
+            "rc = main(['privacy', 'bandmf', '--iterations', '20', '--bands', '2', '--sampling-prob', '0.1', "
+            "'--noise-multiplier', '1', '--epsilon', '1', '--samples', '200', '--json']); "
+            "assert rc == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:3]")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
