@@ -10,7 +10,8 @@ unit column norm) it times privacy-loss sampling in the "remove" direction (y ~ 
 ``jax_privacy.experimental.monte_carlo.sample_generation.get_privacy_loss_sample`` with
 ``BMinSepSampling(warm_start=True)``, and reports both samples/s and both delta estimates at a few epsilons with
 their standard errors. It also times :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`.
-The utility comparison (private CRPS of DP-SGD vs BandMF) needs the training integration and is not run here.
+``--mse`` instead compares the prefix-sum MSE of DP-SGD and BandMF (b = 4, 16) at equal (epsilon, delta) with sigma
+from Algorithm 5 (minutes per row). The private-CRPS comparison needs the training integration and is not run here.
 """
 
 from __future__ import annotations
