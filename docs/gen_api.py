@@ -18,6 +18,9 @@ MODULES = [
     ("lightning_dpts.hparams", None),
     ("lightning_dpts.planning", None),
     ("lightning_dpts.plots", None),
+    ("lightning_dpts.privacy.montecarlo", None),
+    ("lightning_dpts.data.bminsep", None),
+    ("lightning_dpts.training.correlated_noise", None),
 ]
 
 

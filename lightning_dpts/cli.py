@@ -55,6 +55,12 @@ _OPTION_NAMES = {
     "autoets": "--autoets",
     "config": "--config",
     "quantiles": "--quantiles",
+    # dpts privacy bandmf
+    "iterations": "--iterations",
+    "bands": "--bands",
+    "sampling_prob": "--sampling-prob",
+    "coefficients": "--coefficients",
+    "samples": "--samples",
 }
 
 
@@ -122,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_options(p_steps, needs_noise=True, multi_steps=False, needs_steps=False, needs_epsilon=True)
     p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps")
     _add_privacy_options(p_noise, needs_noise=False, multi_steps=False, needs_steps=True, needs_epsilon=True)
+    _add_bandmf_parser(psub)
     _add_fit_parser(sub)
     _add_predict_parser(sub)
     from lightning_dpts.release.cli import add_release_parser
@@ -231,9 +238,67 @@ def _spec_from_args(args: argparse.Namespace):
     )
 
 
+# ---- dpts privacy bandmf (BandMF with b-min-sep sampling, Monte Carlo accounting; docs/bandmf.md) -------------
+def _add_bandmf_parser(psub: argparse._SubParsersAction) -> None:
+    p = psub.add_parser(
+        "bandmf", help="Monte Carlo delta(epsilon) of BandMF with warm-start b-min-sep sampling",
+        description="Monte Carlo accounting of b-banded BandMF (correlated noise) with warm-start b-min-sep sampling "
+                    "(Dong & Ganesh 2026, Theorem 5.1); 'upper' is the Estimate-Verify-Release bound (Theorem A.1).")
+    p.add_argument("--iterations", type=int, required=True, metavar="N", help="optimizer steps of the whole run")
+    p.add_argument("--bands", type=int, required=True, metavar="B", help="bands b of C (= minimum separation)")
+    p.add_argument("--sampling-prob", type=float, required=True, metavar="P",
+                   help="probability p that an available example is sampled (Algorithm 2); the expected batch "
+                        "fraction is p / (1 + (b - 1) p)")
+    p.add_argument("--noise-multiplier", type=float, required=True, metavar="SIGMA",
+                   help="noise std over the clipping norm")
+    p.add_argument("--epsilon", type=float, nargs="+", required=True, metavar="E", help="epsilons to report")
+    p.add_argument("--coefficients", type=float, nargs="+", default=None, metavar="C",
+                   help="non-zero entries c_0..c_{b-1} of C's first column (non-negative; default: banded square "
+                        "root of the prefix-sum matrix, unit column norm)")
+    p.add_argument("--samples", type=int, default=100_000, metavar="M",
+                   help="Monte Carlo samples per direction (default 100000)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="seed of the Monte Carlo samples (no private data is involved; default fresh)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_bandmf(args: argparse.Namespace) -> int:
+    from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant, banded_sqrt_coefficients
+
+    if args.bands < 1:
+        raise ConfigurationError("bands", args.bands, "must be an integer >= 1")
+    if args.coefficients is None:
+        coefficients = tuple(banded_sqrt_coefficients(args.bands))
+    else:
+        if len(args.coefficients) != args.bands:
+            raise ConfigurationError("coefficients", args.coefficients, f"must have exactly --bands={args.bands} "
+                                                                        "values")
+        coefficients = tuple(args.coefficients)
+    for e in args.epsilon:
+        if not e >= 0:
+            raise ConfigurationError("epsilon", e, "must be a number >= 0")
+    mech = BandMFMechanism(args.iterations, coefficients, args.sampling_prob, args.noise_multiplier)
+    acc = MonteCarloAccountant(mech, samples=args.samples, seed=args.seed)
+    values = {format(e, "g"): {"estimate": acc.delta_estimate(e), "upper": acc.delta_upper(e)} for e in args.epsilon}
+    if args.json:
+        print(json.dumps({"delta": values}))
+    else:
+        print(f"BandMF b={mech.bands}, n={mech.iterations}, p={mech.sampling_prob:g}, sigma={mech.noise_multiplier:g}, "
+              f"coefficients={[round(c, 6) for c in mech.coefficients]}; warm-start b-min-sep sampling")
+        print(f"Monte Carlo with {acc.samples} samples per direction; 'upper' is the EVR-verified bound (Theorem A.1)")
+        print(f"{'epsilon':>10} {'estimate':>14} {'upper':>14}")
+        for e in args.epsilon:
+            v = values[format(e, "g")]
+            print(f"{e:>10g} {v['estimate']:>14.6g} {v['upper']:>14.6g}")
+    return 0
+
+
 def _run_privacy(args: argparse.Namespace) -> int:
     from lightning_dpts.planning import resolve_planning
     from lightning_dpts.privacy.accountant import StructuredSubsamplingAccountant, calibrate_noise_multiplier
+
+    if args.action == "bandmf":
+        return _run_bandmf(args)
 
     spec = resolve_planning(args, _spec_from_args)
     if args.action == "noise":

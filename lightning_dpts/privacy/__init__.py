@@ -11,15 +11,18 @@ from lightning_dpts.privacy.accountant import (
     calibrate_noise_multiplier,
 )
 from lightning_dpts.privacy.bounds import augmentation_leak_probability, naive_dpsgd_profile, select_profile
+from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.pld import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS, pld_from_profile
 from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
 from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS, NeighbouringRelation, SamplingSpec
 
 __all__ = [
     "BOTTOM_LEVELS",
+    "BandMFMechanism",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_TAIL_MASS",
     "LEVELS",
+    "MonteCarloAccountant",
     "TOP_LEVELS",
     "NeighbouringRelation",
     "PrivacyProfile",

@@ -8,6 +8,12 @@
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback
+from lightning_dpts.training.correlated_noise import (
+    BandMFNoise,
+    banded_sqrt_coefficients,
+    make_noise,
+    optimize_coefficients,
+)
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.ledger import PrivacyLedger, attach_ledger, install_load_hook, ledger_of, read_ledger
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted, clip_and_noise
@@ -21,6 +27,7 @@ from lightning_dpts.training.surgery import (
 
 __all__ = [
     "AccountantCallback",
+    "BandMFNoise",
     "DPCompatibleMultiheadAttention",
     "DPFastLSTM",
     "DPForecastStrategy",
@@ -30,10 +37,13 @@ __all__ = [
     "PrivacyLedger",
     "Surgery",
     "attach_ledger",
+    "banded_sqrt_coefficients",
     "check_per_window_layers",
     "clip_and_noise",
     "ledger_of",
+    "make_noise",
     "make_private_compatible",
+    "optimize_coefficients",
     "read_ledger",
 ]
 
