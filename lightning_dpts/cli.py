@@ -51,6 +51,11 @@ _OPTION_NAMES = {
     "seed": "--seed",
     "autoets": "--autoets",
     "config": "--config",
+    "timestamp_column": "--time-column",
+    "drop_short_series": "--drop-short-series",
+    "max_lag": "--max-lag",
+    "output_dir": "--output-dir",
+    "non_dp": "--no-non-dp",
 }
 
 
@@ -157,6 +162,11 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--value-bound", type=float, default=d, help="per-step change bound v (for augmentation)")
     fit.add_argument("--context-noise", type=float, default=d, help="context augmentation std in units of v")
     fit.add_argument("--forecast-noise", type=float, default=d, help="forecast augmentation std in units of v")
+    fit.add_argument("--drop-short-series", action="store_true", default=d,
+                     help="drop series too short for one training window plus the test window (default: refuse)")
+    fit.add_argument("--max-lag", type=int, metavar="LAG", default=d,
+                     help="deepar: keep only GluonTS's default lags <= LAG time steps (long lags lengthen the "
+                          "past window and can destroy privacy amplification; default: all)")
     fit.add_argument("--no-non-dp", action="store_true", default=d,
                      help="skip training the same model without DP (on by default)")
     fit.add_argument("--autoets", action="store_true", default=d,
@@ -228,8 +238,6 @@ def _run_privacy(args: argparse.Namespace) -> int:
 
 
 def _fit_config(args: argparse.Namespace):
-    from dataclasses import fields
-
     from lightning_dpts.fit import FitConfig
 
     values: dict = {}
@@ -241,13 +249,11 @@ def _fit_config(args: argparse.Namespace):
                 loaded = yaml.safe_load(handle) or {}
         except OSError as err:
             raise ConfigurationError("config", args.config, f"cannot be read ({err.strerror})") from err
+        except yaml.YAMLError as err:
+            raise ConfigurationError("config", args.config, f"is not valid YAML ({err})") from err
         if not isinstance(loaded, dict):
             raise ConfigurationError("config", args.config, "must be a YAML mapping of FitConfig fields")
-        known = {f.name for f in fields(FitConfig)}
-        unknown = sorted(set(loaded) - known)
-        if unknown:
-            raise ConfigurationError("config", args.config, f"has unknown keys {unknown}; known: {sorted(known)}")
-        values.update(loaded)
+        values.update({str(k): v for k, v in loaded.items()})
     for key, value in vars(args).items():
         if key in ("command", "config"):
             continue
@@ -255,7 +261,7 @@ def _fit_config(args: argparse.Namespace):
             values["non_dp"] = not value
         else:
             values[key] = value
-    return FitConfig(**values)
+    return FitConfig.from_mapping(values)
 
 
 def _run_fit(args: argparse.Namespace) -> int:
