@@ -256,7 +256,7 @@ def _check_range(values: np.ndarray, where: Any, parameter: str, name: Any) -> N
         width = 1 if values.ndim < 2 else int(np.prod(values.shape[1:]))
         raise ConfigurationError(
             parameter, name,
-            f"{where(i // width)} holds {flat[i]!r}; values must be finite and within the float32 range "
+            f"{where(i // width)} holds {float(flat[i])!r}; values must be finite and within the float32 range "
             f"+-{_FLOAT32_MAX:.4g} (NaN marks missing values); rescale the data (e.g. other units) or fix the cell",
         )
 
@@ -491,7 +491,8 @@ def _check_spacing(ordinals: np.ndarray, codes: np.ndarray, uniques: np.ndarray,
         raise ConfigurationError(
             parameter, name,
             f"series {uniques[c[starts[k]]]!r} has {int(counts[k])} time stamps spread over {int(lengths[k])} "
-            f"periods of freq={freq!r} ({how}): it would be {100 * (1 - counts[k] / lengths[k]):.1f}% missing; "
+            f"periods of freq={freq!r} ({how}): {int(lengths[k] - counts[k])} of its {int(lengths[k])} steps "
+            "would be missing; "
             "pass the frequency the data has (--freq / freq=) or check the time stamps",
         )
 
