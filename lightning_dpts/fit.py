@@ -359,6 +359,12 @@ def _lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epoc
         return f"{lead}{fix}"
 
 
+def _round_up(x: float, digits: int = 4) -> str:
+    """``x`` rounded *up* to ``digits`` significant digits (a threshold the user can type and that suffices)."""
+    scale = 10.0 ** (math.floor(math.log10(abs(x))) - digits + 1)
+    return f"{math.ceil(x / scale) * scale:.{digits}g}"
+
+
 def _check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> None:
     """Refuse a given noise multiplier with which the budget allows no optimizer step, saying by how much to move.
 
@@ -374,13 +380,13 @@ def _check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> No
         return
     unit = "epoch" if acc.unit == "epoch" else "optimizer step"
     try:
-        need = f"raise --noise-multiplier to >= {calibrate_noise_multiplier(spec, epsilon, delta, steps=1):.4g}"
+        need = f"raise --noise-multiplier to >= {_round_up(calibrate_noise_multiplier(spec, epsilon, delta, steps=1))}"
     except ConfigurationError:
         need = "no noise multiplier <= 1e4 allows it"
     raise ConfigurationError(
         "noise_multiplier", sigma,
-        f"allows no training: one {unit} already spends epsilon={first:.4g} > the budget epsilon={epsilon:g} at "
-        f"delta={delta:g}. Either raise --epsilon to >= {first:.4g}, or {need} (or omit it to calibrate it for "
+        f"allows no training: one {unit} already spends epsilon={first:.6g} > the budget epsilon={epsilon:g} at "
+        f"delta={delta:g}. Either raise --epsilon to >= {_round_up(first)}, or {need} (or omit it to calibrate it for "
         f"--epochs), or lower --batch-size / raise the number of series (smaller sampling rates amplify more)",
     )
 
@@ -455,7 +461,13 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     torch.manual_seed(config.seed)
     estimator = _estimator(config, freq)
     module = estimator.create_lightning_module()
-    dm = datamodule(module)
+    try:
+        dm = datamodule(module)
+    except ConfigurationError as err:
+        if "drop_short_series=True" not in err.requirement:
+            raise
+        raise ConfigurationError(err.parameter, err.value, err.requirement.replace(
+            "drop_short_series=True", "--drop-short-series (YAML: drop_short_series: true)")) from err
     spec = dm.sampling_spec
     progress(f"data: {data_name}, {spec.num_series} series, shortest training part {spec.min_length} steps; "
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
