@@ -253,7 +253,9 @@ def _fit_config(args: argparse.Namespace):
             raise ConfigurationError("config", args.config, f"is not valid YAML ({err})") from err
         if not isinstance(loaded, dict):
             raise ConfigurationError("config", args.config, "must be a YAML mapping of FitConfig fields")
-        values.update({str(k): v for k, v in loaded.items()})
+        loaded = {str(k): v for k, v in loaded.items()}
+        from_file = FitConfig.from_mapping(loaded)  # text values converted; errors name the YAML key
+        values.update({key: getattr(from_file, key) for key in loaded})
     for key, value in vars(args).items():
         if key in ("command", "config"):
             continue
@@ -261,7 +263,7 @@ def _fit_config(args: argparse.Namespace):
             values["non_dp"] = not value
         else:
             values[key] = value
-    return FitConfig.from_mapping(values)
+    return FitConfig.from_mapping(values, source=None)
 
 
 def _run_fit(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "instances_per_series": (1, 1_000_000, "int", False),
     "size": (1, 1_000_000, "int", False),
     "max_lag": (1, 100_000, "int", True),
+    "seed": (0, 2**64 - 1, "int", True),
     "epsilon": (0.0, 100.0, "float", False),
     "delta": (1e-15, 0.1, "float", False),
     "noise_multiplier": (0.1, 100.0, "float", True),
@@ -61,7 +62,7 @@ def _check_range(name: str, value: Any, low: float, high: float, kind: str, opti
     if value is None and optional:
         return
     left = "(" if name in _OPEN_AT_ZERO else "["
-    span = f"{left}{low:g}, {high:g}]"
+    span = f"[{int(low)}, {int(high)}]" if kind == "int" else f"{left}{low:g}, {high:g}]"
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
             raise ConfigurationError(name, value, f"must be an integer in {span}" + (" or omitted" if optional else ""))
@@ -78,9 +79,11 @@ def _check_range(name: str, value: Any, low: float, high: float, kind: str, opti
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 
-def _coerce(key: str, value: Any, source: str) -> Any:
+def _coerce(key: str, value: Any, source: str | None) -> Any:
     """One mapping value converted to the field's type (see :meth:`FitConfig.from_mapping`)."""
     def bad(requirement: str) -> ConfigurationError:
+        if source is None:
+            return ConfigurationError(key, value, requirement)
         return ConfigurationError(source, f"{key}: {value!r}", f"key {key!r} {requirement}")
 
     if key in FIT_RANGES:
@@ -112,12 +115,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise bad("must be true or false")
-    if key in ("data", "freq", "seed") and value is None:
+    if key in ("data", "freq") and value is None:
         return None
-    if key == "seed":  # validated by FitConfig.validate
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value.strip())
-        return value
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
     raise bad("must be text")
@@ -189,18 +188,19 @@ class FitConfig:
     output_dir: str = "dpts-run"
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], source: str = "config") -> FitConfig:
+    def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
         """A config from a mapping such as a parsed YAML file, converting text the way a user means it.
 
         PyYAML reads ``1e-7`` (no dot) as the string ``'1e-7'``; numeric fields accept such strings, integer
         fields accept whole floats (``1e3``), boolean fields accept ``true``/``false``/``yes``/``no``, column
         names may be numbers. Unknown keys and values that cannot be converted raise
-        :class:`ConfigurationError` for parameter ``source`` naming the key.
+        :class:`ConfigurationError` for parameter ``source`` naming the key (for the key itself when ``source``
+        is ``None``, e.g. for command-line values).
         """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigurationError(source, unknown, f"has unknown keys; known keys are {sorted(known)}")
+            raise ConfigurationError(source or "config", unknown, f"has unknown keys; known keys are {sorted(known)}")
         out: dict[str, Any] = {}
         for key, value in values.items():
             out[key] = _coerce(key, value, source)
@@ -239,6 +239,10 @@ class FitConfig:
         if self.max_lag is not None and self.model != "deepar":
             raise ConfigurationError("max_lag", self.max_lag, "applies only to model deepar (the other models read "
                                      "no lagged values); omit it")
+        if self.value_bound is not None and not (self.context_noise or self.forecast_noise):
+            raise ConfigurationError("value_bound", self.value_bound, "has no effect without context_noise or "
+                                     "forecast_noise (it only scales the augmentation noise, Theorem G.1); omit it "
+                                     "or add the noise")
         if (self.context_noise or self.forecast_noise) and self.value_bound is None:
             raise ConfigurationError("value_bound", None, "is needed with context_noise/forecast_noise (both are in "
                                      "units of the value bound v)")
@@ -425,7 +429,13 @@ def _season_length(freq: str) -> int:
 # the job
 # ---------------------------------------------------------------------------------------------------------
 def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the main job (see the module docstring) and return the report that is written to report.json."""
+    """Run the main job (see the module docstring) and return the report that is written to report.json.
+
+    Every check that can refuse the job (the config's ranges, the data, the model geometry, a budget that
+    allows no step) runs before training and before anything is written: a :class:`ConfigurationError` leaves
+    ``output_dir`` untouched.
+    """
+    config.validate()  # first, before the heavy imports: a bad option is refused at once
     import lightning as L
     import torch
     from lightning.pytorch.loggers import CSVLogger
@@ -434,7 +444,6 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     from lightning_dpts.privacy import NeighbouringRelation, calibrate_noise_multiplier
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
 
-    config.validate()
     out = Path(config.output_dir)
     started = time.perf_counter()
 
