@@ -10,7 +10,9 @@ Supported inputs (first argument of :class:`~lightning_dpts.data.StructuredSubsa
 * the name of a bundled dataset (see :func:`load_dataset`).
 
 NaNs are missing values; they are kept as NaN here and become "unobserved" (mask 0, value 0) when windows
-are gathered, as GluonTS's ``AddObservedValuesIndicator`` does.
+are gathered, as GluonTS's ``AddObservedValuesIndicator`` does. Anything else that is not a real number in the
+float32 range, and time stamps that do not fit one frequency, are refused with a :class:`ConfigurationError`
+naming the column, the row and the fix (see :func:`long_table`); nothing is converted silently.
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ def _numeric_column(column: pd.Series, parameter: str, name: str, first_line: in
     """float64 values of one value column; NaN/empty = missing; refuses complex, text, inf and |x| > float32 max."""
     if pd.api.types.is_complex_dtype(column.dtype):
         bad = np.flatnonzero(np.asarray(column.to_numpy()).imag != 0)
-        where = f"e.g. {_row(column.index[bad[0]], first_line)}: {column.iloc[bad[0]]!r}" if len(bad) else ""
+        where = f"e.g. {_row(column.index[bad[0]], first_line)}: {_plain(column.iloc[bad[0]])!r}" if len(bad) else ""
         raise ConfigurationError(
             parameter, name,
             f"holds complex numbers {where}; forecasting needs real values (take the real part or the "
@@ -222,10 +224,13 @@ def _numeric_column(column: pd.Series, parameter: str, name: str, first_line: in
     if pd.api.types.is_numeric_dtype(column.dtype):
         values = column.to_numpy(dtype=np.float64, na_value=np.nan)
     else:
-        values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        numeric = pd.to_numeric(column, errors="coerce")
+        if pd.api.types.is_complex_dtype(numeric.dtype):  # Python complex objects in an object column
+            return _numeric_column(numeric, parameter, name, first_line)
+        values = numeric.to_numpy(dtype=np.float64, na_value=np.nan)
         bad = np.flatnonzero(np.isnan(values) & column.notna().to_numpy())
         if len(bad):
-            example = column.iloc[bad[0]]
+            example = _plain(column.iloc[bad[0]])
             kind = "complex numbers are not supported" if _looks_complex(example) else "not a number"
             raise ConfigurationError(
                 parameter, name,
@@ -234,6 +239,13 @@ def _numeric_column(column: pd.Series, parameter: str, name: str, first_line: in
             )
     _check_range(values, lambda i: _row(column.index[i], first_line), parameter, name)
     return values
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value (so messages show ``5``, not ``np.int64(5)``)."""
+    if isinstance(value, (pd.Timestamp, pd.Period)):
+        return str(value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _looks_complex(value: Any) -> bool:
@@ -306,7 +318,7 @@ def _parse_stamps(stamps: pd.Series, parameter: str, name: str, freq: str | None
         # Integer time stamps are step numbers (never nanoseconds): step t is the t-th period of freq after
         # the one that contains 1970-01-01. Without an explicit freq their unit is unknown: refuse.
         values = stamps.to_numpy(dtype=np.float64)
-        example = stamps.iloc[0]
+        example = _plain(stamps.iloc[0])
         if freq is None:
             raise ConfigurationError(
                 parameter, name,
@@ -318,7 +330,7 @@ def _parse_stamps(stamps: pd.Series, parameter: str, name: str, freq: str | None
         if len(bad):
             raise ConfigurationError(
                 parameter, name,
-                f"{_row(stamps.index[bad[0]], first_line)} holds {stamps.iloc[bad[0]]!r}; numeric time stamps "
+                f"{_row(stamps.index[bad[0]], first_line)} holds {_plain(stamps.iloc[bad[0]])!r}; numeric time stamps "
                 "must be whole step numbers",
             )
         pfreq = period_freq(freq)
@@ -354,16 +366,16 @@ def _unparseable(stamps: pd.Series, first_line: int | None, err: Exception) -> s
         if len(bad):
             i = int(bad[0])
             hint = ""
-            if "%m/%d" in fmt or "%d/%m" in fmt or "%m.%d" in fmt or "%d.%m" in fmt or "%m-%d" in fmt:
+            if fmt.startswith(("%m", "%d")):
                 hint = (" (month-first and day-first dates cannot be told apart from the first rows; "
                         "write the dates as ISO 8601, YYYY-MM-DD)")
-            return (f"{_row(stamps.index[i], first_line)} holds {stamps.iloc[i]!r}, which does not match the date "
-                    f"format {fmt!r} of the first row {stamps.iloc[0]!r}{hint}")
+            return (f"{_row(stamps.index[i], first_line)} holds {_plain(stamps.iloc[i])!r}, which does not match "
+                    f"the date format {fmt!r} of the first row {_plain(stamps.iloc[0])!r}{hint}")
     mixed = pd.to_datetime(text, format="mixed", errors="coerce")
     bad = np.flatnonzero(mixed.isna().to_numpy())
     if len(bad):
         i = int(bad[0])
-        return f"{_row(stamps.index[i], first_line)} holds {stamps.iloc[i]!r}, which is not a time stamp"
+        return f"{_row(stamps.index[i], first_line)} holds {_plain(stamps.iloc[i])!r}, which is not a time stamp"
     return f"holds values that are not time stamps in one format ({type(err).__name__}: {str(err).splitlines()[0]})"
 
 
@@ -454,8 +466,8 @@ def _check_spacing(ordinals: np.ndarray, codes: np.ndarray, uniques: np.ndarray,
         raise ConfigurationError(
             parameter, name,
             f"series {uniques[c[dup[0]]]!r} has two rows in the same period of freq={freq!r} ({how}): "
-            f"{_row(labels[min(a, b)], first_line)} ({stamps.iloc[min(a, b)]!r}) and "
-            f"{_row(labels[max(a, b)], first_line)} ({stamps.iloc[max(a, b)]!r}); remove duplicates or pass "
+            f"{_row(labels[min(a, b)], first_line)} ({_plain(stamps.iloc[min(a, b)])!r}) and "
+            f"{_row(labels[max(a, b)], first_line)} ({_plain(stamps.iloc[max(a, b)])!r}); remove duplicates or pass "
             "the series' real frequency",
         )
     if not len(o):
@@ -650,7 +662,10 @@ def to_collection(
 
     Raises:
         ConfigurationError: for an empty dataset, mixed or mismatched multivariate widths, unknown bundled
-            names, or missing DataFrame columns.
+            names, missing DataFrame columns; values that are text, complex, +-inf or beyond the float32 range;
+            GluonTS starts of another frequency than the data's; and every long-format rule of
+            :func:`long_table` (missing ids or time stamps, integer stamps without ``freq``, spacing that
+            disagrees with ``freq``), each naming the column or series, the row and the fix.
     """
     if isinstance(data, str):
         collection = _from_dataframe(

@@ -315,3 +315,12 @@ def test_drop_short_series_is_linear_time():
         kept = StructuredSubsamplingDataModule._drop_short(fake, coll, True)
     assert time.perf_counter() - started < 5.0  # ~0.1 s linear; a quadratic pass needs minutes
     assert kept.num_series == n // 2 and kept.item_ids[:2] == ["1", "3"]
+
+
+def test_complex_objects_and_mixed_stamps_are_refused():
+    days = pd.date_range("2020", periods=6, freq="D")
+    objects = pd.Series([1, 2, 3 + 1j, 4, 5, 6], dtype=object)  # Python complex numbers in an object column
+    err = _error(_frame(["a"] * 6, days, objects))
+    assert err.parameter == "value_column" and "complex" in err.requirement and "row 2" in err.requirement
+    err = _error(_frame(["a"] * 6, ["2020-01-01", 5, "x", "2020-01-04", "2020-01-05", "2020-01-06"], range(6)))
+    assert err.parameter == "timestamp_column" and "row 1" in err.requirement and "day-first" not in err.requirement
