@@ -328,26 +328,27 @@ def _lags(freq: str, max_lag: int | None) -> list[int] | None:
 
 def _lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epochs: int,
               sigma: float | None) -> str | None:
-    """A warning when the lags make the past window cover every window start of the shortest series.
+    """A warning when the lags make one window span every window start of the shortest series.
 
-    Theorem 4.4's bottom-level rate is r = min(1, (L_C + L_F) / T) per protected step: once the past window
-    P = L_C + lags reaches T, r = 1 and subsampling windows amplifies nothing. The cost is stated with the
-    accountant: the noise multiplier needed for (epsilon, delta) in ``epochs`` epochs with and without the lags
-    (or, for a given sigma, epsilon after those steps).
+    Theorem 4.4's bottom-level rate (with replacement) is r = min(1, (L_C + L_F) / T) per protected step: once
+    the window P + L_F (P = L_C + lags) reaches T, r = 1 and subsampling windows amplifies nothing. The cost is
+    stated with the accountant: the noise multiplier needed for (epsilon, delta) in ``epochs`` epochs with and
+    without the lags (or, for a given sigma, epsilon after those steps).
     """
     from dataclasses import replace
 
     from lightning_dpts.privacy import StructuredSubsamplingAccountant, calibrate_noise_multiplier
 
-    if spec.context_length <= context_length or spec.bottom_level_rate < 1.0:
+    if spec.context_length <= context_length or spec.window_length < spec.num_start_positions:
         return None
     bare = replace(spec, context_length=context_length)
-    if bare.bottom_level_rate >= 1.0:
-        return None  # the lags are not what removes the amplification
+    if bare.window_length >= bare.num_start_positions:
+        return None  # the lags are not what makes every window hold the protected step
     lead = (f"the model's lags make its past window {spec.context_length} steps (context {context_length} + lags "
-            f"up to {spec.context_length - context_length}), as long as the shortest training series allows "
-            f"({spec.min_length} steps): every window then holds the protected step (r = 1, no amplification "
-            f"by window subsampling; r = {bare.bottom_level_rate:.3g} without the lags)")
+            f"up to {spec.context_length - context_length}), so a window ({spec.window_length} steps) spans all "
+            f"{spec.num_start_positions} window starts of the shortest training series ({spec.min_length} steps): "
+            f"every window holds the protected step and window subsampling amplifies (almost) nothing "
+            f"(bottom-level rate r = {spec.bottom_level_rate:.3g}, {bare.bottom_level_rate:.3g} without the lags)")
     fix = "; pass --max-lag (FitConfig.max_lag), e.g. the seasonal period, to cap the lags"
     try:
         if sigma is None:
