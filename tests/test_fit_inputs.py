@@ -173,3 +173,12 @@ def test_default_deepar_lags_warn_with_their_cost_and_max_lag_caps_them(tmp_path
     with pytest.raises(ConfigurationError) as info:
         FitConfig(max_lag=7).validate()  # dlinear reads no lags: refused, not ignored
     assert info.value.parameter == "max_lag"
+
+
+def test_integer_options_accept_whole_numbers_written_as_floats():
+    from lightning_dpts.cli import _fit_config, build_parser
+
+    args = build_parser().parse_args(["fit", "--epochs", "1e1", "--batch-size", "32.0", "--max-lag", "7"])
+    config = _fit_config(args)
+    assert (config.epochs, config.batch_size, config.max_lag) == (10, 32, 7)
+    assert type(config.epochs) is int
