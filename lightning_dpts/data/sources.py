@@ -248,6 +248,15 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _multiple(freq: str) -> int:
+    """n of a multiple frequency such as ``'15min'`` or ``'2D'`` (1 otherwise).
+
+    Period ordinals of a multiple frequency count the *base* unit (minutes, days), so consecutive ``'15min'``
+    periods are 15 ordinals apart; time steps are ``ordinal // n``.
+    """
+    return int(pd.Period("2000-01-01", freq=freq).freq.n)
+
+
 def _looks_complex(value: Any) -> bool:
     if isinstance(value, complex):
         return True
@@ -295,7 +304,8 @@ class _LongRows:
     """Validated long-format rows: one entry per row of the input table."""
 
     ids: np.ndarray  # str item ids
-    ordinals: np.ndarray  # int64 period ordinals at ``freq``
+    ordinals: np.ndarray  # int64 period ordinals at ``freq`` (base units for multiples such as '15min')
+    steps: np.ndarray  # int64 time step numbers, ordinals // n: consecutive periods differ by 1
     values: np.ndarray  # float64 [rows, columns]
     freq: str
     labels: pd.Index  # the input's row labels, for messages
@@ -335,16 +345,17 @@ def _parse_stamps(stamps: pd.Series, parameter: str, name: str, freq: str | None
             )
         pfreq = period_freq(freq)
         low, high = float(values.min()), float(values.max())
+        multiple = _multiple(pfreq)
         try:
-            pd.Period(ordinal=int(low), freq=pfreq).to_timestamp()
-            pd.Period(ordinal=int(high), freq=pfreq).to_timestamp()
+            pd.Period(ordinal=int(low) * multiple, freq=pfreq).to_timestamp()
+            pd.Period(ordinal=int(high) * multiple, freq=pfreq).to_timestamp()
         except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime) as err:
             raise ConfigurationError(
                 parameter, name,
                 f"step numbers {low:.0f}..{high:.0f} at freq={pfreq!r} fall outside the dates pandas supports "
                 "(years 1677-2262); are these really step numbers? Write dates instead",
             ) from err
-        return values.astype(np.int64), pfreq, None
+        return values.astype(np.int64) * multiple, pfreq, None
     try:
         parsed = pd.to_datetime(stamps)
     except (ValueError, TypeError, OverflowError) as err:
@@ -441,9 +452,10 @@ def _parse_long(
             inferred = True
         ordinals = pd.PeriodIndex(pd.DatetimeIndex(dt), freq=pfreq).asi8.astype(np.int64)
     assert pfreq is not None
-    _check_spacing(ordinals, codes, uniques, labels, stamps, pfreq, inferred, time_param, timestamp_column,
+    steps = ordinals // _multiple(pfreq)
+    _check_spacing(steps, codes, uniques, labels, stamps, pfreq, inferred, time_param, timestamp_column,
                    first_line)
-    return _LongRows(ids=ids, ordinals=ordinals, values=values, freq=pfreq, labels=labels)
+    return _LongRows(ids=ids, ordinals=ordinals, steps=steps, values=values, freq=pfreq, labels=labels)
 
 
 def _check_spacing(ordinals: np.ndarray, codes: np.ndarray, uniques: np.ndarray, labels: pd.Index,
@@ -546,7 +558,7 @@ def long_table(
     """
     rows = _parse_long(frame, freq, id_column, timestamp_column, [value_column], parameters, first_line)
     codes, _ = pd.factorize(rows.ids)
-    order = np.lexsort((rows.ordinals, codes))
+    order = np.lexsort((rows.steps, codes))
     table = pd.DataFrame({
         "item_id": rows.ids[order],
         "timestamp": pd.PeriodIndex.from_ordinals(rows.ordinals[order], freq=rows.freq),
@@ -568,17 +580,17 @@ def _from_dataframe(
     rows = _parse_long(frame, freq, id_column, timestamp_column, columns,
                        ("id_column", "timestamp_column", "value_column"), None)
     codes, uniques = pd.factorize(rows.ids)
-    order = np.lexsort((rows.ordinals, codes))
+    order = np.lexsort((rows.steps, codes))
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     targets, item_ids, starts = [], [], []
     for chunk in np.split(order, bounds) if len(order) else []:
-        ordinals = rows.ordinals[chunk]
-        first = int(ordinals[0])
-        arr = np.full((int(ordinals[-1]) - first + 1, len(columns)), np.nan)
-        arr[ordinals - first] = rows.values[chunk]
+        steps = rows.steps[chunk]
+        first = int(steps[0])
+        arr = np.full((int(steps[-1]) - first + 1, len(columns)), np.nan)
+        arr[steps - first] = rows.values[chunk]
         targets.append(arr)
         item_ids.append(str(uniques[codes[chunk[0]]]))
-        starts.append(pd.Period(ordinal=first, freq=rows.freq))
+        starts.append(pd.Period(ordinal=int(rows.ordinals[chunk[0]]), freq=rows.freq))
     return SeriesCollection(targets, item_ids, starts, rows.freq, univariate=isinstance(value_columns, str))
 
 

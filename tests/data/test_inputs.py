@@ -324,3 +324,14 @@ def test_complex_objects_and_mixed_stamps_are_refused():
     assert err.parameter == "value_column" and "complex" in err.requirement and "row 2" in err.requirement
     err = _error(_frame(["a"] * 6, ["2020-01-01", 5, "x", "2020-01-04", "2020-01-05", "2020-01-06"], range(6)))
     assert err.parameter == "timestamp_column" and "row 1" in err.requirement and "day-first" not in err.requirement
+
+
+@pytest.mark.parametrize("freq", ["15min", "2D", "h", "W", "MS", "QS-OCT"])
+def test_regular_series_of_any_frequency_are_not_expanded(freq):
+    """Multiple frequencies count base units in Period ordinals (15 per '15min' step): no NaN expansion."""
+    stamps = pd.date_range("2020-01-01 00:07" if freq == "15min" else "2020-01-01", periods=8, freq=freq)
+    coll = to_collection(_frame(["a"] * 8, stamps, np.arange(8.0)))
+    assert len(coll.targets[0]) == 8 and not np.isnan(coll.targets[0]).any()
+    assert coll.starts[0].start_time <= stamps[0] <= coll.starts[0].end_time
+    assert to_collection(_frame(["a"] * 4, [0, 1, 2, 3], np.arange(4.0)), freq="2D").starts[0] == pd.Period(
+        "1970-01-01", freq="2D")
