@@ -61,6 +61,11 @@ _OPTION_NAMES = {
     "sampling_prob": "--sampling-prob",
     "coefficients": "--coefficients",
     "samples": "--samples",
+    "timestamp_column": "--time-column",
+    "drop_short_series": "--drop-short-series",
+    "max_lag": "--max-lag",
+    "output_dir": "--output-dir",
+    "non_dp": "--no-non-dp",
 }
 
 
@@ -137,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _whole_number(text: str) -> int:
+    """argparse type for ``dpts fit``'s integer options: ``100``, ``1e3`` and ``100.0`` mean the same."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
+    if not (value == value and abs(value) != float("inf") and value == int(value)):
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})")
+    return int(value)
+
+
 def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     from lightning_dpts.fit import MODELS
 
@@ -153,32 +173,38 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--time-column", default=d, help="time stamp column (default timestamp)")
     fit.add_argument("--value-column", default=d, help="value column (default value)")
     fit.add_argument("--freq", default=d, help="pandas frequency (default: inferred from the time stamps)")
-    fit.add_argument("--prediction-length", type=int, metavar="H", default=d, help="forecast horizon (default 12)")
-    fit.add_argument("--context-length", type=int, default=d, help="model context (default: the horizon)")
+    fit.add_argument("--prediction-length", type=_whole_number, metavar="H", default=d,
+                     help="forecast horizon (default 12)")
+    fit.add_argument("--context-length", type=_whole_number, default=d, help="model context (default: the horizon)")
     fit.add_argument("--model", choices=MODELS, default=d, help="GluonTS model (default dlinear)")
     fit.add_argument("--epsilon", type=float, metavar="E", default=d, help="privacy budget epsilon (default 1)")
     fit.add_argument("--delta", type=float, metavar="D", default=d, help="privacy budget delta (default 1e-7)")
     fit.add_argument("--noise-multiplier", type=float, default=d,
                      help="sigma (default: calibrated for (epsilon, delta) in --epochs epochs)")
-    fit.add_argument("--epochs", type=int, default=d, help="training horizon to calibrate the noise for")
-    fit.add_argument("--batch-size", type=int, default=d, help="windows per batch")
-    fit.add_argument("--instances-per-series", type=int, default=d, help="windows per sampled series")
+    fit.add_argument("--epochs", type=_whole_number, default=d, help="training horizon to calibrate the noise for")
+    fit.add_argument("--batch-size", type=_whole_number, default=d, help="windows per batch")
+    fit.add_argument("--instances-per-series", type=_whole_number, default=d, help="windows per sampled series")
     fit.add_argument("--top-level", default=d, help="series sampling (default without_replacement)")
     fit.add_argument("--bottom-level", default=d, help="window sampling (default with_replacement)")
     fit.add_argument("--max-grad-norm", type=float, default=d, help="per-window clipping norm C")
     fit.add_argument("--learning-rate", type=float, default=d, help="Adam learning rate")
     fit.add_argument("--level", default=d, help="event or user level privacy (default event)")
-    fit.add_argument("--size", type=int, default=d, help="protected time steps w (default 1)")
+    fit.add_argument("--size", type=_whole_number, default=d, help="protected time steps w (default 1)")
     fit.add_argument("--value-bound", type=float, default=d, help="per-step change bound v (for augmentation)")
     fit.add_argument("--context-noise", type=float, default=d, help="context augmentation std in units of v")
     fit.add_argument("--forecast-noise", type=float, default=d, help="forecast augmentation std in units of v")
+    fit.add_argument("--drop-short-series", action="store_true", default=d,
+                     help="drop series too short for one training window plus the test window (default: refuse)")
+    fit.add_argument("--max-lag", type=_whole_number, metavar="LAG", default=d,
+                     help="deepar: keep only GluonTS's default lags <= LAG time steps (long lags lengthen the "
+                          "past window and can destroy privacy amplification; default: all)")
     fit.add_argument("--no-non-dp", action="store_true", default=d,
                      help="skip training the same model without DP (on by default)")
     fit.add_argument("--autoets", action="store_true", default=d,
                      help="also score AutoETS (needs the optional statsforecast package)")
     fit.add_argument("--no-private-plots", dest="private_plots", action="store_false", default=d,
                      help="do not write forecasts.png, which shows private data (history, truth, forecasts)")
-    fit.add_argument("--seed", type=int, default=d,
+    fit.add_argument("--seed", type=_whole_number, default=d,
                      help="explicit seed for sampling, initialisation and DP noise, for experiments only: the "
                           "guarantee does not hold against anyone who knows it (default: secret OS entropy)")
     fit.add_argument("--secure-mode", action="store_true", default=d,
@@ -340,8 +366,6 @@ def _run_privacy(args: argparse.Namespace) -> int:
 
 
 def _fit_config(args: argparse.Namespace):
-    from dataclasses import fields
-
     from lightning_dpts.fit import FitConfig
 
     values: dict = {}
@@ -353,13 +377,13 @@ def _fit_config(args: argparse.Namespace):
                 loaded = yaml.safe_load(handle) or {}
         except OSError as err:
             raise ConfigurationError("config", args.config, f"cannot be read ({err.strerror})") from err
+        except yaml.YAMLError as err:
+            raise ConfigurationError("config", args.config, f"is not valid YAML ({err})") from err
         if not isinstance(loaded, dict):
             raise ConfigurationError("config", args.config, "must be a YAML mapping of FitConfig fields")
-        known = {f.name for f in fields(FitConfig)}
-        unknown = sorted(set(loaded) - known)
-        if unknown:
-            raise ConfigurationError("config", args.config, f"has unknown keys {unknown}; known: {sorted(known)}")
-        values.update(loaded)
+        loaded = {str(k): v for k, v in loaded.items()}
+        from_file = FitConfig.from_mapping(loaded)  # text values converted; errors name the YAML key
+        values.update({key: getattr(from_file, key) for key in loaded})
     for key, value in vars(args).items():
         if key in ("command", "config"):
             continue
@@ -367,7 +391,7 @@ def _fit_config(args: argparse.Namespace):
             values["non_dp"] = not value
         else:
             values[key] = value
-    return FitConfig(**values)
+    return FitConfig.from_mapping(values, source=None)
 
 
 def _run_fit(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,100 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["MODELS", "FitConfig", "load_long_table", "run_fit", "format_table"]
+__all__ = ["FIT_RANGES", "MODELS", "FitConfig", "load_long_table", "run_fit", "format_table"]
 
 MODELS: tuple[str, ...] = ("simple_feedforward", "deepar", "dlinear", "patch_tst")
+
+#: field -> (lowest, highest, "int" or "float", may be None). Bounds are inclusive except the open ends of
+#: epsilon, noise levels > 0 noted in :func:`_check_range`. The caps keep every job's accounting and memory
+#: bounded (beyond them the accountant's numerics are slow or unreliable, or the value is meaningless:
+#: epsilon > 100 protects nothing, sigma > 100 learns nothing).
+FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
+    "prediction_length": (1, 100_000, "int", False),
+    "context_length": (1, 100_000, "int", True),
+    "epochs": (1, 100_000, "int", False),
+    "batch_size": (1, 10_000_000, "int", False),
+    "instances_per_series": (1, 1_000_000, "int", False),
+    "size": (1, 1_000_000, "int", False),
+    "max_lag": (1, 100_000, "int", True),
+    "seed": (0, 2**64 - 1, "int", True),
+    "epsilon": (0.0, 100.0, "float", False),
+    "delta": (1e-15, 0.1, "float", False),
+    "noise_multiplier": (0.1, 100.0, "float", True),
+    "max_grad_norm": (0.0, 1e6, "float", False),
+    "learning_rate": (0.0, 10.0, "float", False),
+    "value_bound": (0.0, 1e30, "float", True),
+    "context_noise": (0.0, 1e6, "float", False),
+    "forecast_noise": (0.0, 1e6, "float", False),
+}
+_OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
+_BOOL_FIELDS = ("non_dp", "autoets", "drop_short_series", "private_plots", "secure_mode")
+
+
+def _check_range(name: str, value: Any, low: float, high: float, kind: str, optional: bool) -> None:
+    if value is None and optional:
+        return
+    left = "(" if name in _OPEN_AT_ZERO else "["
+    span = f"[{int(low)}, {int(high)}]" if kind == "int" else f"{left}{low:g}, {high:g}]"
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+            raise ConfigurationError(name, value, f"must be an integer in {span}" + (" or omitted" if optional else ""))
+        return
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if ok:
+        v = float(value)
+        ok = math.isfinite(v) and (v > low if name in _OPEN_AT_ZERO else v >= low) and v <= high
+    if not ok:
+        tail = " or omitted" if optional else ""
+        raise ConfigurationError(name, value, f"must be a finite number in {span}{tail}")
+
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def _coerce(key: str, value: Any, source: str | None) -> Any:
+    """One mapping value converted to the field's type (see :meth:`FitConfig.from_mapping`)."""
+    def bad(requirement: str) -> ConfigurationError:
+        if source is None:
+            return ConfigurationError(key, value, requirement)
+        return ConfigurationError(source, f"{key}: {value!r}", f"key {key!r} {requirement}")
+
+    if key in FIT_RANGES:
+        low, high, kind, optional = FIT_RANGES[key]
+        if value is None:
+            if optional:
+                return None
+            raise bad("must be given a value (remove the key for the default)")
+        if isinstance(value, bool):
+            raise bad(f"must be a number, not {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip().replace("_", ""))
+            except ValueError:
+                raise bad("must be a number") from None
+        if not isinstance(value, (int, float)):
+            raise bad("must be a number")
+        if kind == "int":
+            if isinstance(value, float):
+                if not (math.isfinite(value) and value == int(value)):
+                    raise bad("must be a whole number")
+                value = int(value)
+            return value
+        return float(value)
+    if key in _BOOL_FIELDS:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise bad("must be true or false")
+    if key in ("data", "freq") and value is None:
+        return None
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise bad("must be text")
+
+
 
 
 @dataclass
@@ -56,6 +147,12 @@ class FitConfig:
         learning_rate: Adam learning rate.
         level, size, value_bound, context_noise, forecast_noise: the neighbouring relation and Eq. 1
             augmentation (see docs/privacy.md).
+        drop_short_series: drop (with a warning naming how many) the series too short for one training window
+            plus the held-out test window, instead of refusing the data.
+        max_lag: DeepAR only: keep only GluonTS's default lags <= max_lag [time steps]. The default lags for
+            daily or hourly data reach back up to ~3 years; every lag lengthens the past window the accountant
+            must count (Theorem 4.4's r = (L_C + L_F)/T), so a window longer than the shortest series destroys
+            the amplification by subsampling. ``None`` keeps GluonTS's defaults (a warning states the cost).
         non_dp: also train the model without DP for the same number of steps (a utility reference).
         autoets: also score AutoETS (needs the optional ``statsforecast`` package).
         private_plots: write ``forecasts.png``, which shows private data (history, held-out truth, forecasts
@@ -92,6 +189,8 @@ class FitConfig:
     value_bound: float | None = None
     context_noise: float = 0.0
     forecast_noise: float = 0.0
+    drop_short_series: bool = False
+    max_lag: int | None = None
     non_dp: bool = True
     autoets: bool = False
     private_plots: bool = True
@@ -99,30 +198,65 @@ class FitConfig:
     secure_mode: bool = False
     output_dir: str = "dpts-run"
 
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
+        """A config from a mapping such as a parsed YAML file, converting text the way a user means it.
+
+        PyYAML reads ``1e-7`` (no dot) as the string ``'1e-7'``; numeric fields accept such strings, integer
+        fields accept whole floats (``1e3``), boolean fields accept ``true``/``false``/``yes``/``no``, column
+        names may be numbers. Unknown keys and values that cannot be converted raise
+        :class:`ConfigurationError` for parameter ``source`` naming the key (for the key itself when ``source``
+        is ``None``, e.g. for command-line values).
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigurationError(source or "config", unknown, f"has unknown keys; known keys are {sorted(known)}")
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            out[key] = _coerce(key, value, source)
+        return cls(**out)
+
     def validate(self) -> None:
-        """Range checks that do not need the data (the datamodule and accountant check the rest)."""
+        """Range checks that do not need the data (the datamodule and accountant check the rest).
+
+        Every numeric field must be a real number of the right kind inside its documented range
+        (:data:`FIT_RANGES`): values outside are refused before anything is loaded, trained or written.
+        """
+        from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS
+
         if self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
-        for name in ("prediction_length", "epochs", "batch_size"):
+        for name, choices in (("top_level", TOP_LEVELS), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
+            if getattr(self, name) not in choices:
+                raise ConfigurationError(name, getattr(self, name), f"must be one of {', '.join(choices)}")
+        for name, (low, high, kind, optional) in FIT_RANGES.items():
+            _check_range(name, getattr(self, name), low, high, kind, optional)
+        for name in ("data", "freq"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(name, value, "must be an integer >= 1")
-        if self.context_length is not None and (not isinstance(self.context_length, int) or self.context_length < 1):
-            raise ConfigurationError("context_length", self.context_length, "must be an integer >= 1")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ConfigurationError("epsilon", self.epsilon, "must be a finite number > 0")
-        if not 0 < self.delta < 1:
-            raise ConfigurationError("delta", self.delta, "must lie strictly between 0 and 1")
-        sigma = self.noise_multiplier
-        if sigma is not None and not (sigma > 0 and math.isfinite(sigma)):
-            raise ConfigurationError("noise_multiplier", self.noise_multiplier, "must be a finite number > 0")
-        if not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
-            raise ConfigurationError("max_grad_norm", self.max_grad_norm, "must be a finite number > 0")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ConfigurationError("learning_rate", self.learning_rate, "must be a finite number > 0")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ConfigurationError("seed", self.seed,
-                                     "must be None (secret OS entropy, the default) or an integer >= 0")
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigurationError(name, value, "must be a non-empty string")
+        for name in ("id_column", "time_column", "value_column", "output_dir"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(name, value, "must be a non-empty string")
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(name, getattr(self, name), "must be true or false")
+        if self.freq is not None:
+            from lightning_dpts.data.sources import period_freq
+
+            period_freq(self.freq)
+        if self.max_lag is not None and self.model != "deepar":
+            raise ConfigurationError("max_lag", self.max_lag, "applies only to model deepar (the other models read "
+                                     "no lagged values); omit it")
+        if self.value_bound is not None and not (self.context_noise or self.forecast_noise):
+            raise ConfigurationError("value_bound", self.value_bound, "has no effect without context_noise or "
+                                     "forecast_noise (it only scales the augmentation noise, Theorem G.1); omit it "
+                                     "or add the noise")
+        if (self.context_noise or self.forecast_noise) and self.value_bound is None:
+            raise ConfigurationError("value_bound", None, "is needed with context_noise/forecast_noise (both are in "
+                                     "units of the value bound v)")
         if not isinstance(self.secure_mode, bool):
             raise ConfigurationError("secure_mode", self.secure_mode, "must be true or false")
         if self.secure_mode and self.seed is not None:
@@ -143,8 +277,10 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
                     freq: str | None = None) -> tuple[pd.DataFrame, str]:
     """Read a long-format CSV/Parquet file into columns ``item_id``, ``timestamp`` (Period), ``target``.
 
-    Returns the table and its frequency. Raises :class:`ConfigurationError` naming the parameter for a
-    missing file, unknown format, missing columns, non-numeric values or unparseable/irregular time stamps.
+    Returns the table and its (period) frequency. Raises :class:`ConfigurationError` naming the parameter, the
+    row (and CSV line) and the fix for a missing file, unknown format, missing columns, missing ids or time
+    stamps, non-numeric, complex or out-of-float32-range values, integer time stamps without ``freq``, and
+    time stamps whose spacing disagrees with ``freq`` (see :func:`lightning_dpts.data.sources.long_table`).
     """
     path = Path(path)
     if not path.is_file():
@@ -161,41 +297,11 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
         raise
     except Exception as err:  # unreadable file: say which and why
         raise ConfigurationError("data", str(path), f"could not be read ({type(err).__name__}: {err})") from err
-    for param, column in (("id_column", id_column), ("time_column", time_column), ("value_column", value_column)):
-        if column not in raw.columns:
-            raise ConfigurationError(param, column, f"is not a column of {path.name}; columns are {list(raw.columns)}")
-    values = pd.to_numeric(raw[value_column], errors="coerce")
-    bad = values.isna() & raw[value_column].notna()
-    if bad.any():
-        example = raw.loc[bad, value_column].iloc[0]
-        raise ConfigurationError(
-            "value_column", value_column,
-            f"must hold numbers (empty cells are missing values); {int(bad.sum())} rows are not, e.g. {example!r}",
-        )
-    try:
-        stamps = pd.to_datetime(raw[time_column])
-    except (ValueError, TypeError) as err:
-        raise ConfigurationError("time_column", time_column, f"holds values that are not time stamps ({err})") from err
-    table = pd.DataFrame({"item_id": raw[id_column].astype(str), "timestamp": stamps, "target": values})
-    table = table.sort_values(["item_id", "timestamp"], kind="stable")
-    if table.duplicated(["item_id", "timestamp"]).any():
-        raise ConfigurationError("time_column", time_column, "has duplicate time stamps within a series")
-    if freq is None:
-        freq = _infer_freq(table)
-    try:
-        table["timestamp"] = table["timestamp"].dt.to_period(freq)
-    except (ValueError, TypeError) as err:
-        raise ConfigurationError("freq", freq, f"is not a pandas frequency ({err})") from err
-    return table.reset_index(drop=True), freq
+    from lightning_dpts.data.sources import long_table
 
-
-def _infer_freq(table: pd.DataFrame) -> str:
-    for _, group in table.groupby("item_id", sort=False):
-        if len(group) >= 3:
-            freq = pd.infer_freq(pd.DatetimeIndex(group["timestamp"]))
-            if freq is not None:
-                return {"MS": "M", "ME": "M", "QS": "Q", "QE": "Q", "YS": "Y", "YE": "Y"}.get(freq, freq)
-    raise ConfigurationError("freq", None, "could not infer the frequency from the time stamps; pass --freq")
+    return long_table(raw, id_column=id_column, timestamp_column=time_column, value_column=value_column, freq=freq,
+                      parameters=("id_column", "time_column", "value_column"),
+                      first_line=2 if name.endswith((".csv", ".csv.gz", ".txt")) else None)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -214,7 +320,7 @@ def _estimator(config: FitConfig, freq: str):
         from gluonts.torch.model.deepar import DeepAREstimator
 
         return DeepAREstimator(freq=freq, prediction_length=h, context_length=ctx, num_layers=2, hidden_size=40,
-                               dropout_rate=0.0, lr=lr)
+                               dropout_rate=0.0, lr=lr, lags_seq=_lags(freq, config.max_lag))
     if config.model == "dlinear":
         from gluonts.torch.model.d_linear import DLinearEstimator
 
@@ -223,6 +329,85 @@ def _estimator(config: FitConfig, freq: str):
 
     return PatchTSTEstimator(prediction_length=h, context_length=ctx, patch_len=max(1, min(ctx, h) // 2),
                              stride=max(1, min(ctx, h) // 4), dropout=0.0, lr=lr)
+
+
+def _lags(freq: str, max_lag: int | None) -> list[int] | None:
+    """GluonTS's default DeepAR lags for ``freq``, keeping only those <= ``max_lag`` (``None``: all of them)."""
+    if max_lag is None:
+        return None
+    from gluonts.time_feature import get_lags_for_frequency
+
+    return sorted({lag for lag in get_lags_for_frequency(freq) if lag <= max_lag} | {1})
+
+
+def _lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epochs: int,
+              sigma: float | None) -> str | None:
+    """A warning when the lags make one window span every window start of the shortest series.
+
+    Theorem 4.4's bottom-level rate (with replacement) is r = min(1, (L_C + L_F) / T) per protected step: once
+    the window P + L_F (P = L_C + lags) reaches T, r = 1 and subsampling windows amplifies nothing. The cost is
+    stated with the accountant: the noise multiplier needed for (epsilon, delta) in ``epochs`` epochs with and
+    without the lags (or, for a given sigma, epsilon after those steps).
+    """
+    from dataclasses import replace
+
+    from lightning_dpts.privacy import StructuredSubsamplingAccountant, calibrate_noise_multiplier
+
+    if spec.context_length <= context_length or spec.window_length < spec.num_start_positions:
+        return None
+    bare = replace(spec, context_length=context_length)
+    if bare.window_length >= bare.num_start_positions:
+        return None  # the lags are not what makes every window hold the protected step
+    lead = (f"the model's lags make its past window {spec.context_length} steps (context {context_length} + lags "
+            f"up to {spec.context_length - context_length}), so a window ({spec.window_length} steps) spans all "
+            f"{spec.num_start_positions} window starts of the shortest training series ({spec.min_length} steps): "
+            f"every window holds the protected step and window subsampling amplifies (almost) nothing "
+            f"(bottom-level rate r = {spec.bottom_level_rate:.3g}, {bare.bottom_level_rate:.3g} without the lags)")
+    fix = "; pass --max-lag (FitConfig.max_lag), e.g. the seasonal period, to cap the lags"
+    try:
+        if sigma is None:
+            with_lags = calibrate_noise_multiplier(spec, epsilon, delta, epochs=epochs)
+            without = calibrate_noise_multiplier(bare, epsilon, delta, epochs=epochs)
+            return f"{lead}. Noise multiplier for epsilon={epsilon:g}: {with_lags:.3g} with, {without:.3g} without{fix}"
+        steps = epochs * spec.steps_per_epoch
+        e_with = StructuredSubsamplingAccountant(spec, sigma).epsilon(steps, delta)
+        e_without = StructuredSubsamplingAccountant(bare, sigma).epsilon(steps, delta)
+        return (f"{lead}. Epsilon after {steps} steps at sigma={sigma:g}: {e_with:.3g} with, {e_without:.3g} "
+                f"without{fix}")
+    except ConfigurationError:
+        return f"{lead}{fix}"
+
+
+def _round_up(x: float, digits: int = 4) -> str:
+    """``x`` rounded *up* to ``digits`` significant digits (a threshold the user can type and that suffices)."""
+    scale = 10.0 ** (math.floor(math.log10(abs(x))) - digits + 1)
+    return f"{math.ceil(x / scale) * scale:.{digits}g}"
+
+
+def _check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> None:
+    """Refuse a given noise multiplier with which the budget allows no optimizer step, saying by how much to move.
+
+    One step composes one unit (one step; one epoch for iteration/shuffling). If that unit alone exceeds
+    (epsilon, delta), training would take no step: report the epsilon one unit costs and the smallest sigma
+    that allows one unit (both from the accountant).
+    """
+    from lightning_dpts.privacy import StructuredSubsamplingAccountant, calibrate_noise_multiplier
+
+    acc = StructuredSubsamplingAccountant(spec, sigma)
+    first = acc.epsilon(1, delta)
+    if first <= epsilon:
+        return
+    unit = "epoch" if acc.unit == "epoch" else "optimizer step"
+    try:
+        need = f"raise --noise-multiplier to >= {_round_up(calibrate_noise_multiplier(spec, epsilon, delta, steps=1))}"
+    except ConfigurationError:
+        need = "no noise multiplier <= 1e4 allows it"
+    raise ConfigurationError(
+        "noise_multiplier", sigma,
+        f"allows no training: one {unit} already spends epsilon={first:.6g} > the budget epsilon={epsilon:g} at "
+        f"delta={delta:g}. Either raise --epsilon to >= {_round_up(first)}, or {need} (or omit it to calibrate it for "
+        f"--epochs), or lower --batch-size / raise the number of series (smaller sampling rates amplify more)",
+    )
 
 
 def _quantile_matrix(forecast: Any) -> np.ndarray:
@@ -259,7 +444,13 @@ def _season_length(freq: str) -> int:
 # the job
 # ---------------------------------------------------------------------------------------------------------
 def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the main job (see the module docstring) and return the report that is written to report.json."""
+    """Run the main job (see the module docstring) and return the report that is written to report.json.
+
+    Every check that can refuse the job (the config's ranges, the data, the model geometry, a budget that
+    allows no step) runs before training and before anything is written: a :class:`ConfigurationError` leaves
+    ``output_dir`` untouched.
+    """
+    config.validate()  # first, before the heavy imports: a bad option is refused at once
     import lightning as L
     import torch
     from lightning.pytorch.loggers import CSVLogger
@@ -269,7 +460,6 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
 
-    config.validate()
     out = Path(config.output_dir)
     started = time.perf_counter()
     entropy = resolve_entropy(config.seed)  # None: fresh OS entropy; never written anywhere
@@ -298,7 +488,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
             context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
             secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
-            value_column="target",
+            value_column="target", drop_short_series=config.drop_short_series,
         )
 
     init_seed = torch_seed(3)  # the initialisation is secret too (unless seeded); the non-DP reference reuses it
@@ -310,17 +500,40 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the seeded notice was given above
-        dm = datamodule(module)
+        try:
+            dm = datamodule(module)
+        except ConfigurationError as err:
+            if "drop_short_series=True" not in err.requirement:
+                raise
+            raise ConfigurationError(err.parameter, err.value, err.requirement.replace(
+                "drop_short_series=True", "--drop-short-series (YAML: drop_short_series: true)")) from err
     spec = dm.sampling_spec
     progress(f"data: {data_name}, {spec.num_series} series, shortest training part {spec.min_length} steps; "
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
+
+    if dm.dropped_series:
+        progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
+    cost = _lag_cost(spec, config.context_length or config.prediction_length, config.epsilon, config.delta,
+                     config.epochs, config.noise_multiplier)
+    if cost is not None:
+        warnings.warn(cost, UserWarning, stacklevel=2)
+        progress(f"warning: {cost}")
 
     sigma = config.noise_multiplier
     if sigma is None:
         progress(f"calibrating the noise multiplier for epsilon={config.epsilon:g}, delta={config.delta:g} "
                  f"in {config.epochs} epochs ({config.epochs * spec.steps_per_epoch} steps) ...")
-        sigma = calibrate_noise_multiplier(spec, config.epsilon, config.delta, epochs=config.epochs)
+        try:
+            sigma = calibrate_noise_multiplier(spec, config.epsilon, config.delta, epochs=config.epochs)
+        except ConfigurationError as err:
+            raise ConfigurationError(
+                "epsilon", config.epsilon,
+                f"{err.requirement}; raise --epsilon or --delta, lower --epochs or --batch-size, or give "
+                "--noise-multiplier (training then stops when the budget is spent)",
+            ) from err
         progress(f"noise multiplier {sigma:.4f}")
+    else:
+        _check_one_step(spec, sigma, config.epsilon, config.delta)
 
     out.mkdir(parents=True, exist_ok=True)
     strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,

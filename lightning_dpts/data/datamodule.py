@@ -284,7 +284,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
                 "drop_short_series=True to drop them",
             )
         self.dropped_series = [collection.item_ids[i] for i in short]
-        keep = [i for i in range(collection.num_series) if i not in set(short)]
+        dropped = set(short)  # built once: the membership test inside the loop made this quadratic
+        keep = [i for i in range(collection.num_series) if i not in dropped]
         if not keep:
             raise ConfigurationError("data", f"{len(short)} series", "all series are too short; none is left")
         warnings.warn(
@@ -426,7 +427,14 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     # Lightning hooks
     # ------------------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        """Nothing to do: the data is prepared in ``__init__`` so that the spec exists before training."""
+        """The data is prepared in ``__init__`` so that the spec exists before training; here the module the
+        Trainer attached is checked to read no further back than ``past_length`` (see
+        :func:`~lightning_dpts.data.model_checks.check_model_window`)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and getattr(trainer, "lightning_module", None) is not None:
+            from lightning_dpts.data.model_checks import check_model_window
+
+            check_model_window(self, trainer.lightning_module)
 
     def train_dataloader(self) -> DataLoader:
         """Training batches; every iteration of the loader samples a pass never used before (fresh randomness).

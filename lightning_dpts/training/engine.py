@@ -117,6 +117,34 @@ def _own_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters(recurse=False))
 
 
+_BARE_FIX = (
+    "wrap it in a small nn.Module whose forward uses only that parameter (e.g. class Scale(nn.Module) with "
+    "forward(x) = x * self.weight), use a supported layer (nn.Linear, nn.Embedding, nn.LayerNorm, ...), or "
+    "freeze it with requires_grad_(False)"
+)
+
+
+def _check_bare_parameters(module: nn.Module, others: list[nn.Module], names: dict[int, str]) -> None:
+    """Refuse a bare ``nn.Parameter`` owned by a custom module that also has trainable sub-layers.
+
+    Opacus computes the per-window gradient of such a parameter by re-running its owner's ``forward`` on a
+    functional copy; that copy's sub-layers are not the ones this clipper hooks (the run fails with a
+    ``KeyError`` deep inside), and their per-window gradients would be counted twice.
+    """
+    for sub in others:
+        if type(sub) in GradSampleModule.GRAD_SAMPLERS or sub is module:
+            continue
+        children = [p for child in sub.children() for p in child.parameters() if p.requires_grad]
+        if not children:
+            continue
+        own = next(p for p in sub.parameters(recurse=False) if p.requires_grad)
+        raise ConfigurationError(
+            "model", f"parameter {names.get(id(own), '?')!r} of shape {tuple(own.shape)}",
+            f"is a bare nn.Parameter of {type(sub).__name__}, which also has trainable sub-layers; per-window "
+            "gradients are computed layer by layer, so " + _BARE_FIX,
+        )
+
+
 class PerWindowClipper:
     """Collects what is needed for per-window norms and clipped sums of one LightningModule.
 
@@ -162,6 +190,8 @@ class PerWindowClipper:
                     "model", f"a parameter shared by a linear layer and {type(sub).__name__}",
                     "tied weights are not supported for DP training (their per-window norms would be wrong)",
                 )
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        _check_bare_parameters(module, others, self._names)
         self.gsm: GradSampleModule | None = None
         if others:
             self.gsm = _OpacusSubset(module, skip, batch_first=True, loss_reduction=loss_reduction, strict=False)
@@ -356,9 +386,11 @@ class PerWindowClipper:
                 grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
         for p in params:
             if id(p) not in grads and p.grad is not None and bool(p.grad.ne(0).any()):
-                raise RuntimeError(
-                    f"no per-window gradient for a parameter of shape {tuple(p.shape)} that has a gradient; "
-                    "its layer is not supported for DP training"
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient but no per-window gradient: it is used outside the forward of a layer the "
+                    "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
+                    + _BARE_FIX,
                 )
         sums = [grads.get(id(p)) for p in params]
         return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)

@@ -180,3 +180,158 @@ def test_deepar_without_time_stamps_is_an_error():
     assert info.value.parameter == "model" and "freq" in str(info.value)
     dm = StructuredSubsamplingDataModule(id_series([80] * 4), batch_size=2, model=module, freq="M")
     assert dm.train_batch()["past_time_feat"].shape == (2, dm.past_length, 2)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# issue 10: every bad input is a clear error naming the column, the row and the fix
+# --------------------------------------------------------------------------------------------------------------
+def _frame(ids, stamps, values) -> pd.DataFrame:
+    return pd.DataFrame({"item_id": ids, "timestamp": stamps, "target": values})
+
+
+def _error(data, **kw) -> ConfigurationError:
+    with pytest.raises(ConfigurationError) as info:
+        to_collection(data, **kw)
+    return info.value
+
+
+def test_integer_time_stamps_need_freq_and_are_step_numbers():
+    frame = _frame(["a"] * 5 + ["b"] * 4, [0, 1, 2, 3, 4, 2, 3, 4, 5], np.arange(9.0))
+    err = _error(frame)
+    assert err.parameter == "timestamp_column" and "freq" in err.requirement and "nanosecond" not in err.requirement
+    coll = to_collection(frame, freq="D")
+    assert [len(t) for t in coll.targets] == [5, 4]  # consecutive steps, not nanoseconds
+    assert coll.starts == [pd.Period(ordinal=0, freq="D"), pd.Period(ordinal=2, freq="D")]
+    err = _error(_frame(["a"] * 3, [0.0, 1.5, 2.0], [1.0, 2.0, 3.0]), freq="D")
+    assert "row 1" in err.requirement and "whole step numbers" in err.requirement
+
+
+def test_day_first_dates_name_the_row_and_the_fix():
+    days = [f"{d:02d}/02/2020" for d in range(1, 20)]  # day-first: row 12 (13/02/2020) is no month
+    err = _error(_frame(["a"] * len(days), days, np.arange(len(days), dtype=float)))
+    assert err.parameter == "timestamp_column" and "row 12" in err.requirement
+    assert "13/02/2020" in err.requirement and "ISO 8601" in err.requirement
+
+
+def test_a_wrong_freq_is_refused_not_nan_expanded():
+    stamps = pd.date_range("2020-01-01", periods=40, freq="D")
+    frame = _frame(["a"] * 40, stamps, np.arange(40.0))
+    err = _error(frame, freq="h")  # daily data read hourly: 96% missing
+    assert err.parameter == "timestamp_column" and "'a'" in err.requirement and "24 periods" in err.requirement
+    err = _error(frame, freq="M")  # several days in one month
+    assert "same period" in err.requirement and "row 0" in err.requirement and "row 1" in err.requirement
+    sparse = _frame(["a", "a"], pd.to_datetime(["2020-01-01", "2024-01-01"]), [1.0, 2.0])
+    err = _error(sparse, freq="h")  # two stamps four years of hours apart: not a 35,000-step array
+    assert "35063 of its 35065 steps would be missing" in err.requirement
+
+
+def test_a_weekly_series_among_daily_ones_is_named():
+    daily = pd.date_range("2020-01-01", periods=30, freq="D")
+    weekly = pd.date_range("2020-01-05", periods=10, freq="W")
+    frame = _frame(["d1"] * 30 + ["w"] * 10 + ["d2"] * 30, [*daily, *weekly, *daily], np.arange(70.0))
+    err = _error(frame)
+    assert "'w'" in err.requirement and "7 periods" in err.requirement and "row 30" in err.requirement
+    assert to_collection(frame[frame["item_id"] != "w"]).freq == "D"
+
+
+def test_gluonts_starts_of_different_frequencies_are_refused():
+    entries = [
+        {"target": np.arange(30.0), "start": pd.Period("2020-01", freq="M")},
+        {"target": np.arange(30.0), "start": pd.Period("2020-01-01", freq="D"), "item_id": "daily"},
+    ]
+    err = _error(entries)
+    assert err.parameter == "data" and "entry 1" in str(err.value) and "'daily'" in str(err.value)
+    assert "'D'" in err.requirement and "'M'" in err.requirement
+    err = _error(entries[:1], freq="W")  # an explicit freq is not silently converted either
+    assert "entry 0" in str(err.value)
+
+
+def test_missing_time_stamp_and_missing_id_name_the_row():
+    stamps = list(pd.date_range("2020-01-01", periods=6, freq="D").astype(str))
+    stamps[4] = None
+    err = _error(_frame(["a"] * 6, stamps, np.arange(6.0)))
+    assert err.parameter == "timestamp_column" and "row 4" in err.requirement and "'a'" in err.requirement
+    ids = ["a", "a", None, "a", "a", "a"]
+    err = _error(_frame(ids, pd.date_range("2020-01-01", periods=6, freq="D"), np.arange(6.0)))
+    assert err.parameter == "id_column" and "row 2" in err.requirement
+    assert "nan" not in to_collection(_frame(["a"] * 6, pd.date_range("2020", periods=6, freq="D"),
+                                             np.arange(6.0))).item_ids
+
+
+@pytest.mark.parametrize("layout", ["frame", "array", "gluonts"])
+def test_complex_values_are_refused(layout):
+    values = np.arange(10.0) + 1j * np.r_[np.zeros(5), np.ones(5)]
+    data = {
+        "frame": _frame(["a"] * 10, pd.date_range("2020", periods=10, freq="D"), values),
+        "array": [values],
+        "gluonts": [{"target": values, "start": pd.Period("2020-01", freq="M")}],
+    }[layout]
+    err = _error(data)
+    assert "complex" in err.requirement
+    if layout == "frame":
+        assert err.parameter == "value_column" and "row 5" in err.requirement
+
+
+@pytest.mark.parametrize("layout", ["frame", "array", "gluonts"])
+def test_values_outside_float32_are_refused(layout):
+    def make(big: float):
+        values = np.arange(10.0)
+        values[7] = big
+        return {
+            "frame": _frame(["a"] * 10, pd.date_range("2020", periods=10, freq="D"), values),
+            "array": [values],
+            "gluonts": [{"target": values, "start": pd.Period("2020-01", freq="M")}],
+        }[layout]
+
+    err = _error(make(1e39))  # finite in float64, inf in float32 (training precision)
+    assert "float32" in err.requirement and "1e+39" in err.requirement
+    assert ("row 7" if layout == "frame" else "time step 7") in err.requirement
+    assert to_collection(make(3e38)).targets[0][7, 0] == 3e38  # inside the float32 range: accepted
+
+
+def test_text_values_name_the_row():
+    frame = _frame(["a"] * 4, pd.date_range("2020", periods=4, freq="D"), ["1", "2", "x", "4"])
+    err = _error(frame)
+    assert err.parameter == "value_column" and "row 2" in err.requirement and "'x'" in err.requirement
+    err = _error(_frame(["a"] * 4, pd.date_range("2020", periods=4, freq="D"), ["1", "2", "1+2j", "4"]))
+    assert "complex" in err.requirement
+    err = _error([np.array(["1", "x"])])
+    assert err.parameter == "data" and "numbers" in err.requirement
+
+
+def test_drop_short_series_is_linear_time():
+    """100,000 series, half too short: dropping took ~70 s when it rebuilt a set per series (quadratic)."""
+    import time
+    import types
+
+    from lightning_dpts.data.sources import SeriesCollection
+
+    n = 100_000
+    coll = SeriesCollection([np.zeros((40 if i % 2 else 5, 1)) for i in range(n)], [str(i) for i in range(n)],
+                            None, None, True)
+    fake = types.SimpleNamespace(test_windows=1, val_windows=0, prediction_length=4)
+    started = time.perf_counter()
+    with pytest.warns(UserWarning, match=f"dropped {n // 2} of {n}"):
+        kept = StructuredSubsamplingDataModule._drop_short(fake, coll, True)
+    assert time.perf_counter() - started < 5.0  # ~0.1 s linear; a quadratic pass needs minutes
+    assert kept.num_series == n // 2 and kept.item_ids[:2] == ["1", "3"]
+
+
+def test_complex_objects_and_mixed_stamps_are_refused():
+    days = pd.date_range("2020", periods=6, freq="D")
+    objects = pd.Series([1, 2, 3 + 1j, 4, 5, 6], dtype=object)  # Python complex numbers in an object column
+    err = _error(_frame(["a"] * 6, days, objects))
+    assert err.parameter == "value_column" and "complex" in err.requirement and "row 2" in err.requirement
+    err = _error(_frame(["a"] * 6, ["2020-01-01", 5, "x", "2020-01-04", "2020-01-05", "2020-01-06"], range(6)))
+    assert err.parameter == "timestamp_column" and "row 1" in err.requirement and "day-first" not in err.requirement
+
+
+@pytest.mark.parametrize("freq", ["15min", "2D", "h", "W", "MS", "QS-OCT"])
+def test_regular_series_of_any_frequency_are_not_expanded(freq):
+    """Multiple frequencies count base units in Period ordinals (15 per '15min' step): no NaN expansion."""
+    stamps = pd.date_range("2020-01-01 00:07" if freq == "15min" else "2020-01-01", periods=8, freq=freq)
+    coll = to_collection(_frame(["a"] * 8, stamps, np.arange(8.0)))
+    assert len(coll.targets[0]) == 8 and not np.isnan(coll.targets[0]).any()
+    assert coll.starts[0].start_time <= stamps[0] <= coll.starts[0].end_time
+    assert to_collection(_frame(["a"] * 4, [0, 1, 2, 3], np.arange(4.0)), freq="2D").starts[0] == pd.Period(
+        "1970-01-01", freq="2D")

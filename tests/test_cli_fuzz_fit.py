@@ -1,0 +1,79 @@
+"""Fuzz ``dpts fit``'s numeric options: boundary, invalid, huge and non-numeric values.
+
+Every case must exit 2 naming the option, print no traceback, write nothing, and answer fast (the refusal
+comes from argparse or FitConfig.validate, before data, torch or the accountant are touched) with bounded
+memory.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import pytest
+
+from lightning_dpts.cli import main
+from lightning_dpts.fit import FIT_RANGES
+
+NON_NUMERIC = ["abc", "", "1,5", "0x10", "one", "--", "1e", "[1]"]
+NOT_FINITE = ["nan", "inf", "-inf", "1e400", "-1e400"]
+HUGE = ["1e20", "1e308", "-1e308", str(10**30), str(-(10**30))]
+
+# option -> values outside its accepted range (the boundaries of FitConfig's FIT_RANGES and beyond)
+BOUNDARY = {
+    "--prediction-length": ["0", "-1", "100001"],
+    "--context-length": ["0", "-1", "100001"],
+    "--epochs": ["0", "-1", "100001"],
+    "--batch-size": ["0", "-1", "10000001"],
+    "--instances-per-series": ["0", "-1", "1000001"],
+    "--size": ["0", "-1", "1000001"],
+    "--max-lag": ["0", "-1", "100001", "5"],  # 5 is in range but the default model (dlinear) reads no lags
+    "--epsilon": ["0", "-0", "-1", "100.001"],
+    "--delta": ["0", "1", "0.2", "1e-16", "-1e-7"],
+    "--noise-multiplier": ["0", "0.0999", "100.01", "-1"],
+    "--max-grad-norm": ["0", "-1", "1000001"],
+    "--learning-rate": ["0", "-0.001", "10.01"],
+    "--value-bound": ["0", "-1", "1e31"],
+    "--context-noise": ["-1e-9", "1000001"],
+    "--forecast-noise": ["-1e-9", "1000001"],
+    "--seed": ["-1", "1.5"],
+}
+INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size", "--instances-per-series",
+           "--size", "--max-lag", "--seed"}
+CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
+CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
+CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1e31", "nan", "inf", "1e308"])
+def test_value_bound_range_with_augmentation_noise(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--context-noise", "1", f"--value-bound={value}", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--value-bound" in err and "Traceback" not in err
+
+
+def test_every_numeric_option_is_fuzzed():
+    numeric = {"--" + name.replace("_", "-") for name in FIT_RANGES}
+    assert numeric <= set(BOUNDARY)
+
+
+def _peak_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+@pytest.mark.parametrize(("option", "value"), CASES)
+def test_fit_refuses_with_exit_2_naming_the_option(option, value, tmp_path, capsys):
+    out = tmp_path / "run"
+    before = _peak_mib()
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", f"{option}={value}", "--output-dir", str(out)])
+    elapsed = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert option in err and "Traceback" not in err
+    assert elapsed < 5.0 and _peak_mib() - before < 256
+    assert not out.exists()
