@@ -257,8 +257,6 @@ class FitConfig:
         if (self.context_noise or self.forecast_noise) and self.value_bound is None:
             raise ConfigurationError("value_bound", None, "is needed with context_noise/forecast_noise (both are in "
                                      "units of the value bound v)")
-        if not isinstance(self.secure_mode, bool):
-            raise ConfigurationError("secure_mode", self.secure_mode, "must be true or false")
         if self.secure_mode and self.seed is not None:
             raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
                                      "combined with seed; leave seed unset")
