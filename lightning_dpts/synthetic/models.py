@@ -241,8 +241,8 @@ class ContrastiveEncoder(L.LightningModule):
             levels += 1
         return loss / max(levels, 1)
 
-    def training_step(self, batch: torch.Tensor | Sequence[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+    def contrastive_loss(self, x: torch.Tensor) -> torch.Tensor:
+        """The hierarchical loss of two random overlapping crops (with timestamp masking) of windows ``x``."""
         b, t = x.shape
         crop = int(torch.randint(max(2, t // 2), t + 1, (1,)))  # overlap length
         left = int(torch.randint(0, t - crop + 1, (1,)))
@@ -253,7 +253,11 @@ class ContrastiveEncoder(L.LightningModule):
         m2 = (torch.rand(view2.shape) > 0.1).to(x.dtype)
         z1 = self.timestamp_repr(view1, m1)[:, left - a1:]
         z2 = self.timestamp_repr(view2, m2)[:, :crop]
-        loss = self.hierarchical_loss(z1, z2)
+        return self.hierarchical_loss(z1, z2)
+
+    def training_step(self, batch: torch.Tensor | Sequence[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        loss = self.contrastive_loss(x)
         self.log("encoder_loss", loss, prog_bar=False, on_step=False, on_epoch=True)
         return loss
 
