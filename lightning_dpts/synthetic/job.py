@@ -138,6 +138,9 @@ class SynthConfig:
                                      "class_column is given (the class set must not be read from private data)")
         if self.classes is not None and (len(self.classes) < 1 or len(set(self.classes)) != len(self.classes)):
             raise ConfigurationError("classes", self.classes, "must be a non-empty list of distinct values")
+        if self.classes is not None and self.num_samples % len(self.classes) != 0:
+            raise ConfigurationError("num_samples", self.num_samples, f"must be a multiple of the number of classes "
+                                     f"({len(self.classes)}); Algorithm 1 generates M/|C| per class")
         epochs = tuple(self.pretrain_epochs)
         if len(epochs) != 2 or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs):
             raise ConfigurationError("pretrain_epochs", self.pretrain_epochs, "must be two integers >= 1")
