@@ -14,6 +14,7 @@ MODULES = [
     ("lightning_dpts.metrics", None),
     ("lightning_dpts.release", None),
     ("lightning_dpts.fit", ["FitConfig", "run_fit", "load_long_table"]),
+    ("lightning_dpts.synthetic", None),
 ]
 
 
