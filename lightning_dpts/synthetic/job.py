@@ -34,8 +34,8 @@ from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
 __all__ = ["SynthConfig", "run_synth", "tstr_scores"]
 
 EVALUATION_NOTE = (
-    "c_fid, c_fid_initial, tstr and real_vs_synthetic.png are computed from the private data itself (real "
-    "windows and held-out real values); they are NOT covered by the (epsilon, delta) guarantee, which covers "
+    "c_fid, c_fid_initial, tstr, private_windows, private_windows_skipped_missing and real_vs_synthetic.png are "
+    "computed from the private data itself (real windows, their count, held-out real values); they are NOT covered by the (epsilon, delta) guarantee, which covers "
     "synthetic.csv.gz only. Keep them with the data owner."
 )
 
