@@ -71,7 +71,8 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"windows per series with --unit series, vote weight 1/m (default {d.max_windows_per_series})")
     p.add_argument("--relation", choices=RELATIONS, default=d.relation,
                    help="neighbouring relation: add_remove (sensitivity 1, default) or substitution (sqrt 2)")
-    p.add_argument("--threshold", type=float, metavar="H", help="histogram threshold in votes (default: noise std)")
+    p.add_argument("--threshold", type=float, metavar="H", default=d.threshold,
+                   help=f"histogram threshold H of Algorithm 2, in votes (default {d.threshold:g})")
     p.add_argument("--lookahead", type=int, metavar="K", default=d.lookahead,
                    help=f"variations averaged per candidate embedding (default {d.lookahead})")
     p.add_argument("--variation-schedule", metavar="DEGREES",

@@ -35,8 +35,8 @@ __all__ = ["SynthConfig", "run_synth", "tstr_scores"]
 
 EVALUATION_NOTE = (
     "c_fid, c_fid_initial, tstr, private_windows, private_windows_skipped_missing and real_vs_synthetic.png are "
-    "computed from the private data itself (real windows, their count, held-out real values); they are NOT covered by the (epsilon, delta) guarantee, which covers "
-    "synthetic.csv.gz only. Keep them with the data owner."
+    "computed from the private data itself (real windows, their count, held-out real values); they are NOT "
+    "covered by the (epsilon, delta) guarantee, which covers synthetic.csv.gz only. Keep them with the data owner."
 )
 
 
@@ -58,7 +58,8 @@ class SynthConfig:
             or ``"window"`` (the paper's unit: one window).
         max_windows_per_series: m for ``unit="series"``.
         relation: ``"add_remove"`` (Delta = 1, default) or ``"substitution"`` (Delta = sqrt(2)).
-        threshold: H of Algorithm 2 [votes]; ``None`` = one noise standard deviation.
+        threshold: H of Algorithm 2 [votes] (default 0: on the bundled data at series level a threshold of one
+            noise std lowered diversity and gave a worse C-FID; see docs/synthetic.md).
         lookahead: k variations averaged per candidate embedding.
         variation_schedule: degrees in [0, 100], resampled to ``iterations`` rounds (default PETS S3).
         prediction_length: TSTR horizon [time steps] (held out at the end of every series); < length.
@@ -83,14 +84,14 @@ class SynthConfig:
     class_column: str | None = None
     classes: list[str] | None = None
     length: int = 36
-    num_samples: int = 256
-    iterations: int = 10
+    num_samples: int = 128
+    iterations: int = 5
     epsilon: float = 1.0
     delta: float = 1e-5
     unit: str = "series"
     max_windows_per_series: int = 4
     relation: str = "add_remove"
-    threshold: float | None = None
+    threshold: float = 0.0
     lookahead: int = 4
     variation_schedule: list[float] | None = None
     prediction_length: int = 12
@@ -128,8 +129,8 @@ class SynthConfig:
             raise ConfigurationError("unit", self.unit, f"must be one of {', '.join(UNITS)}")
         if self.relation not in RELATIONS:
             raise ConfigurationError("relation", self.relation, f"must be one of {', '.join(RELATIONS)}")
-        if self.threshold is not None and not (isinstance(self.threshold, (int, float)) and self.threshold >= 0
-                                               and math.isfinite(self.threshold)):
+        if isinstance(self.threshold, bool) or not (isinstance(self.threshold, (int, float)) and self.threshold >= 0
+                                                    and math.isfinite(self.threshold)):
             raise ConfigurationError("threshold", self.threshold, "must be a finite number >= 0 (votes)")
         if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 0:
             raise ConfigurationError("lookahead", self.lookahead, "must be an integer >= 0")
@@ -336,7 +337,7 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
     delta_l2 = sensitivity(config.relation)
     noise_std = sigma * delta_l2
-    threshold = noise_std if config.threshold is None else float(config.threshold)
+    threshold = float(config.threshold)
     epsilon = PETSAccountant(sigma).epsilon(config.iterations, config.delta)
     closed_form = theorem_2_epsilon(config.delta, sigma, config.iterations)
     schedule = variation_schedule(config.iterations, config.variation_schedule)
