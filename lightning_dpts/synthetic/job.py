@@ -240,7 +240,6 @@ def tstr_scores(synthetic: np.ndarray, series: list[np.ndarray], freq: str, hori
 
     from lightning_dpts.data import StructuredSubsamplingDataModule
     from lightning_dpts.fit import FitConfig, _estimator, _quantile_matrix
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
 
     length = synthetic.shape[1]
     context = length - horizon
@@ -267,12 +266,11 @@ def tstr_scores(synthetic: np.ndarray, series: list[np.ndarray], freq: str, hori
     crps, mae = _quantile_loss(q, targets)
     scores = {"tstr_dlinear": {"crps": crps, "mae": mae}}
 
-    season = int(get_seasonality(freq))
-    if context >= season:
-        naive = np.stack([c[-season:][np.arange(horizon) % season] for c in contexts])
-    else:
-        naive = np.repeat(contexts[:, -1:], horizon, axis=1)
-    crps, mae = _quantile_loss(np.repeat(naive[:, :, None], len(DEFAULT_QUANTILES), axis=2), targets)
+    from gluonts.model.seasonal_naive import SeasonalNaivePredictor
+
+    naive_predictor = SeasonalNaivePredictor(prediction_length=horizon, season_length=int(get_seasonality(freq)))
+    naive = list(naive_predictor.predict([{"start": start, "target": c} for c in contexts]))
+    crps, mae = _quantile_loss(np.stack([_quantile_matrix(f) for f in naive]), targets)
     scores["seasonal_naive"] = {"crps": crps, "mae": mae}
     return scores
 
