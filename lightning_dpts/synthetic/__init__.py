@@ -2,55 +2,51 @@
 encoders, DP nearest-neighbour voting, Context-FID, TSTR and the ``dpts synth`` job.
 
 Only the noisy vote histogram (Algorithm 2) touches private data; the models are trained on public data. See
-``docs/synthetic.md``.
+``docs/synthetic.md``. Names are imported lazily, so ``dpts`` builds its parser without importing torch.
 """
 
-from lightning_dpts.synthetic.evolution import (
-    EvolutionResult,
-    PrivateWindows,
-    dp_nn_histogram,
-    private_evolution,
-    private_windows,
-    vote_histogram,
-)
-from lightning_dpts.synthetic.generator import generate_series, standardize_windows
-from lightning_dpts.synthetic.job import SynthConfig, run_synth, tstr_scores
-from lightning_dpts.synthetic.metrics import ContextFID, frechet_distance
-from lightning_dpts.synthetic.models import ContrastiveEncoder, VariationVAE, variation_schedule
-from lightning_dpts.synthetic.pretrain import PretrainConfig, PublicModels, pretrain_public_models
-from lightning_dpts.synthetic.privacy import (
-    PETSAccountant,
-    calibrate_pets_noise,
-    gaussian_mechanism_profile,
-    sensitivity,
-    theorem_2_delta,
-    theorem_2_epsilon,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ContextFID",
-    "ContrastiveEncoder",
-    "EvolutionResult",
-    "PETSAccountant",
-    "PretrainConfig",
-    "PrivateWindows",
-    "PublicModels",
-    "SynthConfig",
-    "VariationVAE",
-    "calibrate_pets_noise",
-    "dp_nn_histogram",
-    "frechet_distance",
-    "gaussian_mechanism_profile",
-    "generate_series",
-    "pretrain_public_models",
-    "private_evolution",
-    "private_windows",
-    "run_synth",
-    "sensitivity",
-    "standardize_windows",
-    "theorem_2_delta",
-    "theorem_2_epsilon",
-    "tstr_scores",
-    "variation_schedule",
-    "vote_histogram",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ContextFID": "metrics",
+    "ContrastiveEncoder": "models",
+    "EvolutionResult": "evolution",
+    "PETSAccountant": "privacy",
+    "PretrainConfig": "pretrain",
+    "PrivateWindows": "evolution",
+    "PublicModels": "pretrain",
+    "SynthConfig": "job",
+    "VariationVAE": "models",
+    "calibrate_pets_noise": "privacy",
+    "dp_nn_histogram": "evolution",
+    "frechet_distance": "metrics",
+    "gaussian_mechanism_profile": "privacy",
+    "generate_series": "generator",
+    "pretrain_public_models": "pretrain",
+    "private_evolution": "evolution",
+    "private_windows": "evolution",
+    "run_synth": "job",
+    "sensitivity": "privacy",
+    "standardize_windows": "generator",
+    "theorem_2_delta": "privacy",
+    "theorem_2_epsilon": "privacy",
+    "tstr_scores": "job",
+    "variation_schedule": "models",
+    "vote_histogram": "evolution",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_dpts.synthetic' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lightning_dpts.synthetic.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

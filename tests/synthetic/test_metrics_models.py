@@ -117,3 +117,10 @@ def test_encoder_contrastive_training_lowers_loss() -> None:
     _train(enc, data.numpy(), epochs=10, batch_size=32, progress=False, seed=2)
     assert loss() < before
     assert enc.embed(data).shape == (128, 8)
+
+
+def test_every_lazy_export_resolves() -> None:
+    import lightning_dpts.synthetic as synthetic
+
+    for name in synthetic.__all__:
+        assert getattr(synthetic, name) is not None, name
