@@ -3,7 +3,8 @@
 ``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant (without torch, unless
 ``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.planning`);
 ``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts predict`` forecasts
-new data with the exported model (:mod:`lightning_dpts.export`); ``dpts release
+new data with the exported model (:mod:`lightning_dpts.export`); ``dpts synth`` releases a DP
+synthetic dataset by Private Evolution; ``dpts release
 epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
 combinations exit with status 2 and a message naming the option.
 """
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bandmf_parser(psub)
     _add_fit_parser(sub)
     _add_predict_parser(sub)
+    from lightning_dpts.synthetic.cli import add_synth_parser
+
+    add_synth_parser(sub)
     from lightning_dpts.release.cli import add_release_parser
 
     add_release_parser(sub)
@@ -429,10 +433,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lightning_dpts.release.cli import run_release
 
             return run_release(args)
+        if args.command == "synth":
+            from lightning_dpts.synthetic.cli import run_synth_command
+
+            return run_synth_command(args)
     except ConfigurationError as err:
         from lightning_dpts.release.cli import RELEASE_OPTION_NAMES
+        from lightning_dpts.synthetic.cli import SYNTH_OPTION_NAMES
 
-        option = {**_OPTION_NAMES, **RELEASE_OPTION_NAMES}.get(err.parameter, err.parameter)
+        names = {**_OPTION_NAMES, **RELEASE_OPTION_NAMES}
+        if args.command == "synth":
+            names.update(SYNTH_OPTION_NAMES)
+        option = names.get(err.parameter, err.parameter)
         parser.exit(2, f"dpts: error: {option}: {err.requirement} (got {err.value!r})\n")
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2  # pragma: no cover
