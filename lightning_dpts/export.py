@@ -254,12 +254,17 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
             pd.tseries.frequencies.to_offset(model_freq):
         raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
-    table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
-    if table.duplicated(["item_id", "timestamp"]).any():
+    try:
+        table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+    except ConfigurationError as err:
+        if "same period" not in err.requirement:
+            raise
+        # the loader refuses two rows of a series in one period: here that means data finer than the model's
         raise ConfigurationError(
-            "freq", used_freq, "puts several time stamps of one series into the same period: the data is not at "
-            f"this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}",
-        )
+            "freq", freq or model_freq, "puts several time stamps of one series into the same period: the data is "
+            f"not at this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}; "
+            f"{err}",
+        ) from err
     # the datamodule's reading: one value per period from the first time stamp on, gaps as missing values
     collection = to_collection(table, freq=used_freq, id_column="item_id", timestamp_column="timestamp",
                                value_column="target")

@@ -58,6 +58,8 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "forecast_noise": (0.0, 1e6, "float", False),
 }
 _OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
+#: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
+_SEEDED_WARNING = ".*explicit seed"
 _BOOL_FIELDS = ("non_dp", "autoets", "drop_short_series", "private_plots", "secure_mode")
 
 
@@ -497,7 +499,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the seeded notice was given above
+        warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
         try:
             dm = datamodule(module)
         except ConfigurationError as err:
@@ -568,7 +570,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                                   enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
             plain_dm = datamodule(plain)
         plain_trainer.fit(plain, datamodule=plain_dm)
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)

@@ -131,7 +131,7 @@ def test_values_outside_the_float32_range_are_rejected_at_load(bad):
         make_dm(series)
     assert info.value.parameter == "data"
     if np.isfinite(bad):
-        assert "time step 7" in str(info.value.value) and "float32" in str(info.value)
+        assert "time step 7" in str(info.value) and "float32" in str(info.value)  # the series, the step, the range
 
 
 def test_nan_is_still_a_missing_value():
