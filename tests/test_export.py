@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from lightning_dpts.cli import main
-from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
+from lightning_dpts.data import StructuredSubsamplingDataModule
 from lightning_dpts.export import forecast_table, load_predictor, make_checkpoint_loadable, predict_to_csv
 from lightning_dpts.metrics import DEFAULT_QUANTILES
 from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
@@ -24,19 +24,6 @@ from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
 warnings.filterwarnings("ignore")
 
 H = 6
-
-
-@pytest.fixture(scope="module")
-def tiny_csv(tmp_path_factory) -> Path:
-    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
-    frame = load_dataset("us_employment")
-    ids = sorted(frame["item_id"].unique())[:24]
-    frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
-    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
-                        "value": frame["target"]})
-    path = tmp_path_factory.mktemp("data") / "tiny.csv"
-    out.to_csv(path, index=False)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from lightning_dpts.cli import main
-from lightning_dpts.data import load_dataset
-
-
-@pytest.fixture(scope="module")
-def tiny_csv(tmp_path_factory) -> Path:
-    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
-    frame = load_dataset("us_employment")
-    ids = sorted(frame["item_id"].unique())[:24]
-    frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
-    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
-                        "value": frame["target"]})
-    path = tmp_path_factory.mktemp("data") / "tiny.csv"
-    out.to_csv(path, index=False)
-    return path
 
 
 def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):

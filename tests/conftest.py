@@ -1,0 +1,23 @@
+"""Fixtures shared by the top-level tests (``dpts fit`` / ``dpts predict``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lightning_dpts.data import load_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny_csv(tmp_path_factory) -> Path:
+    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
+    frame = load_dataset("us_employment")
+    ids = sorted(frame["item_id"].unique())[:24]
+    frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
+    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
+                        "value": frame["target"]})
+    path = tmp_path_factory.mktemp("data") / "tiny.csv"
+    out.to_csv(path, index=False)
+    return path
