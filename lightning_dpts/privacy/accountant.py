@@ -49,6 +49,8 @@ _FINE_UNIT_TAIL = 1e-27
 _FINE_COMPOSE_TAIL = 1e-22
 #: The delta each read-out level aims the tilted composition at (pld.compose).
 _TILT_DELTA = {0: 1e-6, 1: 1e-12}
+#: Largest epsilon :func:`calibrate_noise_multiplier` accepts.
+MAX_CALIBRATION_EPSILON = 1e3
 #: Largest number of compositions any read-out attempts.
 MAX_COMPOSITIONS = 10**12
 
@@ -379,8 +381,9 @@ def calibrate_noise_multiplier(
     sigma always satisfies the target.
     """
     epsilon = _check_epsilon(epsilon)
-    if epsilon == 0:
-        raise ConfigurationError("epsilon", epsilon, "must be > 0 to calibrate a finite noise multiplier")
+    if not 0 < epsilon <= MAX_CALIBRATION_EPSILON:
+        raise ConfigurationError("epsilon", epsilon, f"must lie in (0, {MAX_CALIBRATION_EPSILON:g}] to calibrate a "
+                                 "noise multiplier (larger budgets protect nothing)")
     delta = _check_delta(delta)
     if (steps is None) == (epochs is None):
         raise ConfigurationError("steps", steps, "give exactly one of steps or epochs")
@@ -399,7 +402,15 @@ def calibrate_noise_multiplier(
             spec, sigma, bound=bound, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
             min_grid_points=min_grid_points,
         )
-        return acc.epsilon(steps, delta)
+        try:
+            return acc.epsilon(steps, delta)
+        except ConfigurationError as err:
+            if err.parameter in ("steps", "noise_multiplier"):  # too small a sigma to evaluate: not certified
+                failures.append(err)
+                return math.inf
+            raise
+
+    failures: list[ConfigurationError] = []
 
     # Geometric bracketing on log(sigma), then bisection.
     lo, hi = 0.5, 1.0
@@ -408,6 +419,8 @@ def calibrate_noise_multiplier(
         while eps_at(hi) > epsilon:
             lo, hi = hi, hi * 2.0
             if hi > max_noise_multiplier:
+                if failures and failures[-1].parameter == "steps":  # not the budget: too many steps to compose
+                    raise failures[-1]
                 raise ConfigurationError(
                     "epsilon", epsilon,
                     f"not reachable with noise_multiplier <= {max_noise_multiplier} in {steps} steps",

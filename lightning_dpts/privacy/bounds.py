@@ -27,6 +27,9 @@ from lightning_dpts.privacy.spec import SamplingSpec
 __all__ = ["BOUNDS", "MAX_LENGTH_MEMBERS", "select_profile", "augmentation_leak_probability", "naive_dpsgd_profile"]
 
 BOUNDS: tuple[str, ...] = ("upper", "lower")
+#: Largest noise multiplier accepted: beyond it every mean of the dominating mixtures is below 1e-8 (in units of
+#: the noise std), epsilon is 0 to every printed digit, and the means underflow for sigma near 1e308.
+MAX_NOISE_MULTIPLIER = 1e8
 
 
 def _check_sigma(noise_multiplier: float) -> float:
@@ -34,8 +37,9 @@ def _check_sigma(noise_multiplier: float) -> float:
         sigma = float(noise_multiplier)
     except (TypeError, ValueError):
         raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a number > 0") from None
-    if not (sigma > 0 and np.isfinite(sigma)):
-        raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a finite number > 0")
+    if not (0 < sigma <= MAX_NOISE_MULTIPLIER):
+        raise ConfigurationError("noise_multiplier", noise_multiplier,
+                                 f"must be a number in (0, {MAX_NOISE_MULTIPLIER:g}]")
     return sigma
 
 

@@ -42,7 +42,11 @@ from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
+    MAX_COMPOSED_POINTS,
+    compose,
+    delta_from_pld,
     epsilon_for_delta,
+    epsilon_from_pld,
     pld_from_profile,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile
@@ -514,9 +518,16 @@ class ReleaseAccountant:
             self._pld = pld_from_profile(self.profile(), self.discretization, self.tail_mass_truncation,
                                          self.min_grid_points)
         if releases not in self._composed:
-            self._composed[releases] = (self._pld if releases == 1 else
-                                        self._pld.self_compose(releases,
-                                                               tail_mass_truncation=self.tail_mass_truncation))
+            if releases == 1:
+                self._composed[releases] = self._pld
+            else:
+                try:  # tilted FFT with an explicit round-off bound, bounded in memory (privacy.pld.compose)
+                    self._composed[releases] = compose(self._pld, releases, self.tail_mass_truncation)
+                except OverflowError:
+                    raise ConfigurationError(
+                        "releases", releases, f"{releases} releases are more than the exact bound composes in "
+                        f"bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss grid points); use fewer "
+                        "releases, or --bound koga (closed form)") from None
         return self._composed[releases]
 
     def _exact_single_epsilon(self, delta: float) -> float:
@@ -529,7 +540,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return self._exact_single_epsilon(delta)
-            return float(self.composed_pld(releases).get_epsilon_for_delta(delta))
+            return epsilon_from_pld(self.composed_pld(releases), delta)
         return _compose_koga(lambda d: koga_epsilon(self.spec, self.noise_std, d, self.gaussian), delta, releases)
 
     def delta(self, epsilon: float, releases: int = 1) -> float:
@@ -540,7 +551,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return float(exact_release_delta(self.spec, self.noise_std, epsilon)[0])
-            return float(self.composed_pld(releases).get_delta_for_epsilon(epsilon))
+            return delta_from_pld(self.composed_pld(releases), epsilon)
         if releases != 1:
             raise ConfigurationError("releases", releases, "delta(eps) of the Koga bound is only available for a "
                                      "single release; use epsilon(delta, releases) for K > 1")
