@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import signal
 import subprocess
 import sys
@@ -76,11 +77,26 @@ def _cases(command: str, base: dict, actions: dict, extra_floats: tuple[str, ...
 ALL = list(_cases("privacy", PRIVACY_BASE, PRIVACY_ACTIONS)) + list(_cases("release", RELEASE_BASE, RELEASE_ACTIONS))
 
 
+PRIVACY_OPTIONS = {*PRIVACY_BASE, "--noise-multiplier", "--steps", "--epsilon", "--lengths", "--top-level",
+                   "--bottom-level", "--level", "--value-bound", "--context-noise", "--forecast-noise", "--bound"}
+RELEASE_OPTIONS = {*RELEASE_BASE, "--noise-std", "--epsilon", "--context-length", "--filter-width", "--level",
+                   "--bound", "--gaussian"}
+#: values that are invalid whatever the other options say: the refusal must name the fuzzed option itself
+INVALID = {"abc", "", "nan", "inf", "-1", "1.5"}
+
+
 def _check(argv: list[str], option: str) -> None:
     code, err, _ = _run(argv)
     assert "Traceback" not in err, err
     assert code in (0, 2), (code, err)
-    if code == 2:
+    if code != 2:
+        return
+    value = argv[argv.index(option) + 1] if option in argv else ""
+    named = re.search(r"--[a-z][a-z-]*", err)
+    assert named is not None, err
+    # a combination may be refused under its other option, but only an option this command has
+    assert named.group(0) in (PRIVACY_OPTIONS if argv[0] == "privacy" else RELEASE_OPTIONS), err
+    if value in INVALID or value.startswith("-"):
         assert option in err, (option, err)
 
 

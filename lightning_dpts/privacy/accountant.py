@@ -373,12 +373,16 @@ def calibrate_noise_multiplier(
     min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
     rtol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
+    min_noise_multiplier: float = 0.1,
 ) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``) reaching (epsilon, delta).
 
     Exactly one of ``steps`` (optimizer steps) or ``epochs`` (each ``spec.steps_per_epoch`` steps) must be
     given. The returned sigma is the upper end of the final bisection bracket, so the accountant at that
-    sigma always satisfies the target.
+    sigma always satisfies the target. The search is confined to [``min_noise_multiplier``,
+    ``max_noise_multiplier``] (default [0.1, 1e4]) so that it stays bounded in time: if the floor already
+    reaches the target, the floor is returned (more noise than needed, never less); if the ceiling does not,
+    ConfigurationError (``epsilon``; ``steps`` when the steps cannot be composed in bounded memory).
     """
     epsilon = _check_epsilon(epsilon)
     if not 0 < epsilon <= MAX_CALIBRATION_EPSILON:
@@ -427,9 +431,9 @@ def calibrate_noise_multiplier(
                 )
     else:
         while eps_at(lo) <= epsilon:
-            hi, lo = lo, lo / 2.0
-            if lo < 1e-3:
-                return hi
+            if lo <= min_noise_multiplier:  # already enough at the floor: return the floor (more noise, sound)
+                return min_noise_multiplier
+            hi, lo = lo, max(lo / 2.0, min_noise_multiplier)
     while hi / lo - 1.0 > rtol:
         mid = math.sqrt(lo * hi)
         if eps_at(mid) <= epsilon:

@@ -30,6 +30,8 @@ BOUNDS: tuple[str, ...] = ("upper", "lower")
 #: Largest noise multiplier accepted: beyond it every mean of the dominating mixtures is below 1e-8 (in units of
 #: the noise std), epsilon is 0 to every printed digit, and the means underflow for sigma near 1e308.
 MAX_NOISE_MULTIPLIER = 1e8
+#: Smallest noise multiplier accepted (a single step's privacy loss is then far beyond any grid anyway).
+MIN_NOISE_MULTIPLIER = 1e-6
 
 
 def _check_sigma(noise_multiplier: float) -> float:
@@ -37,9 +39,9 @@ def _check_sigma(noise_multiplier: float) -> float:
         sigma = float(noise_multiplier)
     except (TypeError, ValueError):
         raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a number > 0") from None
-    if not (0 < sigma <= MAX_NOISE_MULTIPLIER):
+    if not (MIN_NOISE_MULTIPLIER <= sigma <= MAX_NOISE_MULTIPLIER):
         raise ConfigurationError("noise_multiplier", noise_multiplier,
-                                 f"must be a number in (0, {MAX_NOISE_MULTIPLIER:g}]")
+                                 f"must be a number in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}]")
     return sigma
 
 

@@ -42,7 +42,7 @@ DEFAULT_TAIL_MASS = 1e-15
 #: Refine the grid below ``discretization`` until the loss range holds at least this many points.
 DEFAULT_MIN_GRID_POINTS = 4096
 #: Refuse PLDs larger than this many grid points (a sign of a degenerate configuration, e.g. tiny sigma).
-MAX_GRID_POINTS = 20_000_000
+MAX_GRID_POINTS = 2_000_001
 #: Refuse compositions whose privacy-loss pmf would exceed this many points (16 MiB per array): every
 #: read-out stays bounded in memory and time.
 MAX_COMPOSED_POINTS = 1 << 21

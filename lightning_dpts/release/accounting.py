@@ -98,10 +98,18 @@ def _check_rate(rate: object) -> float:
     return p
 
 
+#: Accepted range of the noise std and of the per-step l2 bound v sqrt(D) (series units): their ratio must be
+#: representable, so that no sensitivity-to-noise ratio overflows or underflows.
+SCALE_RANGE = (1e-100, 1e100)
+#: Largest relation size w a release accounts (the binomial over w + 1 counts is evaluated in memory).
+MAX_RELEASE_SIZE = 10**6
+
+
 def _check_noise_std(noise_std: object) -> float:
     s = _number("noise_std", noise_std)
-    if s <= 0:
-        raise ConfigurationError("noise_std", noise_std, "must be a finite number > 0 (series units)")
+    if not SCALE_RANGE[0] <= s <= SCALE_RANGE[1]:
+        raise ConfigurationError("noise_std", noise_std, f"must be a number in [{SCALE_RANGE[0]:g}, "
+                                 f"{SCALE_RANGE[1]:g}] (series units)")
     return s
 
 
@@ -199,6 +207,12 @@ class ReleaseSpec:
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
         if self.relation.value_bound is None:
             raise ConfigurationError("value_bound", None, "a finite value bound v > 0 is required for releases")
+        if not SCALE_RANGE[0] <= self.step_bound <= SCALE_RANGE[1]:
+            raise ConfigurationError("value_bound", self.relation.value_bound,
+                                     f"v * sqrt(num_dims) must lie in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]")
+        if self.size > MAX_RELEASE_SIZE:
+            raise ConfigurationError("size", self.relation.size, f"must be <= {MAX_RELEASE_SIZE} protected steps "
+                                     "inside the released window (or give context_length to cap it)")
         if self.context_length is not None:
             t = self.context_length
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
