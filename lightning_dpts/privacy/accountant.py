@@ -298,7 +298,9 @@ class StructuredSubsamplingAccountant:
         if n == 0:
             return 0.0
         if n == 1:
-            return float(min(1.0, max(0.0, float(self.profile.delta(epsilon)[0]))))
+            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
+            value = float(self.profile.delta(min(epsilon, 700.0))[0])
+            return min(1.0, max(0.0, value))
         try:
             coarse = self._delta(n, 0, epsilon)
             if coarse >= FINE_DELTA:
