@@ -118,7 +118,14 @@ def pld_from_profile(
         raise ValueError(f"discretization must be > 0, got {discretization}")
     if not 0 < tail_mass_truncation < 1:
         raise ValueError(f"tail_mass_truncation must lie in (0, 1), got {tail_mass_truncation}")
-    eps_max = profile_support_bound(profile, tail_mass_truncation)
+    eps_max = epsilon_for_delta(profile, tail_mass_truncation)
+    while math.isinf(eps_max) and tail_mass_truncation < 1e-9:
+        # a profile with a floor above the truncation (mass accounted as perfectly distinguishable): put a
+        # larger tail at +infinity instead; still pessimistic, only less tight
+        tail_mass_truncation *= 100.0
+        eps_max = epsilon_for_delta(profile, tail_mass_truncation)
+    if math.isinf(eps_max):
+        raise ValueError("privacy loss does not reach the tail-mass truncation; is sigma far too small?")
     discretization = grid_spacing(eps_max, discretization, min_grid_points)
     n_hi = max(1, math.ceil(eps_max / discretization))
     if 2 * n_hi + 1 > MAX_GRID_POINTS:

@@ -49,8 +49,8 @@ __all__ = [
 ]
 
 #: Default total weight of negligible mixture components that may be dropped (and accounted as a fully
-#: distinguishable pair). Far below the default PLD tail-mass truncation of 1e-15.
-COMPONENT_TRUNCATION = 1e-17
+#: distinguishable pair). Far below the PLD tail-mass truncations (1e-15, and 1e-27 for delta < 1e-6).
+COMPONENT_TRUNCATION = 1e-30
 
 
 @dataclass(frozen=True, eq=False)
