@@ -111,3 +111,14 @@ def test_refined_grid_falls_back_to_the_coarse_one_for_long_runs():
     acc = StructuredSubsamplingAccountant(spec, 4.0)
     values = [acc.epsilon(n, 1e-7) for n in (10_000, 1_000_000)]
     assert np.all(np.isfinite(values)) and values[0] < values[1]
+
+
+def test_dropped_mixture_components_do_not_block_small_delta():
+    # Theorem F.2 with k = 48 binomial components: the negligible ones are dropped and accounted as perfectly
+    # distinguishable; that floor must not make the fine (delta < 1e-6) truncation unreachable.
+    spec = SamplingSpec(num_series=148, min_length=213, context_length=36, prediction_length=12, batch_size=32,
+                        bottom_level="poisson")
+    acc = StructuredSubsamplingAccountant(spec, 4.0)
+    values = [acc.epsilon(n, 1e-7) for n in (1, 4, 100)]
+    assert all(math.isfinite(v) for v in values) and values == sorted(values)
+    assert acc.epsilon(100, 1e-7) >= acc.epsilon(100, 1e-6)
