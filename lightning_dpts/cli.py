@@ -24,6 +24,7 @@ __all__ = ["main", "build_parser"]
 _OPTION_NAMES = {
     "num_series": "--num-series",
     "min_length": "--min-length",
+    "lengths": "--lengths",
     "context_length": "--context-length",
     "prediction_length": "--prediction-length",
     "batch_size": "--batch-size",
@@ -77,7 +78,10 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     data = parser.add_argument_group("data and sampling (from the datamodule)")
     data.add_argument("--num-series", type=int, required=True, metavar="N", help="number of training series")
     data.add_argument("--min-length", type=int, required=True, metavar="L",
-                      help="length of the shortest training series (time steps)")
+                      help="length of the shortest training series (time steps); alone, every series has L steps")
+    data.add_argument("--lengths", type=int, nargs="+", default=None, metavar="LEN",
+                      help="the distinct lengths of all training series, if they differ (the bound is the maximum "
+                           "over them; the smallest must equal --min-length)")
     data.add_argument("--context-length", type=int, required=True, metavar="LC",
                       help="past window length the model reads, including every lag (time steps)")
     data.add_argument("--prediction-length", type=int, required=True, metavar="LF",
@@ -265,6 +269,7 @@ def _spec_from_args(args: argparse.Namespace):
         relation=relation,
         context_noise=args.context_noise,
         forecast_noise=args.forecast_noise,
+        lengths=args.lengths,
     )
 
 

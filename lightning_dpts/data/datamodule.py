@@ -201,6 +201,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         self._spec = SamplingSpec(
             num_series=collection.num_series,
             min_length=int(self.train_lengths.min()),
+            lengths=tuple(int(n) for n in np.unique(self.train_lengths)),
             context_length=self.past_length,
             prediction_length=self.prediction_length,
             batch_size=self.batch_size,

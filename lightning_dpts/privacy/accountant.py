@@ -24,20 +24,45 @@ from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
+    MAX_COMPOSED_POINTS,
+    compose,
+    delta_from_pld,
+    epsilon_for_delta,
+    epsilon_from_pld,
     pld_from_profile,
+    saddlepoint_tilt,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["StructuredSubsamplingAccountant", "calibrate_noise_multiplier", "PrivacyReport"]
+__all__ = ["MIN_DELTA", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier", "PrivacyReport"]
 
 _CACHE_SIZE = 32
 
+#: Smallest delta the accountant reads out. Below it the tail truncation (and the FFT round-off of
+#: dp_accounting's composition, about 1e-16 per grid point) would no longer be negligible against delta.
+MIN_DELTA = 1e-18
+#: Read-outs at delta >= this use the configured tail truncation (default 1e-15, Appendix B.4.3); smaller
+#: deltas use a PLD truncated at 1e-27 per unit and 1e-22 per composition ("fine" level).
+FINE_DELTA = 1e-6
+_FINE_UNIT_TAIL = 1e-27
+_FINE_COMPOSE_TAIL = 1e-22
+#: The delta each read-out level aims the tilted composition at (pld.compose).
+_TILT_DELTA = {0: 1e-6, 1: 1e-12}
+#: Largest epsilon :func:`calibrate_noise_multiplier` accepts.
+MAX_CALIBRATION_EPSILON = 1e3
+#: Largest number of compositions any read-out attempts.
+MAX_COMPOSITIONS = 10**12
+
 
 def _check_delta(delta: float) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise ConfigurationError("delta", delta, "must lie strictly between 0 and 1")
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not MIN_DELTA <= delta < 1:
+        raise ConfigurationError("delta", delta, f"must lie in [{MIN_DELTA:g}, 1)")
     return float(delta)
+
+
+class _TooLarge(Exception):
+    """A composition would exceed :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`."""
 
 
 def _check_epsilon(epsilon: float) -> float:
@@ -120,8 +145,8 @@ class StructuredSubsamplingAccountant:
         else:
             self.profile = select_profile(spec, noise_multiplier, bound)
         self.noise_multiplier = float(noise_multiplier)
-        self._unit_pld: PrivacyLossDistribution | None = None
-        self._composed: OrderedDict[int, PrivacyLossDistribution] = OrderedDict()
+        self._unit_plds: dict[tuple[int, bool], PrivacyLossDistribution] = {}
+        self._composed: OrderedDict[tuple[int, bool, int], list[PrivacyLossDistribution]] = OrderedDict()
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -147,71 +172,175 @@ class StructuredSubsamplingAccountant:
     def _steps_for(self, compositions: int) -> int:
         return compositions if self.naive else self.spec.max_steps_for_compositions(compositions)
 
+    def _tails(self, level: int) -> tuple[float, float]:
+        """(unit, composition) tail-mass truncation of read-out level 0 (delta >= FINE_DELTA) or 1."""
+        if level == 0:
+            return self.tail_mass_truncation, self.tail_mass_truncation
+        return min(self.tail_mass_truncation, _FINE_UNIT_TAIL), min(self.tail_mass_truncation, _FINE_COMPOSE_TAIL)
+
+    def _unit(self, level: int, refined: bool) -> PrivacyLossDistribution:
+        key = (level, refined)
+        if key not in self._unit_plds:
+            try:
+                self._unit_plds[key] = pld_from_profile(
+                    self.profile, self.discretization, self._tails(level)[0], self.min_grid_points if refined else 0
+                )
+            except ValueError as err:  # the loss range does not fit the grid bound: sigma far too small
+                raise ConfigurationError(
+                    "noise_multiplier", self.noise_multiplier,
+                    f"is too small to account ({err}); raise the noise multiplier",
+                ) from None
+        return self._unit_plds[key]
+
     @property
     def unit_pld(self) -> PrivacyLossDistribution:
-        """The PLD of one composition unit (built once, lazily)."""
-        if self._unit_pld is None:
-            self._unit_pld = pld_from_profile(
-                self.profile, self.discretization, self.tail_mass_truncation, self.min_grid_points
-            )
-        return self._unit_pld
+        """The PLD of one composition unit at the default tail truncation (built once, lazily)."""
+        return self._unit(0, True)
+
+    def _composed_at(self, compositions: int, level: int) -> list[PrivacyLossDistribution]:
+        """Upper-bounding PLDs after ``compositions`` units at read-out ``level`` (each is pessimistic; the
+        read-outs take the best of them, so they stay monotone in delta and inverse to each other).
+
+        The refined grid when it fits in :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`, else the
+        coarse one (``discretization``; looser, still pessimistic). Composed by
+        :func:`~lightning_dpts.privacy.pld.compose` untilted and, for the fine level, also tilted at the
+        saddle point of the epsilon the untilted one gives at delta = :data:`_TILT_DELTA` of the level.
+        """
+        if compositions > MAX_COMPOSITIONS:
+            raise _TooLarge
+        for refined in (True, False):
+            key = (level, refined, compositions)
+            if key in self._composed:
+                self._composed.move_to_end(key)
+                return self._composed[key]
+            unit = self._unit(level, refined)
+            if compositions == 1:
+                plds = [unit]
+            else:
+                tail = self._tails(level)[1]
+                try:
+                    plain = compose(unit, compositions, tail, 0.0)
+                    tilt = 0.0
+                    if level > 0:  # below FINE_DELTA the untilted FFT round-off can matter: add the tilted one
+                        tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plain, _TILT_DELTA[level]))
+                    plds = [plain] if tilt == 0.0 else [plain, compose(unit, compositions, tail, tilt)]
+                except OverflowError:
+                    if refined and self.min_grid_points > 0:
+                        continue
+                    raise _TooLarge from None
+            self._composed[key] = plds
+            if len(self._composed) > _CACHE_SIZE:
+                self._composed.popitem(last=False)
+            return plds
+        raise _TooLarge
+
+    def _eps(self, compositions: int, level: int, delta: float) -> float:
+        return min(epsilon_from_pld(p, delta) for p in self._composed_at(compositions, level))
+
+    def _delta(self, compositions: int, level: int, epsilon: float) -> float:
+        return min(delta_from_pld(p, epsilon) for p in self._composed_at(compositions, level))
 
     def composed_pld(self, compositions: int) -> PrivacyLossDistribution:
-        """PLD after ``compositions`` units (cached, most recent first)."""
-        if compositions in self._composed:
-            self._composed.move_to_end(compositions)
-            return self._composed[compositions]
-        pld = self.unit_pld.self_compose(compositions, tail_mass_truncation=self.tail_mass_truncation)
-        self._composed[compositions] = pld
-        if len(self._composed) > _CACHE_SIZE:
-            self._composed.popitem(last=False)
-        return pld
+        """PLD after ``compositions`` units at the default tail truncation (cached, most recent first).
+
+        Raises:
+            ConfigurationError: the composition would exceed the memory bound (``steps``).
+        """
+        try:
+            plds = self._composed_at(compositions, 0)
+            return plds[-1]
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def _too_many(self, compositions: int) -> ConfigurationError:
+        return ConfigurationError(
+            "steps", self._steps_for(compositions),
+            f"{compositions} {self.unit}s are more than this accountant composes in bounded memory "
+            f"(at most {MAX_COMPOSED_POINTS} privacy-loss grid points); account fewer steps",
+        )
+
+    def _epsilon_units(self, compositions: int, delta: float) -> float:
+        """epsilon after ``compositions`` units (raises _TooLarge); monotone in delta and compositions."""
+        if compositions == 0:
+            return 0.0
+        if compositions == 1:  # one unit: the profile itself, no discretisation
+            return float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
+        if delta >= FINE_DELTA:
+            return self._eps(compositions, 0, delta)
+        # Finer truncation below FINE_DELTA; never below the value at the level boundary (monotone in delta).
+        return max(self._eps(compositions, 1, delta), self._eps(compositions, 0, FINE_DELTA))
 
     # ------------------------------------------------------------------------------------------------
     # read-outs
     # ------------------------------------------------------------------------------------------------
     def epsilon(self, steps: int, delta: float) -> float:
-        """The smallest epsilon such that training for ``steps`` optimizer steps is (epsilon, delta)-DP."""
+        """The smallest epsilon such that training for ``steps`` optimizer steps is (epsilon, delta)-DP.
+
+        One composition unit is read from the profile directly; more from the pessimistic PLD, with a tail
+        truncation chosen from ``delta`` (:data:`FINE_DELTA`). ``math.inf`` only when no finite epsilon is
+        certified. Raises ConfigurationError (``steps``) when the composition exceeds the memory bound.
+        """
         delta = _check_delta(delta)
         n = self.compositions(steps)
-        if n == 0:
-            return 0.0
-        return float(self.composed_pld(n).get_epsilon_for_delta(delta))
+        try:
+            return self._epsilon_units(n, delta)
+        except _TooLarge:
+            raise self._too_many(n) from None
 
     def epsilons(self, steps: Sequence[int], delta: float) -> list[float]:
         """:meth:`epsilon` for several step counts."""
         return [self.epsilon(s, delta) for s in steps]
 
     def delta(self, steps: int, epsilon: float) -> float:
-        """The smallest delta such that training for ``steps`` steps is (epsilon, delta)-DP."""
+        """The smallest delta (in [0, 1]) such that training for ``steps`` steps is (epsilon, delta)-DP."""
         epsilon = _check_epsilon(epsilon)
         n = self.compositions(steps)
         if n == 0:
             return 0.0
-        return float(self.composed_pld(n).get_delta_for_epsilon(epsilon))
+        if n == 1:
+            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
+            value = float(self.profile.delta(min(epsilon, 700.0))[0])
+            return min(1.0, max(0.0, value))
+        try:
+            coarse = self._delta(n, 0, epsilon)
+            if coarse >= FINE_DELTA:
+                return coarse
+            return min(coarse, self._delta(n, 1, epsilon))
+        except _TooLarge:
+            raise self._too_many(n) from None
 
     def max_steps(self, epsilon: float, delta: float, *, limit: int = 10**9) -> int:
         """The largest number of optimizer steps whose composed epsilon stays <= ``epsilon`` at ``delta``.
 
         For iteration/shuffling this is a whole number of epochs times the steps per epoch. Returns 0 if even
-        one unit exceeds the budget. Raises if the budget allows more than ``limit`` steps.
+        one unit exceeds the budget. Time and memory are bounded: raises ConfigurationError (``epsilon``) if
+        the budget allows more than ``limit`` steps, or more compositions than the accountant evaluates in
+        bounded memory (the message gives the number of steps known to fit).
         """
         epsilon = _check_epsilon(epsilon)
         delta = _check_delta(delta)
 
         def fits(n: int) -> bool:
-            return float(self.composed_pld(n).get_epsilon_for_delta(delta)) <= epsilon
+            return self._epsilon_units(n, delta) <= epsilon
 
         if not fits(1):
             return 0
-        lo, hi = 1, 1
-        while fits(hi):
-            lo = hi
-            hi *= 2
-            if self._steps_for(lo) > limit:
-                raise ConfigurationError(
-                    "epsilon", epsilon, f"the budget allows more than limit={limit} steps; raise the limit"
-                )
+        lo, hi = 1, 2
+        try:
+            while fits(hi):
+                lo = hi
+                if self._steps_for(lo) > limit:
+                    raise ConfigurationError(
+                        "epsilon", epsilon, f"the budget allows more than limit={limit} steps; lower epsilon or "
+                        "raise the limit"
+                    )
+                hi *= 2
+        except _TooLarge:
+            raise ConfigurationError(
+                "epsilon", epsilon,
+                f"the budget allows at least {self._steps_for(lo)} steps, more than this accountant composes in "
+                "bounded memory; lower epsilon (or stop training by a step count you choose)",
+            ) from None
         while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
             mid = (lo + hi) // 2
             if fits(mid):
@@ -246,16 +375,21 @@ def calibrate_noise_multiplier(
     min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
     rtol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
+    min_noise_multiplier: float = 0.1,
 ) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``) reaching (epsilon, delta).
 
     Exactly one of ``steps`` (optimizer steps) or ``epochs`` (each ``spec.steps_per_epoch`` steps) must be
     given. The returned sigma is the upper end of the final bisection bracket, so the accountant at that
-    sigma always satisfies the target.
+    sigma always satisfies the target. The search is confined to [``min_noise_multiplier``,
+    ``max_noise_multiplier``] (default [0.1, 1e4]) so that it stays bounded in time: if the floor already
+    reaches the target, the floor is returned (more noise than needed, never less); if the ceiling does not,
+    ConfigurationError (``epsilon``; ``steps`` when the steps cannot be composed in bounded memory).
     """
     epsilon = _check_epsilon(epsilon)
-    if epsilon == 0:
-        raise ConfigurationError("epsilon", epsilon, "must be > 0 to calibrate a finite noise multiplier")
+    if not 0 < epsilon <= MAX_CALIBRATION_EPSILON:
+        raise ConfigurationError("epsilon", epsilon, f"must lie in (0, {MAX_CALIBRATION_EPSILON:g}] to calibrate a "
+                                 "noise multiplier (larger budgets protect nothing)")
     delta = _check_delta(delta)
     if (steps is None) == (epochs is None):
         raise ConfigurationError("steps", steps, "give exactly one of steps or epochs")
@@ -274,7 +408,15 @@ def calibrate_noise_multiplier(
             spec, sigma, bound=bound, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
             min_grid_points=min_grid_points,
         )
-        return acc.epsilon(steps, delta)
+        try:
+            return acc.epsilon(steps, delta)
+        except ConfigurationError as err:
+            if err.parameter in ("steps", "noise_multiplier"):  # too small a sigma to evaluate: not certified
+                failures.append(err)
+                return math.inf
+            raise
+
+    failures: list[ConfigurationError] = []
 
     # Geometric bracketing on log(sigma), then bisection.
     lo, hi = 0.5, 1.0
@@ -283,15 +425,17 @@ def calibrate_noise_multiplier(
         while eps_at(hi) > epsilon:
             lo, hi = hi, hi * 2.0
             if hi > max_noise_multiplier:
+                if failures and failures[-1].parameter == "steps":  # not the budget: too many steps to compose
+                    raise failures[-1]
                 raise ConfigurationError(
                     "epsilon", epsilon,
                     f"not reachable with noise_multiplier <= {max_noise_multiplier} in {steps} steps",
                 )
     else:
         while eps_at(lo) <= epsilon:
-            hi, lo = lo, lo / 2.0
-            if lo < 1e-3:
-                return hi
+            if lo <= min_noise_multiplier:  # already enough at the floor: return the floor (more noise, sound)
+                return min_noise_multiplier
+            hi, lo = lo, max(lo / 2.0, min_noise_multiplier)
     while hi / lo - 1.0 > rtol:
         mid = math.sqrt(lo * hi)
         if eps_at(mid) <= epsilon:

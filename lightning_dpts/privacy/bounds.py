@@ -24,9 +24,14 @@ from lightning_dpts.privacy import profiles
 from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["BOUNDS", "select_profile", "augmentation_leak_probability", "naive_dpsgd_profile"]
+__all__ = ["BOUNDS", "MAX_LENGTH_MEMBERS", "select_profile", "augmentation_leak_probability", "naive_dpsgd_profile"]
 
 BOUNDS: tuple[str, ...] = ("upper", "lower")
+#: Largest noise multiplier accepted: beyond it every mean of the dominating mixtures is below 1e-8 (in units of
+#: the noise std), epsilon is 0 to every printed digit, and the means underflow for sigma near 1e308.
+MAX_NOISE_MULTIPLIER = 1e8
+#: Smallest noise multiplier accepted (a single step's privacy loss is then far beyond any grid anyway).
+MIN_NOISE_MULTIPLIER = 1e-6
 
 
 def _check_sigma(noise_multiplier: float) -> float:
@@ -34,8 +39,9 @@ def _check_sigma(noise_multiplier: float) -> float:
         sigma = float(noise_multiplier)
     except (TypeError, ValueError):
         raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a number > 0") from None
-    if not (sigma > 0 and np.isfinite(sigma)):
-        raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a finite number > 0")
+    if not (MIN_NOISE_MULTIPLIER <= sigma <= MAX_NOISE_MULTIPLIER):
+        raise ConfigurationError("noise_multiplier", noise_multiplier,
+                                 f"must be a number in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}]")
     return sigma
 
 
@@ -76,8 +82,27 @@ def augmentation_leak_probability(spec: SamplingSpec) -> float:
     return min(1.0, rho * worst / T)
 
 
+#: Most members the pointwise maximum over series lengths evaluates exactly; beyond it, neighbouring
+#: members are grouped into one dominating member (upper bound) or subsampled (lower bound).
+MAX_LENGTH_MEMBERS = 48
+
+
 def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "upper") -> PrivacyProfile:
     """The privacy profile of one composition unit for ``spec`` (see the module docstring).
+
+    With series of different lengths (``spec.lengths``) this is the pointwise maximum of the per-length
+    profiles, reduced to the lengths that can attain it (docs/privacy.md, "Series of different lengths"):
+
+    * bottom level with replacement, no augmentation (Theorems 4.2, 4.4, E.1, F.1): every profile is
+      non-decreasing in r = min(k, T)/T, which is non-increasing in T, so the shortest series decides;
+    * augmentation (Theorem G.1): the profile is non-decreasing in p2, so the length with the largest p2
+      decides; p2 is evaluated for every length with T < L_C + L_F and the shortest one above (beyond it p2
+      falls as 1/T);
+    * bottom-level Poisson (Theorems E.8, F.2): the profile is non-decreasing in k and in r separately, but
+      k = min(k_max, T) grows and r = min(1, lambda/T) falls with T, so every length with lambda < T < k_max
+      is a member, plus the longest with T <= lambda and the shortest with T >= max(k_max, lambda). More than
+      :data:`MAX_LENGTH_MEMBERS` members are grouped into runs of consecutive lengths, each accounted with
+      its largest k and largest r (a dominating, slightly pessimistic member).
 
     Args:
         spec: the sampling description (usually ``datamodule.sampling_spec``).
@@ -91,6 +116,86 @@ def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "up
     sigma = _check_sigma(noise_multiplier)
     if bound not in BOUNDS:
         raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
+    if spec.lengths is None:
+        return _single_length_profile(spec, sigma, bound)
+    count = len(spec.lengths)
+    if spec.has_augmentation:
+        threshold = spec.window_length  # T >= L_C + L_F: worst position sees every window, p2 ~ 1/T
+        candidates = [L for L in spec.lengths if L - spec.prediction_length + 1 < threshold]
+        above = [L for L in spec.lengths if L - spec.prediction_length + 1 >= threshold]
+        if above:
+            candidates.append(above[0])
+        _augmented_profile(spec.at_length(spec.min_length), sigma, bound)  # validates the configuration
+        best = max(candidates, key=lambda L: augmentation_leak_probability(spec.at_length(L)))
+        profile = _single_length_profile(spec.at_length(best), sigma, bound)
+        return _relabel(profile, f"{profile.theorem}, max over {count} series lengths (L={best} decides)",
+                        profile.kind)
+    if spec.bottom_level == "with_replacement":
+        profile = _single_length_profile(spec.at_length(spec.min_length), sigma, bound)
+        return _relabel(profile, f"{profile.theorem}, max over {count} series lengths (the shortest decides)",
+                        profile.kind)
+    return _poisson_max_profile(spec, sigma, bound)
+
+
+def _relabel(profile: PrivacyProfile, theorem: str, kind: str) -> PrivacyProfile:
+    return dataclasses.replace(profile, theorem=theorem, kind=kind)
+
+
+def _poisson_members(spec: SamplingSpec) -> list[tuple[int, int, float]]:
+    """(T, k, r) of the lengths that can attain the maximum for bottom-level Poisson (undominated ones)."""
+    lam = spec.instances_per_series
+    k_max = spec.relation.windows_containing(spec.window_length, 2**62)
+    starts = [L - spec.prediction_length + 1 for L in spec.distinct_lengths]
+    low = [T for T in starts if T <= lam]
+    high = [T for T in starts if T >= max(k_max, lam)]
+    chosen = ([max(low)] if low else []) + [T for T in starts if lam < T < k_max] + ([min(high)] if high else [])
+    members = [(T, min(k_max, T), min(1.0, lam / T)) for T in sorted(set(chosen))]
+    return [m for m in members
+            if not any(o != m and o[1] >= m[1] and o[2] >= m[2] for o in members)]
+
+
+def _poisson_unit_profile(spec: SamplingSpec, k: int, r: float, sigma: float, bound: str) -> PrivacyProfile:
+    if spec.accounts_per_epoch:
+        return profiles.theorem_e_8(k, r, sigma)
+    rho = spec.top_level_rate
+    return profiles.theorem_f_2(rho, k, r, sigma) if bound == "upper" else profiles.theorem_f_8(rho, k, r, sigma)
+
+
+def _poisson_max_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
+    """Pointwise maximum of Theorem E.8/F.2 (F.8 for the lower bound) over the lengths present."""
+    _single_length_profile(spec.at_length(spec.min_length), sigma, bound)  # validates the configuration
+    members = _poisson_members(spec)
+    grouped = len(members) > MAX_LENGTH_MEMBERS
+    if grouped and bound == "upper":
+        # Runs of consecutive members, each dominated by its largest k and largest r (the profile is
+        # non-decreasing in both; docs/privacy.md).
+        runs = np.array_split(np.arange(len(members)), MAX_LENGTH_MEMBERS)
+        params = [(max(members[i][1] for i in run), max(members[i][2] for i in run)) for run in runs]
+    elif grouped:
+        # A lower bound may leave lengths out: every member is attained by a series that is present.
+        picks = np.unique(np.linspace(0, len(members) - 1, MAX_LENGTH_MEMBERS).round().astype(int))
+        params = [(members[i][1], members[i][2]) for i in picks]
+    else:
+        params = [(k, r) for _, k, r in members]
+    parts = [_poisson_unit_profile(spec, k, r, sigma, bound) for k, r in params]
+    kinds = {p.kind for p in parts}
+    if bound == "lower":
+        kind = "lower"
+    elif kinds == {"tight"} and not grouped:
+        kind = "tight"
+    else:
+        kind = "upper"
+    Ts = ", ".join(str(T) for T, _, _ in members[:6]) + (", ..." if len(members) > 6 else "")
+    theorem = (f"{parts[0].theorem.split(' (')[0]}, max over {len(spec.distinct_lengths)} series lengths "
+               f"({len(members)} members: T = {Ts}{'; grouped' if grouped and bound == 'upper' else ''})")
+    if len(parts) == 1:
+        return _relabel(parts[0], theorem, kind)
+    return profiles.pointwise_max(parts, theorem, kind, f"max of {len(parts)} profiles: "
+                                  + "; ".join(p.description for p in parts[:3]) + ("; ..." if len(parts) > 3 else ""))
+
+
+def _single_length_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
+    """The profile when every series has ``spec.min_length`` steps (the table of PRIVACY-NOTES.md)."""
     lam = spec.instances_per_series
     r = spec.bottom_level_rate
     k = spec.windows_per_unit

@@ -19,6 +19,13 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
+    "MAX_COMPOSED_POINTS",
+    "compose",
+    "composed_size",
+    "saddlepoint_tilt",
+    "unit_moments",
+    "delta_from_pld",
+    "epsilon_from_pld",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_MIN_GRID_POINTS",
     "DEFAULT_TAIL_MASS",
@@ -35,7 +42,10 @@ DEFAULT_TAIL_MASS = 1e-15
 #: Refine the grid below ``discretization`` until the loss range holds at least this many points.
 DEFAULT_MIN_GRID_POINTS = 4096
 #: Refuse PLDs larger than this many grid points (a sign of a degenerate configuration, e.g. tiny sigma).
-MAX_GRID_POINTS = 20_000_000
+MAX_GRID_POINTS = 2_000_001
+#: Refuse compositions whose privacy-loss pmf would exceed this many points (16 MiB per array): every
+#: read-out stays bounded in memory and time.
+MAX_COMPOSED_POINTS = 1 << 21
 
 
 def epsilon_for_delta(profile: PrivacyProfile, delta: float, rtol: float = 1e-6) -> float:
@@ -108,7 +118,14 @@ def pld_from_profile(
         raise ValueError(f"discretization must be > 0, got {discretization}")
     if not 0 < tail_mass_truncation < 1:
         raise ValueError(f"tail_mass_truncation must lie in (0, 1), got {tail_mass_truncation}")
-    eps_max = profile_support_bound(profile, tail_mass_truncation)
+    eps_max = epsilon_for_delta(profile, tail_mass_truncation)
+    while math.isinf(eps_max) and tail_mass_truncation < 1e-9:
+        # a profile with a floor above the truncation (mass accounted as perfectly distinguishable): put a
+        # larger tail at +infinity instead; still pessimistic, only less tight
+        tail_mass_truncation *= 100.0
+        eps_max = epsilon_for_delta(profile, tail_mass_truncation)
+    if math.isinf(eps_max):
+        raise ValueError("privacy loss does not reach the tail-mass truncation; is sigma far too small?")
     discretization = grid_spacing(eps_max, discretization, min_grid_points)
     n_hi = max(1, math.ceil(eps_max / discretization))
     if 2 * n_hi + 1 > MAX_GRID_POINTS:
@@ -124,3 +141,187 @@ def pld_from_profile(
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, -n_hi, n_hi, deltas)
     return PrivacyLossDistribution(pmf)
+
+
+def _dense_pmf(pld: PrivacyLossDistribution) -> tuple[float, int, np.ndarray, float]:
+    """(grid spacing h, index of the lowest loss, probabilities, mass at +infinity) of a symmetric PLD."""
+    pmf = pld._pmf_remove
+    if isinstance(pmf, pld_pmf.SparsePLDPmf):  # small pmfs: {loss index: probability}
+        items = pmf._loss_probs
+        lower = min(items) if items else 0
+        probs = np.zeros((max(items) - lower + 1) if items else 1)
+        for index, prob in items.items():
+            probs[index - lower] += prob
+        return float(pmf._discretization), int(lower), probs, float(pmf._infinity_mass)
+    return float(pmf._discretization), int(pmf._lower_loss), np.asarray(pmf._probs, dtype=np.float64), float(
+        pmf._infinity_mass)
+
+
+def composed_size(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float) -> int:
+    """Number of points of ``pld.self_compose(num_times, tail_mass_truncation)``, without composing.
+
+    Uses dp_accounting's own Chernoff truncation bounds, so the estimate is the size it will allocate.
+    """
+    from dp_accounting.pld import common
+
+    _, _, probs, _ = _dense_pmf(pld)
+    if num_times <= 1:
+        return probs.size
+    lower, upper = common.compute_self_convolve_bounds(probs, num_times, tail_mass_truncation)
+    return max(int(upper) - int(lower) + 1, probs.size)
+
+
+def delta_from_pld(pld: PrivacyLossDistribution, epsilon: float) -> float:
+    """delta(eps) = P(L = inf) + sum_{l > eps} P(L = l) (1 - e^{eps - l}) of a PLD, in [0, 1].
+
+    Evaluated with ``expm1`` (no overflow for huge losses); negative rounding noise of the FFT composition is
+    dropped, which only raises delta (pessimistic).
+    """
+    h, lower, probs, inf_mass = _dense_pmf(pld)
+    losses = (lower + np.arange(probs.size)) * h
+    sel = losses > epsilon
+    value = inf_mass + float(np.sum(np.maximum(probs[sel], 0.0) * -np.expm1(epsilon - losses[sel])))
+    return min(1.0, max(0.0, value))
+
+
+def epsilon_from_pld(pld: PrivacyLossDistribution, delta: float) -> float:
+    """The smallest eps >= 0 with delta(eps) <= ``delta`` of a PLD (``math.inf`` if the mass at +infinity
+    already exceeds ``delta``).
+
+    On each interval between grid losses delta(eps) = A - e^eps B, with A and B suffix sums of the pmf; both
+    are formed from the top of the loss range (B in log space), so huge losses neither overflow nor cancel.
+    """
+    h, lower, probs, inf_mass = _dense_pmf(pld)
+    if inf_mass >= delta:
+        return math.inf
+    probs = np.maximum(probs, 0.0)
+    losses = (lower + np.arange(probs.size)) * h
+    with np.errstate(divide="ignore"):
+        log_terms = np.log(probs) - losses
+    # suffix sums over i > j: A_j = inf + sum p_i, log B_j = logsumexp(log p_i - l_i)
+    tail_mass = np.concatenate([np.cumsum(probs[::-1])[::-1][1:], [0.0]]) + inf_mass
+    log_b = np.concatenate([np.logaddexp.accumulate(log_terms[::-1])[::-1][1:], [-np.inf]])
+    with np.errstate(over="ignore"):
+        at_grid = tail_mass - np.exp(np.minimum(losses + log_b, 700.0))  # delta(l_j)
+    at_grid = np.where(losses >= 0, at_grid, np.inf)
+    if delta_from_pld(pld, 0.0) <= delta:
+        return 0.0
+    ok = np.nonzero(at_grid <= delta)[0]
+    if ok.size == 0:  # pragma: no cover - the last grid point has delta = inf_mass < delta
+        return math.inf
+    j = int(ok[0])
+    # eps in [l_{j-1}, l_j): delta(eps) = A_{j-1} - e^eps B_{j-1}
+    if j == 0:
+        return max(0.0, float(losses[0]))
+    a, log_bb = tail_mass[j - 1], log_b[j - 1]
+    left = max(0.0, float(losses[j - 1]))
+    if a - delta <= 0 or not np.isfinite(log_bb):
+        return float(losses[j])
+    eps = math.log(a - delta) - float(log_bb)
+    return float(min(max(eps, left), float(losses[j])))
+
+
+def unit_moments(pld: PrivacyLossDistribution) -> tuple[float, float]:
+    """Mean and variance of the finite privacy losses of a PLD (used to aim the tilt of :func:`compose`)."""
+    h, lower, probs, _ = _dense_pmf(pld)
+    probs = np.maximum(probs, 0.0)
+    losses = (lower + np.arange(probs.size)) * h
+    total = float(probs.sum())
+    mean = float(probs @ losses) / total
+    return mean, float(probs @ (losses - mean) ** 2) / total
+
+
+_UNIT_ROUNDOFF = 1.12e-16
+
+
+def compose(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float, tilt: float = 0.0,
+            max_points: int = MAX_COMPOSED_POINTS) -> PrivacyLossDistribution:
+    """``num_times``-fold composition of a symmetric PLD by an exponentially tilted FFT, pessimistically.
+
+    dp_accounting's ``self_compose`` raises the FFT of the pmf to the n-th power; its round-off (about n * 1e-16
+    of the largest probability per grid point) is of the order of delta itself for delta <= 1e-12 and
+    thousands of compositions, in either direction (we measured epsilon 0.2% *below* the Gaussian closed form).
+    Here the pmf is tilted by e^{tilt * loss} before the FFT (composition commutes with tilting), so the losses
+    near e^{...} of interest are computed with a small relative error, and an explicit bound on the round-off,
+    8 u (n + 2 log2 M) mean_k |W_k|^n per tilted point, is *added* to every probability after un-tilting.
+    The range kept is fixed by Chernoff bounds with the exact log-MGF; the mass outside it (<= tail/2) and
+    the mass the circular FFT folds into it (<= tail/2) are put at +infinity. Every step raises delta(eps).
+
+    Raises:
+        OverflowError: the kept range would exceed ``max_points`` grid points.
+    """
+    from scipy import fft as sfft
+    from scipy.special import logsumexp
+
+    h, lower, probs, inf_mass = _dense_pmf(pld)
+    probs = np.maximum(probs, 0.0)
+    n = int(num_times)
+    if n == 1:
+        return pld
+    losses = (lower + np.arange(probs.size)) * h
+    with np.errstate(divide="ignore"):
+        log_p = np.log(probs)
+    mean, var = unit_moments(pld)
+    scale = math.sqrt(max(var, 1e-300) * n)
+    ts = np.geomspace(1e-2, 1e3, 31) / scale
+    log_tail = math.log(tail_mass_truncation / 4.0)
+    log_w = log_p + tilt * losses
+    log_z = float(logsumexp(log_w))
+
+    def bounds(log_q: np.ndarray) -> tuple[float, float]:
+        """Chernoff: the n-fold sum of the (sub-)pmf exp(log_q) exceeds hi, or falls below lo, w.p. <= tail/4."""
+        hi = min((n * float(logsumexp(log_q + t * losses)) - log_tail) / t for t in ts)
+        lo = max(-(n * float(logsumexp(log_q - t * losses)) - log_tail) / t for t in ts)
+        return lo, hi
+
+    lo_p, hi_p = bounds(log_p)  # the true composition: mass outside goes to +infinity below
+    lo_w, hi_w = bounds(log_w - log_z)  # the tilted one: keeps the circular wrap-around negligible
+    upper = min(max(hi_p, hi_w), n * float(losses[-1]))
+    lower_loss = max(min(lo_p, lo_w), n * float(losses[0]))
+    lo_index, hi_index = math.floor(lower_loss / h), math.ceil(upper / h)
+    width = hi_index - lo_index + 1
+    if width > max_points:
+        raise OverflowError(f"{width} grid points")
+    size = sfft.next_fast_len(max(width, probs.size), real=True)
+    spectrum = sfft.rfft(np.exp(log_w - log_z), size) ** n
+    tilted = sfft.irfft(spectrum, size)
+    magnitude = np.abs(spectrum)
+    mean_power = (2.0 * float(magnitude.sum()) - float(magnitude[0])) / size
+    error = 8.0 * _UNIT_ROUNDOFF * (n + 2.0 * math.log2(size)) * mean_power
+    index = np.arange(lo_index, hi_index + 1)
+    values = tilted[(index - n * lower) % size]
+    log_factor = np.minimum(n * log_z - tilt * index * h, 700.0)
+    out = np.minimum((np.maximum(values, 0.0) + error) * np.exp(log_factor), 1.0)
+    composed_inf = -math.expm1(n * math.log1p(-inf_mass)) + tail_mass_truncation
+    pmf = pld_pmf.DensePLDPmf(h, lo_index, out, min(1.0, composed_inf), True)
+    return PrivacyLossDistribution(pmf)
+
+
+def saddlepoint_tilt(pld: PrivacyLossDistribution, num_times: int, target: float, max_tilt: float = 50.0) -> float:
+    """The tilt theta >= 0 whose tilted n-fold composition has mean ``target`` (n K'(theta) = target).
+
+    Aims :func:`compose` at the losses near ``target`` (an epsilon), where its relative error is smallest.
+    """
+    from scipy.special import logsumexp
+
+    h, lower, probs, _ = _dense_pmf(pld)
+    losses = (lower + np.arange(probs.size)) * h
+    with np.errstate(divide="ignore"):
+        log_p = np.log(np.maximum(probs, 0.0))
+
+    def tilted_mean(theta: float) -> float:
+        log_w = log_p + theta * losses
+        return float(np.exp(log_w - logsumexp(log_w)) @ losses) * num_times
+
+    if not math.isfinite(target) or tilted_mean(0.0) >= target:
+        return 0.0
+    if tilted_mean(max_tilt) <= target:
+        return max_tilt
+    lo, hi = 0.0, max_tilt
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        if tilted_mean(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)

@@ -45,11 +45,12 @@ __all__ = [
     "theorem_g_1",
     "proposition_c_1",
     "proposition_c_2",
+    "pointwise_max",
 ]
 
 #: Default total weight of negligible mixture components that may be dropped (and accounted as a fully
-#: distinguishable pair). Far below the default PLD tail-mass truncation of 1e-15.
-COMPONENT_TRUNCATION = 1e-17
+#: distinguishable pair). Far below the PLD tail-mass truncations (1e-15, and 1e-27 for delta < 1e-6).
+COMPONENT_TRUNCATION = 1e-30
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +99,31 @@ class PrivacyProfile:
     def delta(self, epsilon: float | np.ndarray) -> np.ndarray:
         """delta(eps) = H(e^eps) of a single composition unit."""
         return self.hockey_stick_at_log_alpha(np.asarray(epsilon, dtype=np.float64))
+
+
+def pointwise_max(members: list[PrivacyProfile], theorem: str, kind: str, description: str) -> PrivacyProfile:
+    """The profile alpha -> max_j H_j(alpha) of several symmetric privacy profiles.
+
+    Used for datasets whose series have different lengths: the protected unit lies in *one* series, so every
+    neighbouring pair of datasets is covered by the profile of that series' length, and the maximum covers
+    them all. The maximum of symmetric profiles is symmetric (the map H -> 1 - alpha + alpha H is increasing),
+    convex in alpha (a maximum of convex functions) and hence a valid profile for connect-the-dots; a PLD
+    built from values that dominate each member's values dominates each member's PLD (docs/privacy.md).
+    """
+    if not members:
+        raise ValueError("pointwise_max needs at least one profile")
+    if len(members) == 1:
+        only = members[0]
+        return PrivacyProfile(theorem, kind, description, only._upper_half, only.pair, only.rho)
+    halves = [m._upper_half for m in members]
+
+    def upper_half(log_alpha: np.ndarray) -> np.ndarray:
+        out = np.asarray(halves[0](log_alpha), dtype=np.float64)
+        for half in halves[1:]:
+            out = np.maximum(out, half(log_alpha))
+        return out
+
+    return PrivacyProfile(theorem, kind, description, upper_half)
 
 
 def gaussian_tvd(shift: float, std: float) -> float:

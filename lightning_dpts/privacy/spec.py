@@ -11,6 +11,7 @@ Series Forecasting* (Schuchardt et al., ICML 2025), referred to below as "the pa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -121,8 +122,13 @@ class SamplingSpec:
 
     Args:
         num_series: N, the number of training series.
-        min_length: L, the length of the *shortest* training series, in time steps (Appendix I.1: the
-            bounds grow as series get shorter, so the shortest one decides).
+        min_length: L, the length of the *shortest* training series, in time steps.
+        lengths: the distinct lengths of all training series (time steps), or ``None`` when every series has
+            ``min_length`` steps. The protected unit lies in one series, so the accountant takes the pointwise
+            maximum of the per-length privacy profiles (see :func:`~lightning_dpts.privacy.bounds.select_profile`
+            and docs/privacy.md): "the shortest series decides" is *not* sound for the Poisson bottom level or
+            for augmentation with sigma_F != sigma_C. Stored sorted and deduplicated; must contain
+            ``min_length`` and nothing shorter.
         context_length: L_C, the past window length actually read by the model, **including every lag**
             (DeepAR's context_length + max(lags_seq); Appendix B.4.2). Time steps.
         prediction_length: L_F, the forecast window length, in time steps.
@@ -151,6 +157,7 @@ class SamplingSpec:
     relation: NeighbouringRelation = field(default_factory=NeighbouringRelation)
     context_noise: float = 0.0
     forecast_noise: float = 0.0
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_series", self.num_series, 1)
@@ -165,6 +172,8 @@ class SamplingSpec:
         _require_nonnegative_float("forecast_noise", self.forecast_noise)
         if not isinstance(self.relation, NeighbouringRelation):
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
+        if self.lengths is not None:
+            object.__setattr__(self, "lengths", self._normalise_lengths(self.lengths))
         if self.min_length < self.prediction_length:
             raise ConfigurationError(
                 "min_length",
@@ -198,6 +207,34 @@ class SamplingSpec:
                 None,
                 "context_noise/forecast_noise are multiples of the value bound v (Eq. 1); set a value bound",
             )
+
+    def _normalise_lengths(self, lengths: object) -> tuple[int, ...] | None:
+        try:
+            values = list(lengths)  # type: ignore[call-overload]
+        except TypeError:
+            raise ConfigurationError("lengths", lengths, "must be a sequence of integers (series lengths)") from None
+        out: set[int] = set()
+        for value in values:
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise ConfigurationError("lengths", value, "every length must be an integer >= min_length")
+            out.add(int(value.__index__()))
+        if not out:
+            raise ConfigurationError("lengths", lengths, "must hold at least one length (or be None)")
+        if min(out) != self.min_length:
+            raise ConfigurationError(
+                "lengths", min(out), f"the shortest of the lengths must equal min_length={self.min_length}"
+            )
+        ordered = tuple(sorted(out))
+        return None if ordered == (self.min_length,) else ordered
+
+    @property
+    def distinct_lengths(self) -> tuple[int, ...]:
+        """The distinct training-series lengths (``(min_length,)`` when ``lengths`` is ``None``)."""
+        return (self.min_length,) if self.lengths is None else self.lengths
+
+    def at_length(self, length: int) -> SamplingSpec:
+        """This spec for a dataset in which every series has ``length`` steps (one member of the maximum)."""
+        return dataclasses.replace(self, min_length=int(length), lengths=None)
 
     # ----------------------------------------------------------------------------------------------
     # Derived quantities (never stored twice)

@@ -42,7 +42,11 @@ from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
+    MAX_COMPOSED_POINTS,
+    compose,
+    delta_from_pld,
     epsilon_for_delta,
+    epsilon_from_pld,
     pld_from_profile,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile
@@ -94,10 +98,18 @@ def _check_rate(rate: object) -> float:
     return p
 
 
+#: Accepted range of the noise std and of the per-step l2 bound v sqrt(D) (series units): their ratio must be
+#: representable, so that no sensitivity-to-noise ratio overflows or underflows.
+SCALE_RANGE = (1e-100, 1e100)
+#: Largest relation size w a release accounts (the binomial over w + 1 counts is evaluated in memory).
+MAX_RELEASE_SIZE = 10**6
+
+
 def _check_noise_std(noise_std: object) -> float:
     s = _number("noise_std", noise_std)
-    if s <= 0:
-        raise ConfigurationError("noise_std", noise_std, "must be a finite number > 0 (series units)")
+    if not SCALE_RANGE[0] <= s <= SCALE_RANGE[1]:
+        raise ConfigurationError("noise_std", noise_std, f"must be a number in [{SCALE_RANGE[0]:g}, "
+                                 f"{SCALE_RANGE[1]:g}] (series units)")
     return s
 
 
@@ -195,6 +207,12 @@ class ReleaseSpec:
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
         if self.relation.value_bound is None:
             raise ConfigurationError("value_bound", None, "a finite value bound v > 0 is required for releases")
+        if not SCALE_RANGE[0] <= self.step_bound <= SCALE_RANGE[1]:
+            raise ConfigurationError("value_bound", self.relation.value_bound,
+                                     f"v * sqrt(num_dims) must lie in [{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]")
+        if self.size > MAX_RELEASE_SIZE:
+            raise ConfigurationError("size", self.relation.size, f"must be <= {MAX_RELEASE_SIZE} protected steps "
+                                     "inside the released window (or give context_length to cap it)")
         if self.context_length is not None:
             t = self.context_length
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
@@ -514,9 +532,16 @@ class ReleaseAccountant:
             self._pld = pld_from_profile(self.profile(), self.discretization, self.tail_mass_truncation,
                                          self.min_grid_points)
         if releases not in self._composed:
-            self._composed[releases] = (self._pld if releases == 1 else
-                                        self._pld.self_compose(releases,
-                                                               tail_mass_truncation=self.tail_mass_truncation))
+            if releases == 1:
+                self._composed[releases] = self._pld
+            else:
+                try:  # tilted FFT with an explicit round-off bound, bounded in memory (privacy.pld.compose)
+                    self._composed[releases] = compose(self._pld, releases, self.tail_mass_truncation)
+                except OverflowError:
+                    raise ConfigurationError(
+                        "releases", releases, f"{releases} releases are more than the exact bound composes in "
+                        f"bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss grid points); use fewer "
+                        "releases, or --bound koga (closed form)") from None
         return self._composed[releases]
 
     def _exact_single_epsilon(self, delta: float) -> float:
@@ -529,7 +554,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return self._exact_single_epsilon(delta)
-            return float(self.composed_pld(releases).get_epsilon_for_delta(delta))
+            return epsilon_from_pld(self.composed_pld(releases), delta)
         return _compose_koga(lambda d: koga_epsilon(self.spec, self.noise_std, d, self.gaussian), delta, releases)
 
     def delta(self, epsilon: float, releases: int = 1) -> float:
@@ -540,7 +565,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return float(exact_release_delta(self.spec, self.noise_std, epsilon)[0])
-            return float(self.composed_pld(releases).get_delta_for_epsilon(epsilon))
+            return delta_from_pld(self.composed_pld(releases), epsilon)
         if releases != 1:
             raise ConfigurationError("releases", releases, "delta(eps) of the Koga bound is only available for a "
                                      "single release; use epsilon(delta, releases) for K > 1")

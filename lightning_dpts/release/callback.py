@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, numpy_generator, resolve_entropy
 from lightning_dpts.release.mechanism import TimeDomainSubsampling
 
 __all__ = ["PrivateInputCallback"]
@@ -23,25 +24,41 @@ class PrivateInputCallback(Callback):
         keys: batch keys to privatise (default ``("past_target",)``, GluonTS's context incl. lags). Nothing
             else in the batch may carry private values of the series.
         observed_key: if present in the batch, set to ones (imputation fills every step).
-        seed: base seed; batch b of dataloader d uses ``numpy.random.default_rng([seed, d, b])``.
+        seed: ``None`` (default): every predict run draws fresh operating-system entropy, so no two runs share a
+            mask or noise. An integer is for experiments only (warns with
+            :data:`~lightning_dpts.randomness.SEEDED_NOTICE`); run k, batch b of dataloader d then use stream
+            (k, d, b) of it, so repeated runs still differ from each other.
 
     Each predicted window is one release of its series: account it with
     :class:`~lightning_dpts.release.ReleaseAccountant` with ``context_length`` = the tensor's T.
     """
 
     def __init__(self, mechanism: TimeDomainSubsampling, keys: Sequence[str] = ("past_target",),
-                 observed_key: str | None = "past_observed_values", seed: int = 0) -> None:
+                 observed_key: str | None = "past_observed_values", seed: int | None = None) -> None:
         super().__init__()
         if not isinstance(mechanism, TimeDomainSubsampling):
             raise ConfigurationError("mechanism", mechanism, "must be a TimeDomainSubsampling")
         self.mechanism = mechanism
         self.keys = tuple(keys)
         self.observed_key = observed_key
-        self.seed = int(seed)
+        self._seed = seed
+        self._entropy: Entropy = resolve_entropy(seed)
+        self.seeded = self._entropy.seeded
+        if self.seeded:
+            warnings.warn(f"PrivateInputCallback(seed={seed}): {SEEDED_NOTICE}", UserWarning, stacklevel=2)
+        self._run = -1
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._run += 1
+        if not self.seeded:  # fresh secret for every predict run: nothing is ever replayed
+            self._entropy = resolve_entropy(None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing that reproduces the masks or the noise is ever written
 
     def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                dataloader_idx: int = 0) -> None:
-        rng = np.random.default_rng([self.seed, int(dataloader_idx), int(batch_idx)])
+        rng = numpy_generator(self._entropy, max(self._run, 0), int(dataloader_idx), int(batch_idx))
         for key in self.keys:
             if key not in batch:
                 raise ConfigurationError("keys", key, "is not a key of the predict batch")

@@ -127,9 +127,13 @@ def run_release(args: argparse.Namespace) -> int:
         return 0
     acc = ReleaseAccountant(spec, args.noise_std, bound=args.bound, gaussian=args.gaussian)
     eps = acc.epsilon(args.delta, args.releases)
-    if eps == float("inf"):
-        raise ConfigurationError("noise_std", args.noise_std, f"the {acc.theorem} bound with the classical "
-                                 "Gaussian step certifies no epsilon < 1 here; use --gaussian analytic")
+    if eps == float("inf") and args.gaussian != "classical":
+        raise ConfigurationError("noise_std", args.noise_std, "is too small for --value-bound: no finite epsilon "
+                                 "(up to 1e7) is certified; add noise")
+    if eps == float("inf"):  # the classical step is the culprit (proven for epsilon < 1 only), not the noise
+        raise ConfigurationError("gaussian", args.gaussian, f"the {acc.theorem} bound with the classical "
+                                 f"Gaussian step certifies no epsilon < 1 at --noise-std {args.noise_std:g}; use "
+                                 "--gaussian analytic (or more noise)")
     if args.json:
         print(json.dumps({"epsilon": eps}))
     else:

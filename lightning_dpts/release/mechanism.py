@@ -8,7 +8,13 @@ Entry points:
 
 * :class:`TimeDomainSubsampling` -- privatise numpy arrays (time on the last axis; rows are independent).
 * :func:`privatize_dataset` / :func:`release_forecasts` -- a whole GluonTS-style dataset (iterable of dicts
-  with ``"target"`` and ``"start"``), reproducibly seeded per series, before a GluonTS predictor.
+  with ``"target"`` and ``"start"``), before a GluonTS predictor.
+
+Randomness (issue 9; PRIVACY-NOTES trap 7): the sampled steps J may be published, but the Gaussian noise must
+stay secret, and a mask or noise reused by two releases turns their difference into the noise-free difference
+of the private series. Every draw therefore comes from :mod:`lightning_dpts.randomness`: by default fresh
+operating-system entropy on every call (two default releases never share mask or noise); an explicit ``seed``
+is for experiments only, and the call then warns with :data:`~lightning_dpts.randomness.SEEDED_NOTICE`.
 * :class:`~lightning_dpts.release.callback.PrivateInputCallback` -- a Lightning callback that privatises
   ``batch["past_target"]`` (or other keys) before every ``predict_step``.
 """
@@ -16,6 +22,7 @@ Entry points:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.randomness import SEEDED_NOTICE, numpy_generator, resolve_entropy
 
 __all__ = [
     "IMPUTATIONS",
@@ -140,7 +148,9 @@ class TimeDomainSubsampling:
 
         Args:
             x: finite values, shape (..., T).
-            rng: a numpy Generator or seed (``None``: fresh entropy, not reproducible).
+            rng: ``None`` (default: fresh operating-system entropy, secret), a numpy Generator the caller
+                keeps secret, or an integer seed (experiments only: warns that the guarantee does not hold
+                against anyone who knows it).
             return_mask: also return the boolean sampled-steps mask J (public by assumption).
         """
         x = np.asarray(x, dtype=np.float64)
@@ -154,7 +164,7 @@ class TimeDomainSubsampling:
                 raise ConfigurationError("filter_kernel", f"length {self.filter_kernel.shape[0]}",
                                          f"must equal the window length {x.shape[-1]}")
             x = circulant_filter(x, self.filter_kernel)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        gen = rng if isinstance(rng, np.random.Generator) else _generator(rng, "rng")
         mask = gen.random(x.shape) < self.rate if self.rate < 1 else np.ones(x.shape, dtype=bool)
         noisy = x + self.noise_std * gen.standard_normal(x.shape)
         out = impute(noisy, mask, self.imputation, self.fill_value)
@@ -163,28 +173,41 @@ class TimeDomainSubsampling:
     __call__ = privatize
 
 
-def _series_rng(seed: int, index: int, release: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed), int(index), int(release)])
+def _generator(seed: int | None, parameter: str, *key: int) -> np.random.Generator:
+    """A generator from fresh OS entropy (``seed=None``) or, for experiments, from ``seed`` (warns)."""
+    entropy = resolve_entropy(seed, parameter)
+    if entropy.seeded:
+        warnings.warn(f"{parameter}={seed}: {SEEDED_NOTICE}", UserWarning, stacklevel=3)
+    return numpy_generator(entropy, *key)
 
 
 def privatize_dataset(dataset: Iterable[Mapping[str, Any]], mechanism: TimeDomainSubsampling, context_length: int,
-                      *, seed: int = 0, release: int = 0) -> list[dict[str, Any]]:
+                      *, seed: int | None = None, release: int = 0) -> list[dict[str, Any]]:
     """Privatise the last ``context_length`` steps of every series and drop everything before them.
 
     Each entry (a dict with ``"target"`` and ``"start"``, e.g. a GluonTS ``ListDataset`` item) becomes
     ``{"target": privatised window, "start": start + (len - context_length), ...static keys}``, so a
-    predictor sees *only* the released window. Series i of release r uses the generator
-    ``default_rng([seed, i, r])``: reproducible, independent across series and releases.
+    predictor sees *only* the released window. Every call draws fresh operating-system entropy (the default),
+    so repeated releases never reuse a mask or noise; series i of release r uses stream (i, r) of it.
 
     Args:
         dataset: iterable of entries; only keys ``target, start, item_id, feat_static_cat,
             feat_static_real`` are allowed (dynamic features would bypass the mechanism).
         mechanism: the privatisation.
         context_length: T, the released window (include the model's lags). Shorter series are released whole.
-        seed: base seed. release: index of this release (rolling forecasts: 0, 1, ...).
+        seed: ``None`` (default: secret, fresh entropy) or an integer for reproducible experiments only (warns
+            with :data:`~lightning_dpts.randomness.SEEDED_NOTICE`: the guarantee does not hold against anyone
+            who knows the seed). Never write the seed next to a release.
+        release: index of this release (rolling forecasts: 0, 1, ...); with a seed, each index gets its own
+            streams.
     """
     if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 1:
         raise ConfigurationError("context_length", context_length, "must be an integer >= 1")
+    if isinstance(release, bool) or not isinstance(release, (int, np.integer)) or release < 0:
+        raise ConfigurationError("release", release, "must be an integer >= 0")
+    entropy = resolve_entropy(seed)
+    if entropy.seeded:
+        warnings.warn(f"seed={seed}: {SEEDED_NOTICE}", UserWarning, stacklevel=2)
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(dataset):
         extra = set(entry) - _ENTRY_KEYS
@@ -197,16 +220,17 @@ def privatize_dataset(dataset: Iterable[Mapping[str, Any]], mechanism: TimeDomai
         offset = max(0, target.shape[0] - context_length)
         window = target[offset:]
         new = {k: v for k, v in entry.items() if k not in ("target", "start")}
-        new["target"] = mechanism.privatize(window, _series_rng(seed, i, release)).astype(np.float32)
+        new["target"] = mechanism.privatize(window, numpy_generator(entropy, i, int(release))).astype(np.float32)
         new["start"] = entry["start"] + offset
         out.append(new)
     return out
 
 
 def release_forecasts(predictor: Any, dataset: Iterable[Mapping[str, Any]], mechanism: TimeDomainSubsampling,
-                      context_length: int, *, seed: int = 0, release: int = 0) -> list[Any]:
+                      context_length: int, *, seed: int | None = None, release: int = 0) -> list[Any]:
     """Privatise ``dataset`` (see :func:`privatize_dataset`) and return ``list(predictor.predict(...))``.
 
+    ``seed=None`` (default) draws fresh operating-system entropy; an integer is for experiments only.
     ``predictor`` is anything with a GluonTS-style ``predict(dataset)`` (e.g. a trained
     ``PyTorchPredictor`` or ``SeasonalNaivePredictor``). Account the release with
     :class:`~lightning_dpts.release.ReleaseAccountant` (one release per call; rolling calls compose).

@@ -51,6 +51,7 @@ def test_sampling_spec_is_read_only_and_complete():
     assert dm.sampling_spec == SamplingSpec(
         num_series=4,
         min_length=40 - 8,
+        lengths=(32, 42, 52, 62),  # every training length: the accountant takes the maximum over them
         context_length=11,
         prediction_length=4,
         batch_size=4,

@@ -74,6 +74,8 @@ def test_text_output(capsys) -> None:
          "--filter-width"),
         (f"release noise {BASE} --epsilon 0", "--epsilon"),
         (f"release noise {BASE} --epsilon -1", "--epsilon"),
+        # the classical Gaussian step (proven for epsilon < 1) is the culprit, not the noise std
+        (f"release epsilon {BASE} --noise-std 0.01 --bound koga --gaussian classical", "--gaussian"),
     ],
 )
 def test_invalid_values_exit_2_naming_the_option(argv: str, option: str, capsys) -> None:
