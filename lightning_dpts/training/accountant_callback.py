@@ -301,6 +301,14 @@ class AccountantCallback(Callback):
                 "accounts one planned run from its first step (a restarted b-min-sep sampler breaks the separation "
                 "across the restart), so a continuation is not covered: start from freshly initialised weights",
             )
+        if trainer.num_training_batches != spec.steps_per_epoch:
+            raise ConfigurationError(
+                "limit_train_batches", trainer.num_training_batches,
+                f"b_min_sep sampling runs one chain over pass x spec.steps_per_epoch={spec.steps_per_epoch} steps; "
+                "a shorter Trainer epoch would skip chain steps, so consecutive noisy steps could sample the same "
+                "series (the separation the Monte Carlo accounting assumes): keep every batch of the epoch and "
+                "limit the run with max_steps",
+            )
         planned = self.planned_steps(trainer)
         acc = self.build_monte_carlo(spec, strategy, sigma, planned)
         self.monte_carlo = acc

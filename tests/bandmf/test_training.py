@@ -325,3 +325,30 @@ def test_monte_carlo_wiring_at_b1_matches_dp_accounting():
     # the logged epsilon is the substitution conversion: (1 + e^{e/2}) delta_upper(e/2) <= delta
     e = acc.monte_carlo_epsilon
     assert (1 + math.exp(e / 2)) * mc.delta_upper(e / 2) <= 0.05
+
+
+def test_monte_carlo_path_refuses_shortened_epochs():
+    """limit_train_batches would skip chain steps between passes and break the separation between noisy steps."""
+    module = make_module("dlinear")
+    acc = AccountantCallback(60.0, 0.05, monte_carlo_samples=500)
+    t = trainer(max_steps=6, limit_train_batches=2,
+                callbacks=[DPForecastStrategy(1.0, 0.5, seed=0, noise="bandmf", bands=2), acc])
+    with pytest.raises(ConfigurationError, match="limit_train_batches"):
+        t.fit(module, datamodule=_datamodule(module))
+    assert t.global_step == 0
+
+
+def test_substitution_epsilon_finds_the_smallest_satisfying_value_of_a_non_monotone_condition():
+    """(1 + e^eps) d(eps) <= delta is not monotone in eps (d stops at the EVR floor); brute force on a fine grid: the
+    returned 2 eps satisfies it and no grid point below it does (deterministic given the seeded samples)."""
+    from lightning_dpts.privacy.montecarlo import BandMFMechanism
+
+    mc = MonteCarloAccountant(BandMFMechanism(60, (1.0, 0.0), sampling_prob_for_rate(0.1, 2), 2.0), samples=20_000,
+                              seed=3)
+    delta = 1e-2
+    e = mc.substitution_epsilon(60, delta) / 2
+    assert math.isfinite(e) and (1 + math.exp(e)) * mc.delta_upper(e) <= delta
+    grid = np.linspace(0.0, e * (1 - 1e-3), 400)
+    assert not any((1 + math.exp(g)) * mc.delta_upper(g) <= delta for g in grid)
+    # a doubling search from eps = 1 would have looked at 1, 2, 4, ...: the satisfying interval can lie between them
+    assert mc.substitution_epsilon(60, 1e-12) == math.inf
