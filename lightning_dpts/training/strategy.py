@@ -691,7 +691,8 @@ class DPForecastStrategy(Callback):
     # Checkpointing
     # ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Sigma, C and the privacy ledger - never a seed or a generator state (nothing that reproduces noise).
+        """Sigma, C and the privacy ledger (with the noise kind and bands) - never a seed, a generator state or a
+        BandMF band (nothing that reproduces noise).
 
         A seeded run adds ``"seeded": True`` and :data:`~lightning_dpts.randomness.SEEDED_NOTICE`.
         """
@@ -700,8 +701,6 @@ class DPForecastStrategy(Callback):
             "max_grad_norm": self.max_grad_norm,
             "ledger": self.ledger.to_dict(),
             "seeded": self.ledger.seeded or self.seeded,
-            "noise": self.noise_kind,
-            "bands": self.bands,
         }
         if state["seeded"]:
             state["seeded_notice"] = SEEDED_NOTICE
