@@ -353,3 +353,17 @@ def test_substitution_epsilon_finds_the_smallest_satisfying_value_of_a_non_monot
     assert not any((1 + math.exp(g)) * mc.delta_upper(g) <= delta for g in grid)
     # a doubling search from eps = 1 would have looked at 1, 2, 4, ...: the satisfying interval can lie between them
     assert mc.substitution_epsilon(60, 1e-12) == math.inf
+
+
+def test_b_min_sep_two_dataloader_workers_see_the_single_process_batches():
+    """Two real DataLoader worker processes, two passes: the same series per step as num_workers=0."""
+    module = make_module("dlinear")
+    single = _datamodule(module, bands=3, seed=5)
+    single.setup("fit")
+    want = _step_series(single, 2)
+    workers = _datamodule(module, bands=3, seed=5, num_workers=2)
+    workers.setup("fit")
+    got = _step_series(workers, 2)
+    assert len(got) == len(want) == 18
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g, w)
