@@ -89,7 +89,8 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     data.add_argument("--batch-size", type=int, required=True, metavar="B", help="windows per batch (Lambda)")
     data.add_argument("--instances-per-series", type=int, default=1, metavar="LAMBDA",
                       help="windows per sampled series (lambda, default 1; must divide --batch-size)")
-    data.add_argument("--top-level", choices=TOP_LEVELS, default="without_replacement",
+    data.add_argument("--top-level", choices=[t for t in TOP_LEVELS if t != "b_min_sep"],  # b_min_sep: Python API
+                      default="without_replacement",
                       help="top-level (series) sampling (default without_replacement)")
     data.add_argument("--bottom-level", choices=BOTTOM_LEVELS, default="with_replacement",
                       help="bottom-level (window) sampling (default with_replacement)")

@@ -229,7 +229,8 @@ class FitConfig:
 
         if self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
-        for name, choices in (("top_level", TOP_LEVELS), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
+        fit_top_levels = tuple(t for t in TOP_LEVELS if t != "b_min_sep")  # b_min_sep/BandMF: Python API only
+        for name, choices in (("top_level", fit_top_levels), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
             if getattr(self, name) not in choices:
                 raise ConfigurationError(name, getattr(self, name), f"must be one of {', '.join(choices)}")
         for name, (low, high, kind, optional) in FIT_RANGES.items():

@@ -87,8 +87,13 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         prediction_length: L_F, in time steps. Taken from ``model`` when omitted.
         batch_size: Lambda, windows per batch (expected number for Poisson schemes).
         instances_per_series: lambda, windows per sampled series (expected for bottom-level Poisson).
-        top_level: ``"iteration"``, ``"shuffling"``, ``"without_replacement"`` or ``"poisson"``.
+        top_level: ``"iteration"``, ``"shuffling"``, ``"without_replacement"``, ``"poisson"`` or ``"b_min_sep"``
+            (b-min-sep over series, warm start, Dong & Ganesh 2026 Algorithm 2: each step, every series that did not
+            take part in the last ``bands - 1`` steps is included with the probability p = p0 / (1 - p0 (b - 1))
+            that makes the expected fraction p0 = N'/N; for BandMF noise; accounted by the Monte Carlo accountant).
         bottom_level: ``"with_replacement"`` or ``"poisson"``.
+        bands: b >= 1, the minimum separation of ``top_level="b_min_sep"`` (use the strategy's ``bands``); 1
+            for every other top level.
         relation: the neighbouring relation; needs a ``value_bound`` when noise augmentation is on.
         context_noise: sigma_C >= 0, past-window noise std in units of ``relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0, future-window noise std in units of ``relation.value_bound`` (Eq. 1).
@@ -125,6 +130,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         instances_per_series: int = 1,
         top_level: str = "without_replacement",
         bottom_level: str = "with_replacement",
+        bands: int = 1,
         relation: NeighbouringRelation | None = None,
         context_noise: float = 0.0,
         forecast_noise: float = 0.0,
@@ -211,6 +217,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             relation=relation,
             context_noise=context_noise,
             forecast_noise=forecast_noise,
+            bands=bands,
         )
 
         # --- batch fields and features ------------------------------------------------------------------

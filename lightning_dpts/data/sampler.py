@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from lightning_dpts.data.bminsep import BMinSepSampler, sampling_prob_for_rate
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.randomness import Entropy, allow_worker_pickling, numpy_generator
@@ -245,6 +246,7 @@ class StructuredSampler(IterableDataset):
         self._forecast_std = spec.forecast_noise * v
         self._num_series = len(store.lengths)
         self._t = store.num_start_positions
+        self._bminsep: BMinSepSampler | None = None  # b_min_sep chain of this process (never pickled)
 
     def __len__(self) -> int:
         return self.spec.steps_per_epoch
@@ -259,6 +261,7 @@ class StructuredSampler(IterableDataset):
         """Continue with fresh randomness after a restore: new OS entropy (unless seeded), passes not reused."""
         if not self.entropy.seeded:
             self.entropy = type(self.entropy).fresh()
+        self._bminsep = None
         self.passes_started = max(self.passes_started, int(passes_started))
         self.epoch = self.passes_started
 
@@ -272,11 +275,38 @@ class StructuredSampler(IterableDataset):
         if mode == "shuffling":
             perm = numpy_generator(self.entropy, epoch, 0).permutation(num)
             return perm[step * n_top : (step + 1) * n_top].astype(np.int64)
+        if mode == "b_min_sep":
+            return self.b_min_sep_series(epoch * self.spec.steps_per_epoch + step)
         if mode == "without_replacement":  # a uniformly random N'-subset, in random order
             if num <= 1024:  # faster for small N; Generator.choice uses Floyd's algorithm for large N
                 return rng.permutation(num)[:n_top].astype(np.int64, copy=False)
             return rng.choice(num, size=n_top, replace=False).astype(np.int64, copy=False)
         return np.flatnonzero(rng.random(num) < n_top / num).astype(np.int64)
+
+    @property
+    def b_min_sep_sampling_prob(self) -> float:
+        """p = p0 / (1 - p0 (b - 1)) with p0 = N'/N: the rate on available series that gives N'/N per step."""
+        return sampling_prob_for_rate(self.spec.top_level_rate, self.spec.bands)
+
+    def b_min_sep_series(self, global_step: int) -> np.ndarray:
+        """Series of chain step ``global_step`` (= pass * steps_per_epoch + step) of the b-min-sep top level.
+
+        One :class:`~lightning_dpts.data.bminsep.BMinSepSampler` chain (warm start, Algorithm 2) spans the whole
+        run, across passes; its randomness is the streams ``(21,)`` and ``(22, i)`` of the secret ``entropy``, so
+        a DataLoader worker replays the chain up to its steps and sees the single-process batches. The chain only
+        moves forward; a step before the chain's position (another loader of the same sampler going back) starts
+        a fresh replay from step 0 with the same entropy, which gives the same batches.
+        """
+        chain = self._bminsep
+        if chain is None or chain._next_step > global_step:
+            chain = BMinSepSampler(self._num_series, self.spec.bands, self.b_min_sep_sampling_prob, self.entropy)
+            self._bminsep = chain
+        return chain.indices_at(global_step).astype(np.int64, copy=False)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_bminsep"] = None  # rebuilt (replayed) in the worker: the chain refuses pickling
+        return state
 
     # -- bottom level ------------------------------------------------------------------------------------
     def bottom_level(self, series: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -126,6 +126,13 @@ class StructuredSubsamplingAccountant:
     ) -> None:
         if not isinstance(spec, SamplingSpec):
             raise ConfigurationError("spec", spec, "must be a lightning_dpts.privacy.SamplingSpec")
+        if spec.top_level == "b_min_sep":
+            raise ConfigurationError(
+                "spec.top_level", "b_min_sep",
+                "is not covered by the structured (PLD) accountant: b-min-sep sampling is accounted by the Monte "
+                "Carlo accountant, lightning_dpts.privacy.montecarlo.MonteCarloAccountant (AccountantCallback builds "
+                "it for you; docs/bandmf.md)",
+            )
         if bound not in BOUNDS:
             raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
         if not (isinstance(discretization, (int, float)) and 0 < discretization <= 1):

@@ -672,11 +672,15 @@ class MonteCarloAccountant:
         """Epsilon for *substitution* of one example (bounded DP) from the add/remove analysis, by group privacy.
 
         Substituting an example is removing it then adding the new one: an (eps, d)-DP mechanism under add/remove is
-        (2 eps, (1 + e^eps) d)-DP under substitution. Returns 2 eps for an eps (found by doubling then bisection,
-        within 1e-4 relative) whose EVR-verified d(eps) satisfies (1 + e^eps) d(eps) <= ``delta``; every returned
-        value satisfies it (the bisection keeps a satisfying upper end), ``inf`` if none up to eps = 1e4 does. Sound
-        for the package's substitution relations at series level (r = 1, sensitivity = windows per series), but
-        loose: it does not reduce to the package's structured accountant at b = 1 (docs/bandmf.md).
+        (2 eps, (1 + e^eps) d)-DP under substitution. Returns 2 eps for an eps whose EVR-verified d(eps) satisfies
+        (1 + e^eps) d(eps) <= ``delta``; every returned value satisfies it, ``inf`` if none does. The condition is not
+        monotone in eps (d(eps) stops falling at the EVR floor of the sample size while 1 + e^eps keeps growing, so
+        the satisfying eps form an interval that can be narrow): the search scans eps on a geometric grid (ratio
+        1.1 from 1e-3) until the first satisfying point, stopping once both Monte Carlo estimates are 0 (past that
+        point d(eps) is constant and no larger eps can satisfy it), then bisects between the last failing and the
+        first satisfying grid point to 1e-4 relative, keeping a satisfying upper end. Sound for the package's
+        substitution relations at series level (r = 1, sensitivity = windows per series), but loose: it does not
+        reduce to the package's structured accountant at b = 1 (docs/bandmf.md).
         """
         self._check_steps(steps)
         d = _probability("delta", delta)
@@ -689,12 +693,11 @@ class MonteCarloAccountant:
 
         if ok(0.0):
             return 0.0
-        hi = 1.0
+        lo, hi = 0.0, 1e-3
         while not ok(hi):
-            hi *= 2.0
-            if hi > 1e4:
-                return math.inf
-        lo = 0.0 if hi == 1.0 else hi / 2
+            if self.delta_estimate(hi) == 0.0 or hi > 1e4:
+                return math.inf  # d(eps) is at its floor from here on and 1 + e^eps only grows
+            lo, hi = hi, hi * 1.1
         while hi - lo > 1e-4 * hi:
             mid = 0.5 * (lo + hi)
             if ok(mid):

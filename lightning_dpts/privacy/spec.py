@@ -26,11 +26,11 @@ __all__ = [
     "SamplingSpec",
 ]
 
-TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson"]
+TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson", "b_min_sep"]
 BottomLevel = Literal["with_replacement", "poisson"]
 Level = Literal["event", "user"]
 
-TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling", "without_replacement", "poisson")
+TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling", "without_replacement", "poisson", "b_min_sep")
 BOTTOM_LEVELS: tuple[str, ...] = ("with_replacement", "poisson")
 LEVELS: tuple[str, ...] = ("event", "user")
 EPOCH_LEVEL_TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling")
@@ -144,6 +144,8 @@ class SamplingSpec:
         context_noise: sigma_C >= 0; the past target of every sampled window gets Gaussian noise with std
             ``context_noise * relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0; likewise for the future target.
+        bands: b >= 1, the minimum separation of the ``"b_min_sep"`` top level (a series that takes part is
+            excluded for the next b - 1 steps); must be 1 for every other top level. N'/N must be <= 1/b.
     """
 
     num_series: int
@@ -158,6 +160,7 @@ class SamplingSpec:
     context_noise: float = 0.0
     forecast_noise: float = 0.0
     lengths: tuple[int, ...] | None = None
+    bands: int = 1
 
     def __post_init__(self) -> None:
         _require_int("num_series", self.num_series, 1)
@@ -170,6 +173,9 @@ class SamplingSpec:
         _require_choice("bottom_level", self.bottom_level, BOTTOM_LEVELS)
         _require_nonnegative_float("context_noise", self.context_noise)
         _require_nonnegative_float("forecast_noise", self.forecast_noise)
+        _require_int("bands", self.bands, 1)
+        if self.bands != 1 and self.top_level != "b_min_sep":
+            raise ConfigurationError("bands", self.bands, "must be 1 unless top_level='b_min_sep'")
         if not isinstance(self.relation, NeighbouringRelation):
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
         if self.lengths is not None:
@@ -200,6 +206,14 @@ class SamplingSpec:
                 self.batch_size,
                 f"batch_size/instances_per_series = {self.top_sample_size} series per step exceeds "
                 f"num_series={self.num_series}; lower batch_size or raise instances_per_series",
+            )
+        if self.top_level == "b_min_sep" and self.top_sample_size * self.bands > self.num_series:
+            raise ConfigurationError(
+                "batch_size",
+                self.batch_size,
+                f"b_min_sep with bands={self.bands} can sample at most num_series/bands = "
+                f"{self.num_series / self.bands:g} series per step on average (N'/N <= 1/b), but "
+                f"batch_size/instances_per_series = {self.top_sample_size}; lower batch_size or bands",
             )
         if self.has_augmentation and self.relation.value_bound is None:
             raise ConfigurationError(

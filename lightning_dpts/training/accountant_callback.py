@@ -38,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
+from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
 
@@ -56,7 +57,13 @@ class AccountantCallback(Callback):
             for logging; the logged value is a sound upper bound within one grid step.
         max_overhead: the largest fraction (> 0) of training time that computing the logged epsilon may take;
             ``None`` disables the cap (epsilon then follows the ``grid_rtol`` grid exactly - deterministic).
-        log_name: metric name (default ``"epsilon"``).
+        log_name: metric name (default ``"epsilon"``) of the PLD path; the Monte Carlo path logs under
+            ``MonteCarloAccountant.log_name`` (``"epsilon_monte_carlo_upper"``) so the value is never mistaken for
+            a closed-form accountant's.
+        monte_carlo_samples: privacy-loss samples per direction of the Monte Carlo accountant (BandMF noise or a
+            ``b_min_sep`` top level). More samples give a tighter EVR-verified bound and cost time before
+            training (roughly 10^4 samples per second per 1,000 planned steps on one core); a small delta needs
+            many (``samples_for_target_delta``: about 7.5e4 for delta = 1e-3, 1.1e7 for 1e-5).
 
     Attributes:
         max_steps: the largest accounted-step count the budget allows (after ``on_train_start``).
@@ -76,8 +83,15 @@ class AccountantCallback(Callback):
         grid_rtol: float = 0.01,
         max_overhead: float | None = 0.05,
         log_name: str = "epsilon",
+        monte_carlo_samples: int = 100_000,
     ) -> None:
         super().__init__()
+        if isinstance(monte_carlo_samples, bool) or not isinstance(monte_carlo_samples, int) or monte_carlo_samples < 1:
+            raise ConfigurationError("monte_carlo_samples", monte_carlo_samples, "must be an integer >= 1")
+        self.monte_carlo_samples = monte_carlo_samples
+        self.monte_carlo: MonteCarloAccountant | None = None
+        self.monte_carlo_epsilon: float | None = None
+        self.monte_carlo_report: dict[str, Any] | None = None
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (
             math.isfinite(epsilon) and epsilon >= 0
         ):
@@ -150,6 +164,9 @@ class AccountantCallback(Callback):
         sigma = strategy.resolve(trainer)
         self.spec = spec
         self._strategy_ref = strategy
+        if strategy.noise_kind == "bandmf" or spec.top_level == "b_min_sep":
+            self._start_monte_carlo(trainer, pl_module, spec, strategy, sigma)
+            return
         if self._loaded is not None:
             saved_sigma, saved_spec = self._loaded.get("noise_multiplier"), self._loaded.get("spec")
             if saved_sigma is not None and not math.isclose(saved_sigma, sigma, rel_tol=1e-9):
@@ -208,6 +225,132 @@ class AccountantCallback(Callback):
         )
         self._log_hyperparameters(trainer, spec, strategy, sigma)
         self._start_grid()
+
+    # ------------------------------------------------------------------------------------------------
+    # Monte Carlo path (BandMF noise / b-min-sep sampling; docs/bandmf.md)
+    # ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def planned_steps(trainer: L.Trainer) -> int:
+        """n, the optimizer steps of the planned run: Trainer ``max_steps``, else ``max_epochs`` x batches/epoch
+        (the smaller of the two when both are set)."""
+        candidates = []
+        if trainer.max_steps is not None and trainer.max_steps >= 0:
+            candidates.append(int(trainer.max_steps))
+        epochs = trainer.max_epochs
+        if epochs is not None and epochs >= 0 and math.isfinite(trainer.num_training_batches):
+            candidates.append(int(epochs) * int(trainer.num_training_batches))
+        if not candidates:
+            raise ConfigurationError(
+                "max_steps", trainer.max_steps,
+                "the Monte Carlo accountant accounts the whole planned run: set Trainer(max_steps=...) or max_epochs",
+            )
+        return min(candidates)
+
+    def build_monte_carlo(self, spec: SamplingSpec, strategy: DPForecastStrategy, sigma: float,
+                          planned_steps: int) -> MonteCarloAccountant:
+        """The Monte Carlo accountant of the planned run, in the sound series-level reading (docs/bandmf.md).
+
+        The mechanism is y = C x + z of Dong & Ganesh (2026, Section 5): b-min-sep participations x of one *series*
+        (warm start, p = p0 / (1 - p0 (b - 1)) with p0 = N'/N), add/remove of that series, whose contribution per
+        participation is at most lambda clipped windows, i.e. sensitivity lambda in units of C (the noise std is
+        sigma C). C is the strategy's BandMF matrix, or the identity column (1, 0, ..., 0) of length b for Gaussian
+        noise with b-min-sep sampling (DP-SGD). Leak probability 1: the fixed-direction structured pair is never
+        used (it is not a guarantee for substitution relations).
+        """
+        from lightning_dpts.data.bminsep import sampling_prob_for_rate
+
+        if spec.top_level != "b_min_sep":
+            raise ConfigurationError(
+                "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
+                "the Monte Carlo accountant covers b-min-sep sampling only: use top_level='b_min_sep' with the "
+                "strategy's bands",
+            )
+        if spec.bottom_level != "with_replacement":
+            raise ConfigurationError(
+                "datamodule.sampling_spec", f"bottom_level={spec.bottom_level!r}",
+                "the Monte Carlo accountant's series-level sensitivity is instances_per_series windows, which only "
+                "bottom_level='with_replacement' bounds (a Poisson bottom level may draw every start position)",
+            )
+        if strategy.noise_kind == "bandmf":
+            coefficients = tuple(strategy.coefficients or ())
+        else:
+            coefficients = (1.0,) + (0.0,) * (spec.bands - 1)
+        if len(coefficients) != spec.bands:
+            raise ConfigurationError(
+                "bands", len(coefficients), f"must equal the datamodule's b_min_sep bands={spec.bands}"
+            )
+        mechanism = BandMFMechanism(
+            iterations=planned_steps, coefficients=coefficients,
+            sampling_prob=sampling_prob_for_rate(spec.top_level_rate, spec.bands), noise_multiplier=sigma,
+            warm_start=True, leak_probability=1.0, sensitivity=float(spec.instances_per_series),
+        )
+        return MonteCarloAccountant(mechanism, samples=self.monte_carlo_samples)
+
+    def _start_monte_carlo(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: SamplingSpec,
+                           strategy: DPForecastStrategy, sigma: float) -> None:
+        """Build the Monte Carlo accountant, check the budget before any step, cap the Trainer at the plan."""
+        if self.bound != "upper":
+            raise ConfigurationError(
+                "bound", self.bound, "the Monte Carlo accountant gives EVR-verified upper bounds only; use 'upper'"
+            )
+        ledger = strategy.begin(trainer, pl_module)  # refuses to continue a BandMF ledger
+        if not ledger.empty:
+            raise ConfigurationError(
+                "datamodule.sampling_spec", "top_level='b_min_sep'",
+                f"the model's privacy ledger already holds {ledger.steps} noisy steps; the Monte Carlo accountant "
+                "accounts one planned run from its first step (a restarted b-min-sep sampler breaks the separation "
+                "across the restart), so a continuation is not covered: start from freshly initialised weights",
+            )
+        if trainer.num_training_batches != spec.steps_per_epoch:
+            raise ConfigurationError(
+                "limit_train_batches", trainer.num_training_batches,
+                f"b_min_sep sampling runs one chain over pass x spec.steps_per_epoch={spec.steps_per_epoch} steps; "
+                "a shorter Trainer epoch would skip chain steps, so consecutive noisy steps could sample the same "
+                "series (the separation the Monte Carlo accounting assumes): keep every batch of the epoch and "
+                "limit the run with max_steps",
+            )
+        planned = self.planned_steps(trainer)
+        acc = self.build_monte_carlo(spec, strategy, sigma, planned)
+        self.monte_carlo = acc
+        start = time.perf_counter()
+        eps = acc.substitution_epsilon(planned, self.delta)
+        seconds = time.perf_counter() - start
+        if not eps <= self.epsilon:
+            raise ConfigurationError(
+                "epsilon", self.epsilon,
+                f"is below the Monte Carlo (EVR-verified) epsilon={eps:.4g} at delta={self.delta:g} of the planned "
+                f"{planned} steps (series-level substitution, sigma={sigma:.4g}, bands={spec.bands}, "
+                f"{acc.samples} samples per direction): raise noise_multiplier, lower Trainer max_steps/max_epochs, "
+                "lower batch_size (the sampling rate), raise the budget, or raise monte_carlo_samples (a tighter "
+                "verified bound)",
+            )
+        self.monte_carlo_epsilon = eps
+        ledger.budget = (self.epsilon, self.delta)
+        self.max_steps = planned
+        strategy.step_cap = planned
+        loop = trainer.fit_loop.epoch_loop
+        allowed = trainer.global_step + planned
+        if loop.max_steps < 0 or loop.max_steps > allowed:
+            loop.max_steps = allowed
+        rank_zero_info(
+            f"AccountantCallback: Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR, Theorem A.1; "
+            f"{acc.samples} samples per direction, {seconds:.2g} s): the planned {planned} steps spend at most "
+            f"epsilon={eps:.4g} at delta={self.delta:g} (series-level substitution via group privacy; "
+            f"noise={strategy.noise_kind}, bands={spec.bands}, sigma={sigma:.4g}) within the budget "
+            f"epsilon={self.epsilon}; logged as {acc.log_name!r}"
+        )
+        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+
+        hp = dp_hyperparameters(
+            spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=None,
+            strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound, max_steps=planned,
+        )
+        hp.update({"theorem": "Monte Carlo (Dong & Ganesh 2026 Thm 5.1, EVR Thm A.1)", "bound_kind": "monte_carlo",
+                   "composition_unit": "run", "noise": strategy.noise_kind, "bands": spec.bands,
+                   "monte_carlo_samples": acc.samples})
+        self.hyperparameters = hp
+        for logger in trainer.loggers:
+            logger.log_hyperparams({HPARAMS_KEY: dict(hp)})
 
     def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
                              sigma: float) -> None:
@@ -275,6 +418,15 @@ class AccountantCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self.monte_carlo is not None:
+            # The whole-run bound holds for every prefix (post-processing): log it, marked as a Monte Carlo bound.
+            name, value = self.monte_carlo.log_name, float(self.monte_carlo_epsilon or 0.0)
+            if value != self._bar_value:
+                pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
+                self._bar_value = value
+            for logger in trainer.loggers:
+                logger.log_metrics({name: value}, step=trainer.global_step - 1)
+            return
         if self.accountant is None:
             return
         now = time.perf_counter()
@@ -291,6 +443,26 @@ class AccountantCallback(Callback):
         self._tick = time.perf_counter()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.monte_carlo is not None:
+            acc, eps = self.monte_carlo, float(self.monte_carlo_epsilon or 0.0)
+            steps = self.steps
+            report = acc.report()
+            report.update({"steps": steps, "planned_steps": acc.planned_steps, "delta_budget": self.delta,
+                           "epsilon": eps, "relation": "series-level substitution (group privacy from add/remove)",
+                           "log_name": acc.log_name})
+            self.monte_carlo_report = report
+            self.report = PrivacyReport(epsilon=eps, delta=self.delta, steps=steps, compositions=acc.planned_steps,
+                                        unit="run", theorem="Monte Carlo (Dong & Ganesh 2026, Thm 5.1 + EVR Thm A.1)",
+                                        kind="monte_carlo")
+            for logger in trainer.loggers:
+                logger.log_metrics({f"{acc.log_name}_spent": eps, "privacy_steps": float(steps)},
+                                   step=max(0, trainer.global_step - 1))
+            rank_zero_info(
+                f"AccountantCallback: spent epsilon<={eps:.4g} at delta={self.delta:g} after {steps} of the planned "
+                f"{acc.planned_steps} optimizer steps (Monte Carlo, EVR-verified upper bound, {acc.samples} samples "
+                "per direction; series-level substitution)"
+            )
+            return
         if self.accountant is None:
             return
         self.report = self.accountant.report(self.steps, self.delta)
@@ -313,6 +485,7 @@ class AccountantCallback(Callback):
             "bound": self.bound,
             "noise_multiplier": sigma,
             "spec": repr(self.spec) if self.accountant is not None else None,
+            "monte_carlo_epsilon": self.monte_carlo_epsilon,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -55,6 +55,8 @@ class PrivacyLedger:
             accounted the steps, or ``None``.
         seeded: ``True`` if any step used an explicit seed (the guarantee then does not hold against anyone
             who knows it; :data:`~lightning_dpts.randomness.SEEDED_NOTICE`).
+        noise: the noise kind of the steps, ``"gaussian"`` (DP-SGD) or ``"bandmf"`` (never the noise itself).
+        bands: b of BandMF noise (1 for DP-SGD).
     """
 
     steps: int = 0
@@ -64,6 +66,8 @@ class PrivacyLedger:
     sampling_spec: str | None = None
     budget: tuple[float, float] | None = None
     seeded: bool = False
+    noise: str = "gaussian"
+    bands: int = 1
 
     @property
     def empty(self) -> bool:
@@ -94,6 +98,8 @@ class PrivacyLedger:
             sampling_spec=data.get("sampling_spec"),
             budget=None if budget is None else (float(budget[0]), float(budget[1])),
             seeded=bool(data.get("seeded", False)),
+            noise=str(data.get("noise", "gaussian")),
+            bands=int(data.get("bands", 1)),
         )
 
     def check_continuation(self, noise_multiplier: float, max_grad_norm: float, spec: SamplingSpec | None) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
@@ -42,6 +42,12 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, GaussianNoise, resolve_entropy
+from lightning_dpts.training.correlated_noise import (
+    NOISE_KINDS,
+    banded_sqrt_coefficients,
+    check_coefficients,
+    make_noise,
+)
 from lightning_dpts.training.engine import (
     NoiseSource,
     NonFiniteGradientError,
@@ -166,6 +172,16 @@ class DPForecastStrategy(Callback):
             cover. ``"disable"`` (default) removes them for the run with a warning (the learning rate stays at
             the optimizer's value); ``"error"`` raises :class:`~lightning_dpts.errors.ConfigurationError`.
             Schedulers without ``monitor`` (fixed schedules) are data-independent and kept.
+        noise: ``"gaussian"`` (default, DP-SGD: independent noise every step) or ``"bandmf"`` (BandMF, Dong &
+            Ganesh 2026 Section 2.3: step i gets row i of C^{-1}Z for a b-banded Toeplitz C, one flat vector for
+            all parameters). BandMF needs a datamodule with ``top_level="b_min_sep"`` and the same ``bands``, an
+            explicit ``noise_multiplier``, and is accounted by AccountantCallback's Monte Carlo accountant; it
+            keeps (b - 1) x (number of parameters) noise values in memory and cannot be resumed or continued.
+        bands: b >= 1 for ``noise="bandmf"`` (default coefficients: the column-normalised banded square root,
+            :func:`~lightning_dpts.training.correlated_noise.banded_sqrt_coefficients`).
+        coefficients: (c_0, ..., c_{b-1}), the non-zero entries of C's first column (non-negative, c_0 > 0;
+            e.g. from :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`); overrides the
+            default for ``bands``.
     """
 
     def __init__(
@@ -183,8 +199,26 @@ class DPForecastStrategy(Callback):
         loss_reduction: str = "mean",
         scaler_default_scale: float = 1.0,
         data_dependent_schedulers: str = "disable",
+        noise: str = "gaussian",
+        bands: int | None = None,
+        coefficients: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
+        if noise not in NOISE_KINDS:
+            raise ConfigurationError("noise", noise, f"must be one of {', '.join(repr(k) for k in NOISE_KINDS)}")
+        self.noise_kind = noise
+        self.coefficients: tuple[float, ...] | None = None
+        if noise == "bandmf":
+            if coefficients is None:
+                if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+                    raise ConfigurationError("bands", bands, "noise='bandmf' needs bands: an integer >= 1")
+                c = banded_sqrt_coefficients(bands)
+            else:
+                c = check_coefficients(coefficients, bands)
+            self.coefficients = tuple(float(v) for v in c)
+        elif bands not in (None, 1) or coefficients is not None:
+            raise ConfigurationError("bands", bands, "bands/coefficients are only for noise='bandmf'")
+        self.bands = 1 if self.coefficients is None else len(self.coefficients)
         self.max_grad_norm = _positive("max_grad_norm", max_grad_norm)
         target = (target_epsilon, target_delta, epochs)
         if noise_multiplier is not None:
@@ -266,12 +300,18 @@ class DPForecastStrategy(Callback):
         return self.ledger.steps
 
     def _make_noise(self, entropy: Entropy) -> NoiseSource:
-        """The one object that draws this fit's DP noise (``sample(numel, std, dtype)``; swap another source here).
+        """The one object that draws this fit's DP noise (``sample(numel, std, dtype)``, one flat vector for all
+        parameters per optimizer step).
 
-        The stream key includes the ledger's step count, so that even a seeded run continued from its latest
-        checkpoint does not reuse noise (a seeded run resumed from an *older* checkpoint does: seeds are for
-        experiments only). Unseeded, ``entropy`` is fresh at every fit, so nothing is ever replayed.
+        ``noise="gaussian"``: i.i.d. Gaussian noise (DP-SGD). The stream key includes the ledger's step count, so
+        that even a seeded run continued from its latest checkpoint does not reuse noise (a seeded run resumed from
+        an *older* checkpoint does: seeds are for experiments only). Unseeded, ``entropy`` is fresh at every fit,
+        so nothing is ever replayed. ``noise="bandmf"``: row i of C^{-1}Z at step i
+        (:class:`~lightning_dpts.training.correlated_noise.BandMFNoise` via ``make_noise``, Section 2.3 of
+        Dong & Ganesh 2026); its band state is secret, never stored, and a BandMF run is never continued.
         """
+        if self.noise_kind == "bandmf":
+            return make_noise("bandmf", entropy, secure=self.secure_mode, coefficients=self.coefficients)
         return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
 
     @property
@@ -303,7 +343,15 @@ class DPForecastStrategy(Callback):
                 "expected_batch_size", None,
                 "the datamodule has no sampling_spec; use a StructuredSubsamplingDataModule or give Lambda",
             )
+        self._check_noise_spec(spec)
         if self._noise_multiplier is None:
+            if spec is not None and spec.top_level == "b_min_sep":
+                raise ConfigurationError(
+                    "target_epsilon", self.target_epsilon,
+                    "calibrating sigma for b_min_sep sampling needs the Monte Carlo accountant: compute sigma with "
+                    "lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (Algorithm 5) and "
+                    "pass it as noise_multiplier",
+                )
             if spec is None:
                 raise ConfigurationError(
                     "target_epsilon", self.target_epsilon,
@@ -398,6 +446,15 @@ class DPForecastStrategy(Callback):
         if ledger.epochs < 0:  # an older checkpoint without an epoch count: every started epoch, at least
             spe = spec.steps_per_epoch if spec is not None else 1
             ledger.epochs = -(-ledger.steps // spe)
+        if not ledger.empty and (self.noise_kind == "bandmf" or ledger.noise == "bandmf"):
+            raise ConfigurationError(
+                "noise", self.noise_kind,
+                f"the model's privacy ledger already holds {ledger.steps} noisy steps and a BandMF run cannot be "
+                "resumed or continued: its noise band (the last b - 1 noise vectors) and the b-min-sep sampler's "
+                "history are secret and never stored, so a continuation would restart both, a mechanism the Monte "
+                "Carlo accounting of the planned run does not cover. Plan the whole run in one fit "
+                "(Trainer max_steps), or start from freshly initialised weights",
+            )
         ledger.check_continuation(sigma, self.max_grad_norm, spec)
         if not ledger.empty and not _has_accountant(trainer):
             raise ConfigurationError(
@@ -409,6 +466,8 @@ class DPForecastStrategy(Callback):
             )
         ledger.noise_multiplier = sigma
         ledger.max_grad_norm = self.max_grad_norm
+        ledger.noise = self.noise_kind
+        ledger.bands = self.bands
         if spec is not None:
             ledger.sampling_spec = repr(spec)
         self.ledger = ledger
@@ -425,6 +484,19 @@ class DPForecastStrategy(Callback):
         self._probed = not self.check_independence
         self._begun = True
         return ledger
+
+    def _check_noise_spec(self, spec: SamplingSpec | None) -> None:
+        """BandMF noise is accounted only with b-min-sep sampling of the same b (Theorem 5.1's setting)."""
+        if self.noise_kind != "bandmf":
+            return
+        if spec is None or spec.top_level != "b_min_sep" or spec.bands != self.bands:
+            got = None if spec is None else f"top_level={spec.top_level!r}, bands={spec.bands}"
+            raise ConfigurationError(
+                "datamodule.sampling_spec", got,
+                f"noise='bandmf' with bands={self.bands} needs b-min-sep sampling with the same separation: "
+                f"StructuredSubsamplingDataModule(top_level='b_min_sep', bands={self.bands}, ...) (Dong & Ganesh "
+                "2026, Theorem 5.1 assumes it; other samplings are not accounted)",
+            )
 
     def _check_schedulers(self, trainer: L.Trainer) -> None:
         """Schedulers that adapt to a monitored (private, noiseless) metric are outside the guarantee."""
@@ -619,7 +691,8 @@ class DPForecastStrategy(Callback):
     # Checkpointing
     # ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Sigma, C and the privacy ledger - never a seed or a generator state (nothing that reproduces noise).
+        """Sigma, C and the privacy ledger (with the noise kind and bands) - never a seed, a generator state or a
+        BandMF band (nothing that reproduces noise).
 
         A seeded run adds ``"seeded": True`` and :data:`~lightning_dpts.randomness.SEEDED_NOTICE`.
         """
