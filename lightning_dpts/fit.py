@@ -60,6 +60,8 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
 _OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
 #: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
 _SEEDED_WARNING = ".*explicit seed"
+#: The datamodule's lag warning; ``run_fit`` states the same cause with the accountant's numbers instead.
+_LAG_WARNING = "StructuredSubsamplingDataModule: the model's lags"
 _BOOL_FIELDS = ("non_dp", "autoets", "drop_short_series", "private_plots", "secure_mode")
 
 
@@ -352,18 +354,13 @@ def _lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epoc
     """
     from dataclasses import replace
 
+    from lightning_dpts.data.model_checks import lag_amplification_warning
     from lightning_dpts.privacy import StructuredSubsamplingAccountant, calibrate_noise_multiplier
 
-    if spec.context_length <= context_length or spec.window_length < spec.num_start_positions:
+    lead = lag_amplification_warning(spec, context_length)
+    if lead is None:
         return None
     bare = replace(spec, context_length=context_length)
-    if bare.window_length >= bare.num_start_positions:
-        return None  # the lags are not what makes every window hold the protected step
-    lead = (f"the model's lags make its past window {spec.context_length} steps (context {context_length} + lags "
-            f"up to {spec.context_length - context_length}), so a window ({spec.window_length} steps) spans all "
-            f"{spec.num_start_positions} window starts of the shortest training series ({spec.min_length} steps): "
-            f"every window holds the protected step and window subsampling amplifies (almost) nothing "
-            f"(bottom-level rate r = {spec.bottom_level_rate:.3g}, {bare.bottom_level_rate:.3g} without the lags)")
     fix = "; pass --max-lag (FitConfig.max_lag), e.g. the seasonal period, to cap the lags"
     try:
         if sigma is None:
@@ -501,6 +498,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
+        warnings.filterwarnings("ignore", message=_LAG_WARNING)  # restated below with the accountant's numbers
         try:
             dm = datamodule(module)
         except ConfigurationError as err:

@@ -14,6 +14,7 @@ import pandas as pd
 from torch.utils.data import DataLoader
 
 from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
+from lightning_dpts.data.model_checks import lag_amplification_warning
 from lightning_dpts.data.sampler import (
     EpochDataLoader,
     FixedWindows,
@@ -219,6 +220,11 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             forecast_noise=forecast_noise,
             bands=bands,
         )
+
+        lag_cost = lag_amplification_warning(self._spec, self.context_length)
+        if lag_cost is not None:
+            warnings.warn(f"StructuredSubsamplingDataModule: {lag_cost}; cap the model's lags (GluonTS lags_seq, or "
+                          "dpts fit --max-lag), e.g. to the seasonal period", UserWarning, stacklevel=2)
 
         # --- batch fields and features ------------------------------------------------------------------
         self.keys, self._feature_kind, static_cat_width, static_real_width = self._plan_fields(inputs, collection)

@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["model_window", "check_model_window"]
+__all__ = ["model_window", "check_model_window", "lag_amplification_warning"]
 
 
 def model_window(module: Any) -> tuple[int | None, int | None]:
@@ -61,3 +61,26 @@ def check_model_window(datamodule: Any, module: Any) -> None:
             f"forecasts prediction_length={prediction} steps but the datamodule's windows have "
             f"{datamodule.prediction_length}; build the datamodule with model=<this module>",
         )
+
+
+def lag_amplification_warning(spec: Any, context_length: int) -> str | None:
+    """Why the lags cost privacy, when they make one window span every window start of the shortest series.
+
+    Theorem 4.4's bottom-level rate (with replacement) is r = min(1, (L_C + L_F) / T), with L_C the past window
+    *including* every lag (PRIVACY-NOTES trap 3). Once that window reaches the T window starts of the shortest
+    training series, r = 1: every window holds the protected step and window subsampling amplifies (almost)
+    nothing. Returns ``None`` when the past window ``spec.context_length`` adds no lags to ``context_length`` or
+    the lags are not what makes r = 1.
+    """
+    from dataclasses import replace
+
+    if spec.context_length <= context_length or spec.window_length < spec.num_start_positions:
+        return None
+    bare = replace(spec, context_length=context_length)
+    if bare.window_length >= bare.num_start_positions:
+        return None  # the lags are not what makes every window hold the protected step
+    return (f"the model's lags make its past window {spec.context_length} steps (context {context_length} + lags "
+            f"up to {spec.context_length - context_length}), so a window ({spec.window_length} steps) spans all "
+            f"{spec.num_start_positions} window starts of the shortest training series ({spec.min_length} steps): "
+            f"every window holds the protected step and window subsampling amplifies (almost) nothing "
+            f"(bottom-level rate r = {spec.bottom_level_rate:.3g}, {bare.bottom_level_rate:.3g} without the lags)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -336,3 +338,13 @@ def test_regular_series_of_any_frequency_are_not_expanded(freq):
     assert coll.starts[0].start_time <= stamps[0] <= coll.starts[0].end_time
     assert to_collection(_frame(["a"] * 4, [0, 1, 2, 3], np.arange(4.0)), freq="2D").starts[0] == pd.Period(
         "1970-01-01", freq="2D")
+
+
+def test_lags_that_remove_window_amplification_warn_in_the_python_api():
+    """Trap 3 in the Python API: lags that make one window span every start of the shortest series warn, with r."""
+    series = id_series([20] * 6)  # training part 18 (one test window of 2): T = 17 window starts
+    with pytest.warns(UserWarning, match=r"amplifies \(almost\) nothing .*r = 1, 0\.353 without the lags.*lags_seq"):
+        StructuredSubsamplingDataModule(series, context_length=4, past_length=40, prediction_length=2, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # short lags: no such warning
+        StructuredSubsamplingDataModule(series, context_length=4, past_length=6, prediction_length=2, batch_size=4)
