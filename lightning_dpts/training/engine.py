@@ -63,21 +63,17 @@ def add_noise_and_average(
     params: list[torch.Tensor],
     noise_std: float,
     expected_batch_size: int,
-    noise: NoiseSource | torch.Generator,
+    noise: NoiseSource,
 ) -> list[torch.Tensor]:
     """Algorithm 2's last line, (sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda, for every parameter.
 
     ``sums[k]`` is the summed clipped gradient of ``params[k]`` (``None``: noise only). The noise is one draw
     for all coordinates from ``noise`` (a :class:`NoiseSource` such as
-    :class:`~lightning_dpts.randomness.GaussianNoise`, or a CPU ``torch.Generator`` for tests), split in
-    parameter order.
+    :class:`~lightning_dpts.randomness.GaussianNoise`), split in parameter order.
     """
     dtype = params[0].dtype if params else torch.float32
     numel = sum(p.numel() for p in params)
-    if isinstance(noise, torch.Generator):
-        flat = torch.empty(numel, dtype=dtype).normal_(0.0, noise_std, generator=noise)
-    else:
-        flat = noise.sample(numel, noise_std, dtype)
+    flat = noise.sample(numel, noise_std, dtype)
     out = []
     offset = 0
     for p, g in zip(params, sums, strict=True):
@@ -312,7 +308,7 @@ class PerWindowClipper:
         max_grad_norm: float,
         noise_std: float,
         expected_batch_size: int,
-        noise: NoiseSource | torch.Generator,
+        noise: NoiseSource,
     ) -> list[torch.Tensor]:
         """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``.
 

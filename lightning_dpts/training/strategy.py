@@ -80,7 +80,7 @@ def clip_and_noise(
     max_grad_norm: float,
     noise_std: float,
     expected_batch_size: int,
-    generator: NoiseSource | torch.Generator,
+    noise: NoiseSource,
 ) -> list[torch.Tensor]:
     """Algorithm 2's aggregation: (sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda, per parameter.
 
@@ -91,8 +91,8 @@ def clip_and_noise(
         max_grad_norm: C, the l2 bound of each window's gradient over *all* parameters jointly.
         noise_std: sigma * C, the std of the Gaussian noise added to the summed clipped gradient.
         expected_batch_size: Lambda, the divisor (the expected, not the realised, batch size).
-        generator: what draws the noise: a :class:`~lightning_dpts.randomness.GaussianNoise` (or any object
-            with its ``sample`` method), or a CPU ``torch.Generator`` (tests).
+        noise: what draws the noise: a :class:`~lightning_dpts.randomness.GaussianNoise` (or any object with
+            its ``sample`` method, e.g. :class:`~lightning_dpts.training.BandMFNoise`).
 
     Returns:
         The noisy averaged gradient for each parameter.
@@ -104,7 +104,7 @@ def clip_and_noise(
         sq = sum(g.reshape(b, -1).pow(2).sum(dim=1) for g in present)
         factor = clip_factors(sq, max_grad_norm)
         sums = [None if g is None else torch.einsum("i,i...->...", factor.to(g.dtype), g) for g in grad_samples]
-    return add_noise_and_average(sums, params, noise_std, expected_batch_size, generator)
+    return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)
 
 
 class DPForecastStrategy(Callback):
@@ -539,6 +539,8 @@ class DPForecastStrategy(Callback):
         if not self._probed:
             self._probed = True
             self._check_window_independence(pl_module, batch)
+        for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
+            p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
         if self._clipper is not None:
             self._clipper.enable()
 

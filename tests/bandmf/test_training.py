@@ -58,10 +58,8 @@ class _GradRecorder(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.grads.append(pl_module.unused.grad.detach().clone())
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # the trainer's zero_grad leaves this noise-only gradient in place (seen with DLinear + Adam here); drop it
-        # so that the strategy's check for gradients outside the per-window hooks does not see last step's noise
-        pl_module.unused.grad = None
+    # No clean-up: DLinear's optimizer does not hold `unused`, so zero_grad leaves its noisy .grad; the strategy
+    # must not mistake it for a gradient outside the per-window hooks at the next step.
 
 
 def _inverse_covariance_correlation(c: np.ndarray, n: int) -> np.ndarray:
