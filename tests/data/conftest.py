@@ -7,7 +7,27 @@ import warnings
 import numpy as np
 import pytest
 
+from lightning_dpts.data import StructuredSubsamplingDataModule
+
 warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+P_LEN, L_F = 8, 4  # past window and horizon of the small datamodules the data tests build
+
+
+def make_dm(series, *, quiet_seed: bool = False, **kw) -> StructuredSubsamplingDataModule:
+    """A small datamodule over ``series`` (past 8, horizon 4, batch 4, no test window unless given).
+
+    ``quiet_seed`` silences the seeded-run notice (tests that seed on purpose); every other warning stays.
+    """
+    kw.setdefault("context_length", P_LEN)
+    kw.setdefault("prediction_length", L_F)
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("test_windows", 0)
+    with warnings.catch_warnings():
+        if quiet_seed:
+            warnings.filterwarnings("ignore", message=".*explicit seed")
+        return StructuredSubsamplingDataModule(series, **kw)
 
 
 def id_series(lengths: list[int]) -> list[np.ndarray]:

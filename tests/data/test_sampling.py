@@ -15,21 +15,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_dpts.data import StructuredSubsamplingDataModule
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
-from .conftest import id_series
+from .conftest import L_F, P_LEN, id_series, make_dm
 
 Z = 5.0  # two-sided z bound; P(|N(0,1)| > 5) ~= 5.7e-7
-P_LEN, L_F = 8, 4
-
-
-def make_dm(series, **kw) -> StructuredSubsamplingDataModule:
-    kw.setdefault("context_length", P_LEN)
-    kw.setdefault("prediction_length", L_F)
-    kw.setdefault("batch_size", 4)
-    kw.setdefault("test_windows", 0)
-    return StructuredSubsamplingDataModule(series, **kw)
 
 
 def assert_mean(samples: np.ndarray, expected: float, variance: float | None = None) -> None:

@@ -8,7 +8,6 @@ a datamodule whose default is a public seed (``seed=0``) or whose state stores t
 from __future__ import annotations
 
 import pickle
-import warnings
 
 import numpy as np
 import pytest
@@ -18,19 +17,12 @@ from lightning_dpts.data import StructuredSubsamplingDataModule
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.randomness import SEEDED_NOTICE
 
-from .conftest import id_series
-
-P_LEN, L_F = 8, 4
+from .conftest import L_F, P_LEN, id_series
+from .conftest import make_dm as _make_dm
 
 
 def make_dm(series, **kw) -> StructuredSubsamplingDataModule:
-    kw.setdefault("context_length", P_LEN)
-    kw.setdefault("prediction_length", L_F)
-    kw.setdefault("batch_size", 4)
-    kw.setdefault("test_windows", 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return StructuredSubsamplingDataModule(series, **kw)
+    return _make_dm(series, quiet_seed=True, **kw)
 
 
 def _first_batches(dm: StructuredSubsamplingDataModule, count: int = 3) -> torch.Tensor:
