@@ -456,9 +456,46 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         Each batch is a dict with the model's fields plus ``"series_index"`` (int64 ``[B]``, the datamodule
         index of every window's series; models ignore it, the DP strategy uses it to name a series whose window
         has a non-finite gradient).
+
+        Under a Trainer with several processes (Lightning DDP) every rank adopts rank 0's secret sampling entropy
+        (broadcast in memory, never written) and yields its share of each global batch; see :meth:`_distribute`.
         """
+        self._distribute()
         self._train_loader = EpochDataLoader(self._sampler, num_workers=self.num_workers, persistent_workers=False)
         return self._train_loader
+
+    def _distribute(self) -> None:
+        """One global structured sample per step across the Trainer's processes (docs/distributed.md).
+
+        With ``trainer.world_size = W > 1`` (Lightning DDP; called on every rank when the training loader is
+        requested, after any checkpoint was restored) rank 0's entropy - fresh operating-system entropy drawn at
+        construction or at the restore, unless seeded - and the largest pass counter are broadcast over the
+        process group (:func:`lightning_dpts.distributed.broadcast_sampling_state`, in memory); every rank then
+        computes the same global batch and keeps its share (:meth:`StructuredSampler.shard`). ``secure_mode``
+        draws each step's sampling from the local CSPRNG, which the ranks cannot share: refused with W > 1.
+        """
+        from lightning_dpts.distributed import broadcast_sampling_state, rank_and_world_size
+
+        trainer = getattr(self, "trainer", None)
+        world = int(getattr(trainer, "world_size", 1) or 1)
+        if world > 1 and self._sampler.secure_mode:
+            raise ConfigurationError(
+                "secure_mode", True,
+                f"draws every step's sampling from this process's CSPRNG, which the {world} processes of the "
+                "Trainer cannot share (each would sample its own batch); use secure_mode=False (the sampling is "
+                "then keyed by rank 0's 128 bits of operating-system entropy, broadcast in memory) or one process",
+            )
+        rank, world = rank_and_world_size(trainer)
+        if world == 1:
+            self._sampler.shard(0, 1)
+            return
+        assert trainer is not None
+        entropy, passes = broadcast_sampling_state(
+            self._sampler.entropy, self._sampler.passes_started, trainer.strategy.root_device
+        )
+        self._entropy = entropy
+        self._sampler.synchronise(entropy, passes)
+        self._sampler.shard(rank, world)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"passes_started": k}``, saved in Lightning checkpoints.

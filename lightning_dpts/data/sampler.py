@@ -247,6 +247,7 @@ class StructuredSampler(IterableDataset):
         self._num_series = len(store.lengths)
         self._t = store.num_start_positions
         self._bminsep: BMinSepSampler | None = None  # b_min_sep chain of this process (never pickled)
+        self.rank, self.world_size = 0, 1  # this process's share of every global batch (see shard)
 
     def __len__(self) -> int:
         return self.spec.steps_per_epoch
@@ -264,6 +265,37 @@ class StructuredSampler(IterableDataset):
         self._bminsep = None
         self.passes_started = max(self.passes_started, int(passes_started))
         self.epoch = self.passes_started
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Yield only this process's share of every global batch (DDP: ``world_size`` processes).
+
+        The global batch of a step is computed in full on every rank (from the same secret entropy, see
+        :meth:`synchronise`) and rank ``r`` keeps windows ``floor(B r / W) .. floor(B (r + 1) / W) - 1`` of its
+        ``B`` windows, so the shares are disjoint, cover the batch and differ in size by at most one; a share may
+        be empty (Poisson levels), the rank then takes the noise-only contribution. Augmentation noise is drawn for
+        the whole batch and sliced, so the union of the shares is exactly the single-process batch.
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ConfigurationError("world_size", world_size, "must be an integer >= 1")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ConfigurationError("rank", rank, f"must be an integer in [0, {world_size})")
+        self.rank, self.world_size = rank, world_size
+
+    def synchronise(self, entropy: Entropy, passes_started: int) -> None:
+        """Adopt the entropy and pass counter that every rank shares (rank 0's, broadcast in memory by
+        :func:`lightning_dpts.distributed.broadcast_sampling_state`); the b-min-sep chain restarts from it."""
+        if not isinstance(entropy, Entropy):
+            raise ConfigurationError("entropy", type(entropy).__name__, "must be a lightning_dpts.randomness.Entropy")
+        self.entropy = entropy
+        self._bminsep = None
+        self.passes_started = max(self.passes_started, int(passes_started))
+        self.epoch = self.passes_started
+
+    def _share(self, total: int) -> slice:
+        """This rank's windows among ``total`` windows of a global batch (all of them on one process)."""
+        if self.world_size == 1:
+            return slice(0, total)
+        return slice(total * self.rank // self.world_size, total * (self.rank + 1) // self.world_size)
 
     # -- top level ---------------------------------------------------------------------------------------
     def top_level(self, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
@@ -336,15 +368,20 @@ class StructuredSampler(IterableDataset):
         return rows, starts, rng
 
     def batch(self, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        """The training batch of step ``step`` of pass ``epoch``."""
+        """The training batch of step ``step`` of pass ``epoch`` (this rank's share of it, see :meth:`shard`)."""
         rows, starts, rng = self.sample_indices(epoch, step)
+        total = len(rows)
+        part = self._share(total)
+        rows, starts = rows[part], starts[part]
         arrays = self.store.gather(rows, starts, self.keys)
         if self._context_std > 0:
             past = arrays["past_target"]
-            past += rng.standard_normal(past.shape, dtype=np.float32) * np.float32(self._context_std)
+            noise = rng.standard_normal((total, *past.shape[1:]), dtype=np.float32)[part]
+            past += noise * np.float32(self._context_std)
         if self._forecast_std > 0:
             future = arrays["future_target"]
-            future += rng.standard_normal(future.shape, dtype=np.float32) * np.float32(self._forecast_std)
+            noise = rng.standard_normal((total, *future.shape[1:]), dtype=np.float32)[part]
+            future += noise * np.float32(self._forecast_std)
         out = _to_tensors(arrays, rows, self.keys, self.static_cat, self.static_real, self.univariate)
         out[SERIES_INDEX_KEY] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
         return out

@@ -24,6 +24,11 @@ and n + k - 1, where k is chosen so that one evaluation is spread over k steps a
 ``max_overhead`` (default 5%) of the measured training time; it is capped at the budget's last count, whose
 epsilon is computed before training. Between evaluations the per-step cost is a comparison plus the logger
 calls (measured by ``benchmarks/dp_training.py``). The final report is exact.
+
+Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
+broadcasts it, so every rank caps the Trainer at the same step and stops there; only rank 0 evaluates and logs
+epsilon; the final report is computed on rank 0 and broadcast, so ``report`` is the same on every rank.
+Lightning writes checkpoints from rank 0 only.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
@@ -123,6 +129,7 @@ class AccountantCallback(Callback):
         self._timed_steps = 0
         self._tick: float | None = None
         self._bar_value: float | None = None
+        self._rank = 0
 
     @property
     def state_key(self) -> str:
@@ -196,7 +203,8 @@ class AccountantCallback(Callback):
             )
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound)
         self.accountant = acc
-        self.max_steps = acc.max_steps(self.epsilon, self.delta)
+        self._rank = rank_and_world_size(trainer)[0]
+        self.max_steps = _from_rank_zero(trainer, lambda: acc.max_steps(self.epsilon, self.delta))
         strategy.step_cap = self.max_steps
         accounted = ledger.accounted_steps(spec)
         if spec.accounts_per_epoch:
@@ -224,7 +232,8 @@ class AccountantCallback(Callback):
             f"{accounted} already accounted"
         )
         self._log_hyperparameters(trainer, spec, strategy, sigma)
-        self._start_grid()
+        if self._rank == 0:  # the other ranks neither evaluate nor log epsilon
+            self._start_grid()
 
     # ------------------------------------------------------------------------------------------------
     # Monte Carlo path (BandMF noise / b-min-sep sampling; docs/bandmf.md)
@@ -427,7 +436,7 @@ class AccountantCallback(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics({name: value}, step=trainer.global_step - 1)
             return
-        if self.accountant is None:
+        if self.accountant is None or self._rank != 0:
             return
         now = time.perf_counter()
         if self._tick is not None:  # training time per step, for the overhead cap
@@ -465,7 +474,8 @@ class AccountantCallback(Callback):
             return
         if self.accountant is None:
             return
-        self.report = self.accountant.report(self.steps, self.delta)
+        accountant, steps, delta = self.accountant, self.steps, self.delta
+        self.report = _from_rank_zero(trainer, lambda: accountant.report(steps, delta))
         r = self.report
         for logger in trainer.loggers:
             logger.log_metrics({f"{self.log_name}_spent": r.epsilon, "privacy_steps": float(r.steps)},
@@ -490,3 +500,25 @@ class AccountantCallback(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._loaded = dict(state_dict)  # the step count itself is restored from the strategy's ledger
+
+
+def _from_rank_zero(trainer: L.Trainer, compute: Any) -> Any:
+    """``compute()`` on rank 0, broadcast to every rank (in memory); one process: just ``compute()``.
+
+    If rank 0 fails, every rank raises (the others are not left waiting in a later collective).
+    """
+    rank, world = rank_and_world_size(trainer)
+    if world == 1:
+        return compute()
+    value, error = None, None
+    if rank == 0:
+        try:
+            value = compute()
+        except Exception as err:  # re-raised below, after the other ranks were told
+            error = err
+    value, message = trainer.strategy.broadcast((value, None if error is None else repr(error)), src=0)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RuntimeError(f"rank 0 failed while accounting: {message}")
+    return value

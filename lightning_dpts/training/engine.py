@@ -316,6 +316,18 @@ class PerWindowClipper:
             NonFiniteGradientError: a window's gradient norm is not finite (NaN, inf, or a squared norm
                 beyond the float range): Algorithm 2's per-window bound C would not hold for it.
         """
+        sums = self.clipped_sums(params, max_grad_norm)
+        return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)
+
+    def clipped_sums(self, params: list[nn.Parameter], max_grad_norm: float) -> list[torch.Tensor | None]:
+        """sum_i clip_C(g_i) over the recorded windows, per parameter (``None``: no window touched it).
+
+        The hook point of DP training on several processes: each rank's sums are added over the ranks before
+        the one noise draw (:func:`lightning_dpts.distributed.all_reduce_noisy_sum`).
+
+        Raises:
+            NonFiniteGradientError: as :meth:`noisy_gradients`.
+        """
         stacked = []
         for record in [*self._records.values(), *self._lstm_records.values()]:
             pair = self._stacked(record)
@@ -388,5 +400,4 @@ class PerWindowClipper:
                     "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
                     + _BARE_FIX,
                 )
-        sums = [grads.get(id(p)) for p in params]
-        return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)
+        return [grads.get(id(p)) for p in params]

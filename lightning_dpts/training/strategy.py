@@ -22,6 +22,12 @@ Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer st
 * at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
+
+On several processes (Lightning ``strategy="ddp"``, docs/distributed.md) the step is the same mechanism on one
+global structured sample: every rank clips its share of the windows, the clipped sums are added over the ranks
+by one ``all_reduce`` to which rank 0 alone adds the one Gaussian draw
+(:func:`~lightning_dpts.distributed.all_reduce_noisy_sum`), every rank divides by the global Lambda and applies
+the identical update (checked every step); DDP's own gradient averaging is switched off.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from lightning_dpts.distributed import all_reduce_noisy_sum, check_identical, rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
@@ -128,7 +135,8 @@ class DPForecastStrategy(Callback):
     Settings that would break the guarantee raise :class:`~lightning_dpts.errors.ConfigurationError`:
     Trainer ``gradient_clip_val``, gradient accumulation in any form (``accumulate_grad_batches != 1``, a
     ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
-    more than one optimizer, manual optimisation, more than one device/process, mixed precision, BatchNorm,
+    more than one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on
+    DDP, BandMF noise, b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm,
     trainable parameters in the optimizer that the hooks do not cover, a ``forward`` that mixes windows (the
     probe at the first step), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
@@ -283,6 +291,7 @@ class DPForecastStrategy(Callback):
         self.surgery: Surgery | None = None
         self._clipper: PerWindowClipper | None = None
         self._params: list[nn.Parameter] = []
+        self._rank, self._world_size = 0, 1
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -374,6 +383,9 @@ class DPForecastStrategy(Callback):
             return
         _check_trainer(trainer)
         self.resolve(trainer)
+        self._rank, self._world_size = rank_and_world_size(trainer)
+        if self._world_size > 1:
+            self._check_distributed(trainer)
         if self.surgery is not None:  # setup twice without teardown
             return
         self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
@@ -397,6 +409,8 @@ class DPForecastStrategy(Callback):
         @functools.wraps(original)
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             if _num_windows(batch) == 0:
+                if self._world_size > 1:  # Lightning refuses a skipped step under DDP; a zero loss touches no
+                    return self._params[0].new_zeros(()).requires_grad_()  # parameter: this rank adds zero
                 return None
             return original(batch, *args, **kwargs)
 
@@ -423,6 +437,74 @@ class DPForecastStrategy(Callback):
                         "(create the optimizer from self.parameters() or submodules)",
                     )
         self._check_schedulers(trainer)
+        if self._world_size > 1:
+            self._detach_ddp_averaging(trainer)
+
+    def _check_distributed(self, trainer: L.Trainer) -> None:
+        """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = trainer.strategy
+        where = "(DP training on several processes; see docs/distributed.md)"
+        if not isinstance(strategy, DDPStrategy):
+            raise ConfigurationError(
+                "strategy", type(strategy).__name__,
+                f"must be Lightning's DDP (strategy='ddp', launched by Lightning, torchrun or SLURM) {where}",
+            )
+        if getattr(strategy, "_ddp_comm_hook", None) is not None:
+            raise ConfigurationError(
+                "ddp_comm_hook", strategy._ddp_comm_hook,
+                f"must be None: DDP's gradient communication is switched off, the DP step all-reduces the clipped "
+                f"sums itself {where}",
+            )
+        if getattr(strategy, "_ddp_kwargs", {}).get("static_graph"):
+            raise ConfigurationError("static_graph", True, f"must be False {where}")
+        if getattr(trainer._accelerator_connector, "sync_batchnorm", False):
+            raise ConfigurationError(
+                "sync_batchnorm", True,
+                f"must be False: SyncBatchNorm normalises with statistics of every rank's windows, so one window "
+                f"changes every other window's gradient (PRIVACY-NOTES trap 8) {where}",
+            )
+        if self.noise_kind == "bandmf":
+            raise ConfigurationError(
+                "noise", "bandmf",
+                f"BandMF is not supported on {self._world_size} processes yet (its noise band and the b-min-sep "
+                f"chain would have to live on rank 0 alone); train it on one process {where}",
+            )
+        spec = _spec_or_none(trainer)
+        if spec is not None and spec.top_level == "b_min_sep":
+            raise ConfigurationError(
+                "datamodule.sampling_spec", "top_level='b_min_sep'",
+                f"is not supported on {self._world_size} processes yet (its Monte Carlo accountant samples on every "
+                f"rank); train it on one process {where}",
+            )
+
+    def _detach_ddp_averaging(self, trainer: L.Trainer) -> None:
+        """Switch off DDP's gradient all-reduce and per-forward buffer broadcast (the DP step communicates).
+
+        DDP would average the *unclipped* local gradients (then overwritten: wasted traffic), and its reducer
+        and buffer broadcast are collectives inside forward/backward, which a rank with an empty local batch
+        skips. Buffers are broadcast once, when DDP wraps the module; a buffer that changes in training would
+        differ between ranks (BatchNorm running statistics are refused anyway).
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = trainer.strategy.model
+        if not isinstance(model, DistributedDataParallel):
+            raise ConfigurationError(
+                "strategy", type(model).__name__, "Lightning's DDP strategy must wrap the module in "
+                "DistributedDataParallel (DP training on several processes; docs/distributed.md)",
+            )
+        for name, sub in model.named_modules():
+            if isinstance(sub, nn.modules.batchnorm._BatchNorm):
+                raise ConfigurationError(
+                    "model", f"{type(sub).__name__} at '{name}'",
+                    "batch normalisation (SyncBatchNorm included) mixes windows across the batch and the ranks "
+                    "(PRIVACY-NOTES trap 8); use LayerNorm/GroupNorm",
+                )
+        model.require_backward_grad_sync = False
+        model.require_forward_param_sync = False
+        self._ddp = model
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.begin(trainer, pl_module)
@@ -456,6 +538,8 @@ class DPForecastStrategy(Callback):
                 "(Trainer max_steps), or start from freshly initialised weights",
             )
         ledger.check_continuation(sigma, self.max_grad_norm, spec)
+        if self._world_size > 1:
+            _check_same_on_all_ranks(trainer, ledger.to_dict())
         if not ledger.empty and not _has_accountant(trainer):
             raise ConfigurationError(
                 "callbacks", "no AccountantCallback",
@@ -478,7 +562,8 @@ class DPForecastStrategy(Callback):
             rank_zero_warn(f"DPForecastStrategy: {SEEDED_NOTICE}")
         if getattr(getattr(trainer, "datamodule", None), "seeded", False) is True:
             ledger.seeded = True  # seeded batch sampling: the checkpoint metadata must say so too
-        self.noise = self._make_noise(entropy)
+        # one noise source, on rank 0 only: the one Gaussian draw of every step (other ranks add none)
+        self.noise = self._make_noise(entropy) if self._rank == 0 else None
         self._new_epoch = True
         self._batches_since_step = 0
         self._probed = not self.check_independence
@@ -526,6 +611,9 @@ class DPForecastStrategy(Callback):
     ) -> None:
         if not self._begun:
             self.begin(trainer, pl_module)
+        if self._world_size > 1:  # keep DDP's own gradient averaging off (Lightning's no_sync restores the flag)
+            self._ddp.require_backward_grad_sync = False
+            self._ddp.require_forward_param_sync = False
         if self._batches_since_step >= 1:
             raise ConfigurationError(
                 "accumulate_grad_batches", self._batches_since_step + 1,
@@ -547,7 +635,8 @@ class DPForecastStrategy(Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        assert self.expected_batch_size is not None and self._clipper is not None and self.noise is not None
+        assert self.expected_batch_size is not None and self._clipper is not None
+        assert self.noise is not None or self._rank != 0
         if self._batches_since_step != 1:
             raise ConfigurationError(
                 "accumulate_grad_batches", self._batches_since_step,
@@ -560,12 +649,16 @@ class DPForecastStrategy(Callback):
                 f"noisy step {after.steps} would bring the accounted steps to {after.accounted_steps(spec)}, beyond "
                 f"the {self.step_cap} the privacy budget allows"
             )
-        try:
-            noisy = self._clipper.noisy_gradients(
-                self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
-            )
-        except NonFiniteGradientError as err:
-            raise NonFiniteGradientError(self._describe_windows(trainer, err.windows), err.windows) from err
+        if self._world_size > 1:
+            noisy = self._distributed_step(trainer, after.steps)
+        else:
+            assert self.noise is not None
+            try:
+                noisy = self._clipper.noisy_gradients(
+                    self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
+                )
+            except NonFiniteGradientError as err:
+                raise NonFiniteGradientError(self._describe_windows(trainer, err.windows), err.windows) from err
         for p, g in zip(self._params, noisy, strict=True):
             p.grad = g
         self._clear()
@@ -573,6 +666,34 @@ class DPForecastStrategy(Callback):
         self.ledger.epochs = after.epochs
         self._new_epoch = False
         self._batches_since_step = 0
+
+    def _distributed_step(self, trainer: L.Trainer, step: int) -> list[torch.Tensor]:
+        """Algorithm 2 on the global batch: local clipped sums, one all-reduce with rank 0's one noise draw.
+
+        A rank whose windows have a non-finite gradient contributes a failure flag to the same all-reduce, so
+        every rank raises :class:`NonFiniteGradientError` at this step (none is left waiting in a collective).
+        """
+        assert self._clipper is not None and self.expected_batch_size is not None
+        failed: NonFiniteGradientError | None = None
+        try:
+            sums = self._clipper.clipped_sums(self._params, self.max_grad_norm)
+        except NonFiniteGradientError as err:
+            failed = err
+            sums = [None] * len(self._params)
+        noisy, failures = all_reduce_noisy_sum(
+            sums, self._params, self.noise_std, self.expected_batch_size, self.noise, failed=failed is not None
+        )
+        if failed is not None:
+            raise NonFiniteGradientError(
+                f"rank {self._rank}: {self._describe_windows(trainer, failed.windows)}", failed.windows
+            ) from failed
+        if failures:
+            raise NonFiniteGradientError(
+                f"noisy step {step}: {failures} other rank(s) met a non-finite per-window gradient (see their "
+                "error); no step is taken", [],
+            )
+        check_identical(noisy, step)
+        return noisy
 
     def _describe_windows(self, trainer: L.Trainer, windows: list[int]) -> str:
         """Error message naming the series of the windows (from the batch's ``series_index``)."""
@@ -824,9 +945,18 @@ def _check_trainer(trainer: L.Trainer) -> None:
             "must be 1: raise the datamodule's batch_size instead (noise is added once per optimizer step and "
             "the accountant counts optimizer steps of one sampled batch)",
         )
-    if trainer.world_size != 1:
-        raise ConfigurationError("devices", trainer.world_size, "DP training supports a single process/device")
     if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
         raise ConfigurationError(
             "precision", trainer.precision, "must be '32-true' or '64-true' (loss scaling interferes with clipping)"
+        )
+
+
+def _check_same_on_all_ranks(trainer: L.Trainer, ledger: dict[str, Any]) -> None:
+    """Refuse a fit whose ranks start from different privacy ledgers (every rank reaches the same verdict)."""
+    reference = trainer.strategy.broadcast(ledger, src=0)
+    if not trainer.strategy.reduce_boolean_decision(reference == ledger, all=True):
+        raise ConfigurationError(
+            "ledger", ledger,
+            f"the ranks start from different privacy ledgers (rank 0: {reference}); every rank must continue the "
+            "same model (the same checkpoint, or the same weights with the same attached ledger)",
         )

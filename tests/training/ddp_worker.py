@@ -1,0 +1,190 @@
+"""DP training on 2 CPU processes (gloo), launched by ``python -m torch.distributed.run --nproc-per-node 2``.
+
+Used by ``tests/training/test_ddp.py`` (not collected by pytest itself): every rank runs this file and writes
+what it observed to ``<out>/rank<r>.json``; the test reads both files. Phases:
+
+1. ``gaussian``: a fit with an AccountantCallback that resumes the 1-process checkpoint ``<out>/one.ckpt`` and
+   runs until the budget stops it, saving ``<out>/ckpt/two.ckpt`` (rank 0) and CSV logs. Recorded per noisy
+   step: this rank's share of the batch (series indices), the final gradient of a parameter no window touches,
+   and - playing an observer of this rank's process - what this rank put into the gradient all-reduce and
+   what came back.
+2. ``poisson``: Poisson top and bottom levels with an expected global batch of 2 windows (many empty local
+   batches), 30 steps.
+3. ``sampler``: the training loader alone over many passes from fresh per-rank entropy (the broadcast must make
+   the shares one global sample), and rank 0's single-process reference batches from the shared entropy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import types
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+
+from lightning_dpts.data import StructuredSubsamplingDataModule
+from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+
+warnings.filterwarnings("ignore")
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
+
+NUM_SERIES, LENGTH, CONTEXT, HORIZON = 16, 40, 8, 4
+SIGMA, CLIP = 8.0, 0.5
+BUDGET = (4.0, 1e-5)
+UNUSED_SHAPE = (4, 50)
+
+
+def series() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)  # the *data* (not privacy randomness): fixed
+    return [np.sin(np.arange(LENGTH) / 3.0 + n) + 0.1 * rng.standard_normal(LENGTH) for n in range(NUM_SERIES)]
+
+
+def datamodule(kind: str = "gaussian") -> StructuredSubsamplingDataModule:
+    if kind == "poisson":
+        return StructuredSubsamplingDataModule(
+            series(), context_length=CONTEXT, prediction_length=HORIZON, batch_size=2, instances_per_series=1,
+            top_level="poisson", bottom_level="poisson", test_windows=0,
+        )
+    return StructuredSubsamplingDataModule(
+        series(), context_length=CONTEXT, prediction_length=HORIZON, batch_size=8, instances_per_series=2,
+        top_level="without_replacement", bottom_level="with_replacement", test_windows=0,
+    )
+
+
+class Tiny(L.LightningModule):
+    """A linear forecaster plus a layer no window uses (its gradient is the noise alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(CONTEXT, HORIZON)
+        self.unused = nn.Linear(UNUSED_SHAPE[1], UNUSED_SHAPE[0], bias=False)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return (self.net(batch["past_target"]) - batch["future_target"]).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.5)
+
+
+class Recorder(Callback):
+    """Runs after DPForecastStrategy: what this rank saw at every noisy step."""
+
+    def __init__(self) -> None:
+        self.shares: list[list[int]] = []
+        self.unused: list[list[float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.shares.append(batch["series_index"].tolist())
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.unused.append(pl_module.unused.weight.grad.reshape(-1).tolist())
+
+
+class ObservedAllReduce:
+    """An observer of this rank's process: records the input and output of the gradient all-reduce."""
+
+    def __init__(self, numel: int) -> None:
+        self.numel = numel
+        self.original = dist.all_reduce
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, tensor, *args, **kwargs):
+        before = tensor.detach().clone() if tensor.numel() == self.numel else None
+        out = self.original(tensor, *args, **kwargs)
+        if before is not None:
+            self.records.append((before, tensor.detach().clone()))
+        return out
+
+
+def trainer(out: Path, callbacks: list, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False, **kwargs,
+    )
+
+
+def weights(module: nn.Module) -> list[float]:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).tolist()
+
+
+def main(out: Path) -> None:
+    rank = int(os.environ["RANK"])
+    result: dict = {"rank": rank}
+
+    # -- 1. Gaussian noise, accountant, resume of a 1-process checkpoint ----------------------------------
+    model, dm = Tiny(), datamodule()
+    result["entropy_before"] = str(dm.sampler.entropy._value)
+    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
+    accountant = AccountantCallback(*BUDGET)
+    recorder = Recorder()
+    numel = sum(p.numel() for p in model.parameters())
+    observer = ObservedAllReduce(numel + 1)
+    dist_all_reduce = dist.all_reduce
+    dist.all_reduce = observer
+    t = trainer(out, [strategy, accountant, recorder,
+                      ModelCheckpoint(dirpath=out / "ckpt", save_last=True, every_n_train_steps=5)],
+                max_steps=10_000, logger=CSVLogger(out / "logs"))
+    t.fit(model, datamodule=dm, ckpt_path=str(out / "one.ckpt"))
+    dist.all_reduce = dist_all_reduce
+    t.save_checkpoint(out / "ckpt" / "two.ckpt")  # every rank calls it, rank 0 writes it
+    offset = sum(p.numel() for p in model.parameters() if p is not model.unused.weight)
+    # The unused weight is the last parameter: its segment of the flat all-reduce vector.
+    assert list(model.parameters())[-1] is model.unused.weight
+    size = model.unused.weight.numel()
+    result["gaussian"] = {
+        "shares": recorder.shares,
+        "unused_grads": recorder.unused,
+        "allreduce_in": [b[offset : offset + size].tolist() for b, _ in observer.records],
+        "allreduce_out": [a[offset : offset + size].tolist() for _, a in observer.records],
+        "global_step": t.global_step,
+        "ledger_steps": strategy.ledger.steps,
+        "max_steps": accountant.max_steps,
+        "report_epsilon": accountant.report.epsilon,
+        "report_steps": accountant.report.steps,
+        "weights": weights(model),
+        "entropy_shared": str(dm.sampler.entropy._value),
+        "passes_started": dm.sampler.passes_started,
+    }
+
+    # -- 2. Poisson levels: many empty local batches ------------------------------------------------------
+    model, dm = Tiny(), datamodule("poisson")
+    strategy, recorder = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP), Recorder()
+    t = trainer(out, [strategy, recorder], max_steps=30, logger=False, enable_checkpointing=False)
+    t.fit(model, datamodule=dm)
+    result["poisson"] = {"shares": recorder.shares, "global_step": t.global_step,
+                         "ledger_steps": strategy.ledger.steps, "weights": weights(model)}
+
+    # -- 3. The sampler alone: the shares of many passes, and rank 0's single-process reference -----------
+    dm = datamodule()
+    fake = types.SimpleNamespace(world_size=2, global_rank=rank, strategy=types.SimpleNamespace(
+        root_device=torch.device("cpu")))
+    dm.trainer = fake
+    passes = 300
+    loader = dm.train_dataloader()
+    shares = [[b["series_index"].tolist() for b in loader] for _ in range(passes)]
+    sampler = dm.sampler
+    result["sampler"] = {"shares": shares}
+    if rank == 0:
+        sampler.shard(0, 1)
+        reference = [[sampler.batch(p, s)["series_index"].tolist() for s in range(len(sampler))]
+                     for p in range(passes)]
+        result["sampler"]["reference"] = reference
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
