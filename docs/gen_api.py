@@ -21,6 +21,7 @@ MODULES = [
     ("lightning_dpts.privacy.montecarlo", None),
     ("lightning_dpts.data.bminsep", None),
     ("lightning_dpts.training.correlated_noise", None),
+    ("lightning_dpts.distributed", None),
     ("lightning_dpts.synthetic", None),
 ]
 
