@@ -292,6 +292,7 @@ class DPForecastStrategy(Callback):
         self._clipper: PerWindowClipper | None = None
         self._params: list[nn.Parameter] = []
         self._rank, self._world_size = 0, 1
+        self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -670,27 +671,30 @@ class DPForecastStrategy(Callback):
     def _distributed_step(self, trainer: L.Trainer, step: int) -> list[torch.Tensor]:
         """Algorithm 2 on the global batch: local clipped sums, one all-reduce with rank 0's one noise draw.
 
-        A rank whose windows have a non-finite gradient contributes a failure flag to the same all-reduce, so
-        every rank raises :class:`NonFiniteGradientError` at this step (none is left waiting in a collective).
+        A rank that cannot clip (a non-finite per-window gradient, a parameter without per-window gradients)
+        contributes a failure flag to the same all-reduce, so every rank raises at this step (that rank its own
+        error, the others a ``RuntimeError`` pointing to it) and none is left waiting in a collective.
         """
         assert self._clipper is not None and self.expected_batch_size is not None
-        failed: NonFiniteGradientError | None = None
+        failed: Exception | None = None
         try:
             sums = self._clipper.clipped_sums(self._params, self.max_grad_norm)
-        except NonFiniteGradientError as err:
+        except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
             failed = err
             sums = [None] * len(self._params)
         noisy, failures = all_reduce_noisy_sum(
             sums, self._params, self.noise_std, self.expected_batch_size, self.noise, failed=failed is not None
         )
-        if failed is not None:
+        if isinstance(failed, NonFiniteGradientError):
             raise NonFiniteGradientError(
                 f"rank {self._rank}: {self._describe_windows(trainer, failed.windows)}", failed.windows
             ) from failed
+        if failed is not None:
+            raise failed
         if failures:
-            raise NonFiniteGradientError(
-                f"noisy step {step}: {failures} other rank(s) met a non-finite per-window gradient (see their "
-                "error); no step is taken", [],
+            raise RuntimeError(
+                f"noisy step {step}: {failures} other rank(s) could not clip their windows' gradients (see their "
+                "error, e.g. NonFiniteGradientError); no step is taken"
             )
         check_identical(noisy, step)
         return noisy

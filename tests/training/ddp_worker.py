@@ -12,6 +12,7 @@ what it observed to ``<out>/rank<r>.json``; the test reads both files. Phases:
    batches), 30 steps.
 3. ``sampler``: the training loader alone over many passes from fresh per-rank entropy (the broadcast must make
    the shares one global sample), and rank 0's single-process reference batches from the shared entropy.
+4. ``nan``: windows of series 3 have a NaN gradient; every rank must raise at the same step, none hang.
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ class Tiny(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.5)
+
+
+class NanOnSeries3(Tiny):
+    """Windows of series 3 have a NaN gradient (the strategy must stop every rank at that step)."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        scale = torch.where(batch["series_index"] == 3, float("nan"), 1.0)[:, None]
+        return (self.net(batch["past_target"]) * scale - batch["future_target"]).square().mean()
 
 
 class Recorder(Callback):
@@ -183,6 +192,16 @@ def main(out: Path) -> None:
         reference = [[sampler.batch(p, s)["series_index"].tolist() for s in range(len(sampler))]
                      for p in range(passes)]
         result["sampler"]["reference"] = reference
+    # -- 4. A non-finite per-window gradient on one rank: every rank raises at the same step (last: Lightning may
+    # tear the process group down after an exception) ----------------------------------------------------------
+    model, dm = NanOnSeries3(), datamodule()
+    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
+    t = trainer(out, [strategy], max_steps=200, logger=False, enable_checkpointing=False)
+    try:
+        t.fit(model, datamodule=dm)
+        result["nan"] = {"error": None}
+    except Exception as err:  # recorded for the test
+        result["nan"] = {"error": type(err).__name__, "message": str(err)[:300], "ledger_steps": strategy.ledger.steps}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 

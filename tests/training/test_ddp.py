@@ -173,6 +173,15 @@ def test_poisson_levels_with_empty_local_batches_run(run: dict) -> None:
 
 
 @pytest.mark.slow
+def test_a_non_finite_gradient_on_one_rank_stops_every_rank_at_the_same_step(run: dict) -> None:
+    nan = [r["nan"] for r in run["ranks"]]
+    assert {n["error"] for n in nan} <= {"NonFiniteGradientError", "RuntimeError"}
+    assert "NonFiniteGradientError" in {n["error"] for n in nan}
+    assert any("'3'" in n["message"] or "#3" in n["message"] for n in nan if n["error"] == "NonFiniteGradientError")
+    assert nan[0]["ledger_steps"] == nan[1]["ledger_steps"]
+
+
+@pytest.mark.slow
 def test_sampling_entropy_never_reaches_an_artifact(run: dict) -> None:
     """Attacker with every file the run wrote (checkpoints, CSV logs): the shared sampling entropy (and each
     rank's own, pre-broadcast) appears in none of them, in any of the encodings the code handles it in."""
