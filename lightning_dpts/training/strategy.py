@@ -472,12 +472,33 @@ class DPForecastStrategy(Callback):
                 f"BandMF is not supported on {self._world_size} processes yet (its noise band and the b-min-sep "
                 f"chain would have to live on rank 0 alone); train it on one process {where}",
             )
+        from lightning_dpts.data.datamodule import StructuredSubsamplingDataModule
+
+        dm = getattr(trainer, "datamodule", None)
+        if not isinstance(dm, StructuredSubsamplingDataModule):
+            raise ConfigurationError(
+                "datamodule", type(dm).__name__,
+                f"must be a StructuredSubsamplingDataModule: it makes the {self._world_size} processes' batches "
+                f"one global structured sample (other loaders give every rank its own sample or the same one, "
+                f"which the accountant does not cover) {where}",
+            )
         spec = _spec_or_none(trainer)
         if spec is not None and spec.top_level == "b_min_sep":
             raise ConfigurationError(
                 "datamodule.sampling_spec", "top_level='b_min_sep'",
                 f"is not supported on {self._world_size} processes yet (its Monte Carlo accountant samples on every "
                 f"rank); train it on one process {where}",
+            )
+
+    def _check_global_sample(self, trainer: L.Trainer) -> None:
+        """The datamodule's sampler must yield this rank's share of the global batch (its train_dataloader ran)."""
+        sampler = trainer.datamodule.sampler
+        if (sampler.rank, sampler.world_size) != (self._rank, self._world_size):
+            raise ConfigurationError(
+                "datamodule", f"sampler share {sampler.rank}/{sampler.world_size}",
+                f"must be this rank's share {self._rank}/{self._world_size} of the global batch: use the "
+                "datamodule's own train_dataloader (it broadcasts rank 0's sampling entropy and shards the batch; "
+                "docs/distributed.md)",
             )
 
     def _detach_ddp_averaging(self, trainer: L.Trainer) -> None:
@@ -526,6 +547,9 @@ class DPForecastStrategy(Callback):
             attached = ledger_of(pl_module)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
+        if self._world_size > 1:  # before any check that could then fail on some ranks only
+            _check_same_on_all_ranks(trainer, ledger.to_dict())
+            self._check_global_sample(trainer)
         if ledger.epochs < 0:  # an older checkpoint without an epoch count: every started epoch, at least
             spe = spec.steps_per_epoch if spec is not None else 1
             ledger.epochs = -(-ledger.steps // spe)
@@ -539,8 +563,6 @@ class DPForecastStrategy(Callback):
                 "(Trainer max_steps), or start from freshly initialised weights",
             )
         ledger.check_continuation(sigma, self.max_grad_norm, spec)
-        if self._world_size > 1:
-            _check_same_on_all_ranks(trainer, ledger.to_dict())
         if not ledger.empty and not _has_accountant(trainer):
             raise ConfigurationError(
                 "callbacks", "no AccountantCallback",

@@ -251,6 +251,8 @@ def test_several_processes_refuse_what_is_not_supported() -> None:
                                               top_level="b_min_sep", bands=2, test_windows=0)
     with pytest.raises(ConfigurationError, match="b_min_sep"):
         dp._check_distributed(_fake_trainer(dm=bminsep))
+    with pytest.raises(ConfigurationError, match="StructuredSubsamplingDataModule"):
+        dp._check_distributed(_fake_trainer(dm=L.LightningDataModule()))
 
 
 def test_secure_mode_sampling_is_refused_on_several_processes() -> None:
