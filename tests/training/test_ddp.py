@@ -128,7 +128,20 @@ def test_both_ranks_hold_identical_weights_and_stop_at_the_accounted_step(run: d
         assert rank["global_step"] == rank["ledger_steps"] == rank["max_steps"] == rank["report_steps"] == expected
         assert rank["report_epsilon"] <= worker.BUDGET[0]
     assert g[0]["report_epsilon"] == g[1]["report_epsilon"]
+    accountant = StructuredSubsamplingAccountant(spec, worker.SIGMA)
+    assert g[0]["report_epsilon"] == pytest.approx(accountant.epsilon(expected, worker.BUDGET[1]), rel=1e-9)
     assert len(g[0]["shares"]) == len(g[1]["shares"]) == expected - 5  # every rank took every step
+
+
+@pytest.mark.slow
+def test_epsilon_is_logged_once_per_step(run: dict) -> None:
+    import csv
+
+    (metrics,) = run["out"].glob("logs/**/metrics.csv")  # one logger directory: rank 0's
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("epsilon")]
+    steps = [int(r["step"]) for r in rows]
+    assert len(steps) == len(set(steps)) == 24 - 5  # the 2-process fit's noisy steps, each logged once
+    assert all(float(r["epsilon"]) <= worker.BUDGET[0] for r in rows)
 
 
 @pytest.mark.slow
