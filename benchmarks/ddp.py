@@ -102,7 +102,8 @@ def _worker(args: argparse.Namespace) -> None:
         params = sum(p.numel() for p in module.parameters() if p.requires_grad)
         Path(args.worker).write_text(json.dumps({
             "world": world, "median_s": statistics.median(timer.times), "params": params,
-            "bytes_per_step": counted["bytes"] / len(timer.times), "calls_per_step": counted["calls"] / len(timer.times),
+            "bytes_per_step": counted["bytes"] / len(timer.times),
+            "calls_per_step": counted["calls"] / len(timer.times),
         }))
 
 

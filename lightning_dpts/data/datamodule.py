@@ -497,6 +497,16 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         self._sampler.synchronise(entropy, passes)
         self._sampler.shard(rank, world)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The datamodule holds the secret sampling Entropy (which refuses pickling too); say what to do instead.
+        raise TypeError(
+            "StructuredSubsamplingDataModule must not be pickled: it holds the secret sampling entropy, which would "
+            "let anyone who reads the bytes regenerate the batches. For several processes use Lightning's "
+            "strategy='ddp' (processes started by re-running the script, torchrun or SLURM; rank 0's entropy is "
+            "then broadcast in memory), not 'ddp_spawn'/'ddp_notebook', which pickle the datamodule "
+            "(docs/distributed.md)"
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """``{"passes_started": k}``, saved in Lightning checkpoints.
 

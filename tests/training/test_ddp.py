@@ -311,3 +311,11 @@ def test_shards_partition_the_single_process_batch_with_its_augmentation() -> No
                 torch.testing.assert_close(torch.cat([p[key] for p in parts]), value, rtol=0, atol=0)
     with pytest.raises(ConfigurationError, match="rank"):
         sampler.shard(2, 2)
+
+
+def test_spawning_launchers_are_told_to_use_ddp() -> None:
+    """``ddp_spawn``/``ddp_notebook`` pickle the datamodule; the error names the strategy to use instead."""
+    import pickle
+
+    with pytest.raises(TypeError, match="strategy='ddp'"):
+        pickle.dumps(worker.datamodule())
