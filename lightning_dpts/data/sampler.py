@@ -272,7 +272,7 @@ class StructuredSampler(IterableDataset):
         The global batch of a step is computed in full on every rank (from the same secret entropy, see
         :meth:`synchronise`) and rank ``r`` keeps windows ``floor(B r / W) .. floor(B (r + 1) / W) - 1`` of its
         ``B`` windows, so the shares are disjoint, cover the batch and differ in size by at most one; a share may
-        be empty (Poisson levels), the rank then takes the noise-only contribution. Augmentation noise is drawn for
+        be empty (Poisson levels): the rank then contributes zero to the step. Augmentation noise is drawn for
         the whole batch and sliced, so the union of the shares is exactly the single-process batch.
         """
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
