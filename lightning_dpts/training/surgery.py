@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from opacus.layers import DPGRU, DPRNN
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from lightning_dpts.errors import ConfigurationError
 
@@ -174,6 +175,99 @@ def _mha_load_pre_hook(module: nn.Module, state_dict: dict, prefix: str, *args: 
             state_dict[prefix + new] = state_dict.pop(prefix + old)
 
 
+
+class _InputProjection(torch.autograd.Function):
+    """``x W_ih^T + b_ih + b_hh`` whose backward returns only the input gradient (the clipper sums the weights')."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w_ih: torch.Tensor, *biases: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(w_ih)
+        out = F.linear(x, w_ih)
+        for b in biases:
+            out = out.add_(b)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (w_ih,) = ctx.saved_tensors
+        nb = len(ctx.needs_input_grad) - 2
+        return (grad @ w_ih if ctx.needs_input_grad[0] else None), None, *([None] * nb)
+
+
+class _Recurrence(torch.autograd.Function):
+    """The LSTM recurrence of one layer and direction, with a hand-written backward (one autograd node).
+
+    Forward, per step t (gate order i, f, g, o of ``nn.LSTM``): ``z_t = p_t + h_{t-1} W_hh^T``,
+    ``c_t = f * c_{t-1} + i * g``, ``h_t = o * tanh(c_t)``. Backward returns the gradient of the projection
+    ``p_t`` (the gate gradient delta_t), of ``h_0`` and ``c_0``, and *no* gradient for ``W_hh``: the clipper
+    computes the clipped per-window sum ``sum_i c_i sum_t delta_it h_i,t-1^T`` itself from the recorded
+    ``delta`` and the hidden states this function hands to ``record`` (time-major ``[T, B, .]`` buffers).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor, record: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t_len, four_h = proj.shape
+        hidden = four_h // 4
+        proj_t = proj.transpose(0, 1)
+        hs = proj.new_empty(t_len + 1, b, hidden)
+        cs = proj.new_empty(t_len + 1, b, hidden)
+        tcs = proj.new_empty(t_len, b, hidden)  # tanh(c_t)
+        acts = proj.new_empty(t_len, b, four_h)  # sigmoid(i, f, o) and tanh(g)
+        hs[0] = h0
+        cs[0] = c0
+        w_t = w_hh.t()
+        g_slice = slice(2 * hidden, 3 * hidden)
+        for t in range(t_len):
+            gates = torch.addmm(proj_t[t], hs[t], w_t)
+            a = acts[t]
+            torch.sigmoid(gates, out=a)
+            torch.tanh(gates[:, g_slice], out=a[:, g_slice])
+            torch.mul(a[:, hidden : 2 * hidden], cs[t], out=cs[t + 1])
+            cs[t + 1].addcmul_(a[:, :hidden], a[:, g_slice])
+            torch.tanh(cs[t + 1], out=tcs[t])
+            torch.mul(a[:, 3 * hidden :], tcs[t], out=hs[t + 1])
+        ctx.save_for_backward(w_hh, hs, cs, tcs, acts)
+        ctx.record = record
+        return hs[1:].transpose(0, 1).contiguous(), hs[t_len].clone(), cs[t_len].clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_out: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        w_hh, hs, cs, tcs, acts = ctx.saved_tensors
+        t_len, b, four_h = acts.shape
+        hidden = four_h // 4
+        # local derivatives of the activations, all steps at once: s(1-s) for sigmoid gates, 1-g^2 for g
+        delta = acts - acts * acts
+        g_all = acts[:, :, 2 * hidden : 3 * hidden]
+        torch.addcmul(torch.ones_like(g_all), g_all, g_all, value=-1.0, out=delta[:, :, 2 * hidden : 3 * hidden])
+        k = acts[:, :, 3 * hidden :] * (1.0 - tcs * tcs)  # d c_t / d h_t through h = o tanh(c)
+        dh = grad_h.clone() if grad_h is not None else hs.new_zeros(b, hidden)
+        dc = grad_c.clone() if grad_c is not None else hs.new_zeros(b, hidden)
+        gout = None if grad_out is None else grad_out.transpose(0, 1)
+        tmp = hs.new_empty(b, four_h)
+        for t in range(t_len - 1, -1, -1):
+            if gout is not None:
+                dh.add_(gout[t])
+            a = acts[t]
+            dc.addcmul_(dh, k[t])
+            torch.mul(dc, a[:, 2 * hidden : 3 * hidden], out=tmp[:, :hidden])  # d i
+            torch.mul(dc, cs[t], out=tmp[:, hidden : 2 * hidden])  # d f
+            torch.mul(dc, a[:, :hidden], out=tmp[:, 2 * hidden : 3 * hidden])  # d g
+            torch.mul(dh, tcs[t], out=tmp[:, 3 * hidden :])  # d o
+            d = delta[t].mul_(tmp)
+            dc.mul_(a[:, hidden : 2 * hidden])
+            dh = d @ w_hh
+        if ctx.record is not None:
+            ctx.record(hs[:t_len], delta)
+        return (delta.transpose(0, 1), dh if ctx.needs_input_grad[1] else None,
+                dc if ctx.needs_input_grad[2] else None, None, None)
+
+
 class DPFastLSTM(nn.Module):
     """``nn.LSTM`` (without ``proj_size``) unrolled in Python so per-window gradients are cheap to obtain.
 
@@ -210,6 +304,41 @@ class DPFastLSTM(nn.Module):
             return w_ih, w_hh, getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)
         return w_ih, w_hh
 
+    def _unrolled(
+        self, seq: torch.Tensor, weights: tuple[torch.Tensor, ...], h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Plain autograd recurrence (no recorder attached: ordinary gradients for every weight)."""
+        proj = F.linear(seq, weights[0])
+        if self.bias:
+            proj = proj + (weights[2] + weights[3])
+        hs = []
+        w_hh_t = weights[1].t()
+        hidden = self.hidden_size
+        for step_proj in proj.unbind(1):  # one backward node for all steps (slicing would not be)
+            gates = torch.addmm(step_proj, h, w_hh_t)
+            act = torch.sigmoid(gates)  # i, f, o (the g quarter is recomputed with tanh below)
+            g = torch.tanh(gates[:, 2 * hidden : 3 * hidden])
+            c = act[:, hidden : 2 * hidden] * c + act[:, :hidden] * g
+            h = act[:, 3 * hidden :] * torch.tanh(c)
+            hs.append(h)
+        return torch.stack(hs, dim=1), h, c
+
+    def _recorded(
+        self, seq: torch.Tensor, weights: tuple[torch.Tensor, ...], h0: torch.Tensor, c0: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The recurrence under a recorder: no autograd gradient for the weights; the recorder gets the inputs
+        ``x_t`` and ``h_t-1`` and the gate gradients delta_t at backward time (one call per layer and direction).
+        """
+        biases = weights[2:] if self.bias else ()
+        proj = _InputProjection.apply(seq, weights[0], *biases)
+        x = seq.detach()
+
+        def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
+            self.recorder(self, x, h_prev.transpose(0, 1), delta.transpose(0, 1), weights)
+
+        out, h, c = _Recurrence.apply(proj, h0, c0, weights[1], record)
+        return out, h, c
+
     def forward(
         self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -233,24 +362,10 @@ class DPFastLSTM(nn.Module):
                 idx = layer * dirs + direction
                 weights = self._weights(layer, direction)
                 seq = layer_input.flip(1) if direction else layer_input
-                proj = F.linear(seq, weights[0])
-                if self.bias:
-                    proj = proj + (weights[2] + weights[3])
-                h, c = h0[idx], c0[idx]
-                hs = []
-                w_hh_t = weights[1].t()
-                hidden = self.hidden_size
-                for step_proj in proj.unbind(1):  # one backward node for all steps (slicing would not be)
-                    gates = torch.addmm(step_proj, h, w_hh_t)
-                    act = torch.sigmoid(gates)  # i, f, o (the g quarter is recomputed with tanh below)
-                    g = torch.tanh(gates[:, 2 * hidden : 3 * hidden])
-                    c = act[:, hidden : 2 * hidden] * c + act[:, :hidden] * g
-                    h = act[:, 3 * hidden :] * torch.tanh(c)
-                    hs.append(h)
-                out = torch.stack(hs, dim=1)
-                if record and proj.requires_grad:
-                    h_prev = torch.cat([h0[idx].unsqueeze(1), out[:, :-1]], dim=1)
-                    self.recorder(self, torch.cat([seq, h_prev], dim=-1).detach(), proj, weights)
+                if record and any(w.requires_grad for w in weights):
+                    out, h, c = self._recorded(seq, weights, h0[idx], c0[idx])
+                else:
+                    out, h, c = self._unrolled(seq, weights, h0[idx], c0[idx])
                 outputs.append(out.flip(1) if direction else out)
                 h_n.append(h)
                 c_n.append(c)
