@@ -230,30 +230,42 @@ class GaussianNoise:
         raise TypeError("lightning_dpts.randomness.GaussianNoise must not be pickled (it would write the secret)")
 
 
-class _Draw:
-    """One noise vector drawn in a daemon thread (GIL released inside torch/numpy/os.urandom)."""
+_EXECUTOR: Any = None
 
-    __slots__ = ("std", "_thread", "_value", "_error")
+
+def _executor() -> Any:
+    """One worker thread for every prefetching :class:`GaussianNoise` of the process (created on first use).
+
+    Each task uses only its own object's generator, and :meth:`GaussianNoise.sample` waits for that object's
+    pending task before touching the generator, so no generator is ever used by two threads at once.
+    """
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise-prefetch")
+    return _EXECUTOR
+
+
+def _forget_executor_in_child() -> None:  # a forked child (DataLoader worker) has no copy of the worker thread
+    global _EXECUTOR
+    _EXECUTOR = None
+
+
+os.register_at_fork(after_in_child=_forget_executor_in_child)
+
+
+class _Draw:
+    """One noise vector drawn by the prefetch worker thread (torch, numpy and os.urandom release the GIL)."""
+
+    __slots__ = ("std", "_future")
 
     def __init__(self, draw: Any, numel: int, std: float, dtype: Any) -> None:
-        import threading
-
         self.std = std
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._value = draw(numel, std, dtype)
-            except BaseException as err:  # re-raised in the caller's thread by result()
-                self._error = err
-
-        self._thread = threading.Thread(target=run, name="dpts-noise-prefetch", daemon=True)
-        self._thread.start()
+        self._future = _executor().submit(draw, numel, std, dtype)
 
     def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        value, self._value = self._value, None
+        """The drawn vector (waits for it); an exception of the draw is raised here."""
+        value = self._future.result()
+        self._future = None
         return value

@@ -141,9 +141,9 @@ class _OpacusSubset(GradSampleModule):
 class _Record:
     """Inputs and output gradients of one linear map over one batch (one entry per call).
 
-    A call is ``[inputs, G]``: ``inputs`` a tuple of input blocks ``[B, ..., d_k]`` (the map's input is their
-    concatenation along the last axis; weight ``k`` acts on block ``k``) and G the output gradient
-    ``[B, ..., p]`` (``None`` until the backward pass reaches the layer).
+    A call is ``[inputs, G]``: ``inputs`` a tuple of input blocks (the map's input is their concatenation along
+    the last axis; weight ``k`` acts on block ``k``) and G the output gradient (``None`` until the backward pass
+    reaches the layer), all ``[B, ..., d]`` (batch first).
     """
 
     __slots__ = ("weights", "biases", "calls")
@@ -186,34 +186,50 @@ def _check_bare_parameters(module: nn.Module, others: list[nn.Module], names: di
         )
 
 
-def _squared_norms(record: _Record, blocks: list[torch.Tensor], g: torch.Tensor) -> torch.Tensor:
-    """||g_i||^2 over the record's weights and biases, per window ``[B]``, from G ``[B, T, p]`` (unscaled).
+def _flat(t: torch.Tensor, time_major: bool, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, B, d]`` -> ``[T * B, d]`` rows in time-major or window-major order, optionally scaled per window."""
+    if time_major:
+        return (t if weights is None else t * weights[None, :, None]).reshape(-1, t.shape[-1])
+    t = t.transpose(0, 1)
+    return (t if weights is None else t * weights[:, None, None]).reshape(-1, t.shape[-1])
+
+
+def _squared_norms(
+    record: _Record, blocks: list[torch.Tensor], g: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """||g_i||^2 over the record's weights and biases, per window ``[B]``, from G ``[T, B, p]`` (unscaled) and
+    the input blocks ``[T, B, d_k]``; also the per-window weight gradients ``[B, p, d_k]`` (one per weight, in
+    ``record.weights`` order) when they were formed, else ``None``.
 
     One time step: ``||a_i||^2 ||g_i||^2``. Otherwise the cheaper of the two exact forms (multiply-adds per
     window): the ghost norm ``sum_ts (A A^T)_ts (G G^T)_ts`` (``T^2 (d + p)``, memory ``B T^2``) or the
     per-window weight gradients ``G_i^T A_i`` (``T p d``, memory ``B p d``), with d the input width over the
-    trainable blocks.
+    trainable blocks. The per-window products are kept: the clipped sum is then their weighted sum over the
+    windows (``B p d``) instead of a second product over all rows (``B T p d``).
     """
-    out = torch.zeros(g.shape[0], dtype=g.dtype, device=g.device)
+    t, b, p_out = g.shape
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
+    per_window = None
     if record.weights:
         used = [blocks[k] for _, k in record.weights]
-        t, p_out = g.shape[1], g.shape[2]
         d = sum(a.shape[-1] for a in used)
         if t == 1:
-            a_sq = sum(a[:, 0].square().sum(1) for a in used)
-            out += a_sq * g[:, 0].square().sum(1)
+            a_sq = sum(torch.linalg.vecdot(a[0], a[0]) for a in used)
+            out += a_sq * torch.linalg.vecdot(g[0], g[0])
         elif t * (d + p_out) < p_out * d:  # ghost norm
-            gram = torch.bmm(used[0], used[0].transpose(1, 2))
+            gram = torch.bmm(used[0].transpose(0, 1), used[0].permute(1, 2, 0))
             for a in used[1:]:
-                gram.baddbmm_(a, a.transpose(1, 2))
-            out += (gram * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+                gram.baddbmm_(a.transpose(0, 1), a.permute(1, 2, 0))
+            out += (gram * torch.bmm(g.transpose(0, 1), g.permute(1, 2, 0))).sum((1, 2))
         else:
-            g_t = g.transpose(1, 2)
-            for a in used:
-                out += torch.bmm(g_t, a).square().sum((1, 2))
+            g_t = g.permute(1, 2, 0)  # [B, p, T]
+            per_window = [torch.bmm(g_t, a.transpose(0, 1)) for a in used]
+            for full in per_window:
+                out += full.reshape(b, -1).square().sum(1)
     if record.biases:
-        out += g.sum(1).square().sum(1) * len(record.biases)
-    return out
+        bias = g.sum(0)
+        out += torch.linalg.vecdot(bias, bias) * len(record.biases)
+    return out, per_window
 
 
 class PerWindowClipper:
@@ -359,23 +375,24 @@ class PerWindowClipper:
 
     # -- Algorithm 2 -------------------------------------------------------------------------------------
     def _stacked(self, record: _Record) -> tuple[list[torch.Tensor], torch.Tensor] | None:
-        """(A blocks, G): input blocks ``[B, T, d_k]`` and output gradients ``[B, T, p]`` of all calls (G
-        *unscaled*); several calls are concatenated along T."""
+        """(A blocks, G), time-major: input blocks ``[T, B, d_k]`` and output gradients ``[T, B, p]`` of all
+        calls (G *unscaled*); several calls are concatenated along T. For one call these are transposed views of
+        the batch-first records (nothing is copied)."""
         calls = [(a, g) for a, g in record.calls if g is not None]
         if not calls:
             return None
-        sizes = {a[0].shape[0] for a, _ in calls}
+
+        def tm(t: torch.Tensor) -> torch.Tensor:
+            return (t.unsqueeze(1) if t.dim() == 2 else t.reshape(t.shape[0], -1, t.shape[-1])).transpose(0, 1)
+
+        calls = [([tm(a) for a in blocks], tm(g)) for blocks, g in calls]
+        sizes = {g.shape[1] for _, g in calls}
         if len(sizes) != 1:
             raise RuntimeError(f"a layer was called with different batch sizes {sorted(sizes)} in one step")
-
-        def as3(t: torch.Tensor) -> torch.Tensor:
-            return t if t.dim() == 3 else t.reshape(t.shape[0], -1, t.shape[-1])
-
         if len(calls) == 1:
-            blocks, g = calls[0]
-            return [as3(a) for a in blocks], as3(g)
-        blocks = [torch.cat([as3(a[k]) for a, _ in calls], dim=1) for k in range(len(calls[0][0]))]
-        return blocks, torch.cat([as3(g) for _, g in calls], dim=1)
+            return calls[0]
+        blocks = [torch.cat([a[k] for a, _ in calls], dim=0) for k in range(len(calls[0][0]))]
+        return blocks, torch.cat([g for _, g in calls], dim=0)
 
     def _scale(self, batch_size: int) -> float:
         """Factor from the recorded output gradients to per-window loss gradients (Opacus semantics)."""
@@ -389,11 +406,11 @@ class PerWindowClipper:
             if pair is None:
                 continue
             blocks, g = pair
-            g = g * self._scale(g.shape[0])
+            g = g * self._scale(g.shape[1])
             for w, k in record.weights:
-                found[id(w)] = torch.einsum("btp,btd->bpd", g, blocks[k])
+                found[id(w)] = torch.einsum("tbp,tbd->bpd", g, blocks[k])
             for bias in record.biases:
-                found[id(bias)] = g.sum(1)
+                found[id(bias)] = g.sum(0)
         out: list[torch.Tensor | None] = []
         for p in params:
             gs = found.get(id(p), getattr(p, "grad_sample", None) if id(p) not in self.native else None)
@@ -426,7 +443,7 @@ class PerWindowClipper:
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
             if gs is not None and id(p) not in self.native:
                 samples[id(p)] = gs
-        sizes = {g.shape[0] for _, _, g in stacked} | {g.shape[0] for g in samples.values()}
+        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
             raise RuntimeError(
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
@@ -438,8 +455,11 @@ class PerWindowClipper:
             ref = next(iter(samples.values())) if samples else stacked[0][2]
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            formed: list[list[torch.Tensor] | None] = []
             for record, blocks, g in stacked:
-                sq += _squared_norms(record, blocks, g)
+                norms, per_window = _squared_norms(record, blocks, g)
+                sq += norms
+                formed.append(per_window)
             sq.mul_(scale * scale)
             for gs in samples.values():
                 sq += gs.reshape(b, -1).square().sum(1)
@@ -452,23 +472,26 @@ class PerWindowClipper:
                 )
             factor = clip_factors(sq, max_grad_norm)
             native_factor = factor * scale
-            for record, blocks, g in stacked:
+            for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
                 weights = native_factor.to(g.dtype)
-                if record.weights:
-                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block
-                    p_out = g.shape[-1]
+                if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
+                    for (w, _), full in zip(record.weights, per_window, strict=True):
+                        grads[id(w)] = (weights @ full.reshape(b, -1)).reshape(full.shape[1:])
+                elif record.weights:
+                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
+                    # over the (window, step) rows in the order in which G is stored
+                    time_major = g.is_contiguous()
                     d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
-                    if d_all <= p_out:
-                        g_flat = g.reshape(-1, p_out).T
+                    if d_all <= g.shape[-1]:
+                        g_flat = _flat(g, time_major).T
                         for w, k in record.weights:
-                            a = blocks[k]
-                            grads[id(w)] = g_flat @ (a * weights[:, None, None]).reshape(-1, a.shape[-1])
+                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major, weights)
                     else:
-                        g_flat = (g * weights[:, None, None]).reshape(-1, p_out).T
+                        g_flat = _flat(g, time_major, weights).T
                         for w, k in record.weights:
-                            grads[id(w)] = g_flat @ blocks[k].reshape(-1, blocks[k].shape[-1])
+                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
                 if record.biases:
-                    bias_sum = weights @ g.sum(1)
+                    bias_sum = weights @ g.sum(0)
                     for bias in record.biases:
                         grads[id(bias)] = bias_sum
             for key, gs in samples.items():

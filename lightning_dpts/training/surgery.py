@@ -202,7 +202,8 @@ class _Recurrence(torch.autograd.Function):
     ``c_t = f * c_{t-1} + i * g``, ``h_t = o * tanh(c_t)``. Backward returns the gradient of the projection
     ``p_t`` (the gate gradient delta_t), of ``h_0`` and ``c_0``, and *no* gradient for ``W_hh``: the clipper
     computes the clipped per-window sum ``sum_i c_i sum_t delta_it h_i,t-1^T`` itself from the recorded
-    ``delta`` and the hidden states this function hands to ``record`` (time-major ``[T, B, .]`` buffers).
+    ``delta`` and hidden states, which this function hands to ``record`` as ``[B, T, .]`` buffers (batch first,
+    contiguous: the per-window products of the clipper read them without copies).
     """
 
     @staticmethod
@@ -211,27 +212,27 @@ class _Recurrence(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t_len, four_h = proj.shape
         hidden = four_h // 4
-        proj_t = proj.transpose(0, 1)
-        hs = proj.new_empty(t_len + 1, b, hidden)
-        cs = proj.new_empty(t_len + 1, b, hidden)
-        tcs = proj.new_empty(t_len, b, hidden)  # tanh(c_t)
-        acts = proj.new_empty(t_len, b, four_h)  # sigmoid(i, f, o) and tanh(g)
-        hs[0] = h0
-        cs[0] = c0
+        hs = proj.new_empty(b, t_len + 1, hidden)  # h_0 .. h_T
+        cs = proj.new_empty(b, t_len + 1, hidden)
+        tcs = proj.new_empty(b, t_len, hidden)  # tanh(c_t)
+        acts = proj.new_empty(b, t_len, four_h)  # sigmoid(i, f, o) and tanh(g)
+        hs[:, 0] = h0
+        cs[:, 0] = c0
         w_t = w_hh.t()
-        g_slice = slice(2 * hidden, 3 * hidden)
+        i_, f_, g_, o_ = (slice(k * hidden, (k + 1) * hidden) for k in range(4))
         for t in range(t_len):
-            gates = torch.addmm(proj_t[t], hs[t], w_t)
-            a = acts[t]
+            gates = torch.addmm(proj[:, t], hs[:, t], w_t)
+            a = acts[:, t]
             torch.sigmoid(gates, out=a)
-            torch.tanh(gates[:, g_slice], out=a[:, g_slice])
-            torch.mul(a[:, hidden : 2 * hidden], cs[t], out=cs[t + 1])
-            cs[t + 1].addcmul_(a[:, :hidden], a[:, g_slice])
-            torch.tanh(cs[t + 1], out=tcs[t])
-            torch.mul(a[:, 3 * hidden :], tcs[t], out=hs[t + 1])
+            torch.tanh(gates[:, g_], out=a[:, g_])
+            c = cs[:, t + 1]
+            torch.mul(a[:, f_], cs[:, t], out=c)
+            c.addcmul_(a[:, i_], a[:, g_])
+            torch.tanh(c, out=tcs[:, t])
+            torch.mul(a[:, o_], tcs[:, t], out=hs[:, t + 1])
         ctx.save_for_backward(w_hh, hs, cs, tcs, acts)
         ctx.record = record
-        return hs[1:].transpose(0, 1).contiguous(), hs[t_len].clone(), cs[t_len].clone()
+        return hs[:, 1:].contiguous(), hs[:, t_len].clone(), cs[:, t_len].clone()
 
     @staticmethod
     @once_differentiable
@@ -239,33 +240,32 @@ class _Recurrence(torch.autograd.Function):
         ctx: Any, grad_out: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         w_hh, hs, cs, tcs, acts = ctx.saved_tensors
-        t_len, b, four_h = acts.shape
+        b, t_len, four_h = acts.shape
         hidden = four_h // 4
+        i_, f_, g_, o_ = (slice(k * hidden, (k + 1) * hidden) for k in range(4))
         # local derivatives of the activations, all steps at once: s(1-s) for sigmoid gates, 1-g^2 for g
         delta = acts - acts * acts
-        g_all = acts[:, :, 2 * hidden : 3 * hidden]
-        torch.addcmul(torch.ones_like(g_all), g_all, g_all, value=-1.0, out=delta[:, :, 2 * hidden : 3 * hidden])
-        k = acts[:, :, 3 * hidden :] * (1.0 - tcs * tcs)  # d c_t / d h_t through h = o tanh(c)
+        g_all = acts[:, :, g_]
+        torch.addcmul(torch.ones_like(g_all), g_all, g_all, value=-1.0, out=delta[:, :, g_])
+        k = acts[:, :, o_] * (1.0 - tcs * tcs)  # d c_t / d h_t through h = o tanh(c)
         dh = grad_h.clone() if grad_h is not None else hs.new_zeros(b, hidden)
         dc = grad_c.clone() if grad_c is not None else hs.new_zeros(b, hidden)
-        gout = None if grad_out is None else grad_out.transpose(0, 1)
         tmp = hs.new_empty(b, four_h)
         for t in range(t_len - 1, -1, -1):
-            if gout is not None:
-                dh.add_(gout[t])
-            a = acts[t]
-            dc.addcmul_(dh, k[t])
-            torch.mul(dc, a[:, 2 * hidden : 3 * hidden], out=tmp[:, :hidden])  # d i
-            torch.mul(dc, cs[t], out=tmp[:, hidden : 2 * hidden])  # d f
-            torch.mul(dc, a[:, :hidden], out=tmp[:, 2 * hidden : 3 * hidden])  # d g
-            torch.mul(dh, tcs[t], out=tmp[:, 3 * hidden :])  # d o
-            d = delta[t].mul_(tmp)
-            dc.mul_(a[:, hidden : 2 * hidden])
+            if grad_out is not None:
+                dh.add_(grad_out[:, t])
+            a = acts[:, t]
+            dc.addcmul_(dh, k[:, t])
+            torch.mul(dc, a[:, g_], out=tmp[:, i_])
+            torch.mul(dc, cs[:, t], out=tmp[:, f_])
+            torch.mul(dc, a[:, i_], out=tmp[:, g_])
+            torch.mul(dh, tcs[:, t], out=tmp[:, o_])
+            d = delta[:, t].mul_(tmp)
+            dc.mul_(a[:, f_])
             dh = d @ w_hh
         if ctx.record is not None:
-            ctx.record(hs[:t_len], delta)
-        return (delta.transpose(0, 1), dh if ctx.needs_input_grad[1] else None,
-                dc if ctx.needs_input_grad[2] else None, None, None)
+            ctx.record(hs[:, :t_len], delta)
+        return delta, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None), None, None
 
 
 class DPFastLSTM(nn.Module):
@@ -327,14 +327,15 @@ class DPFastLSTM(nn.Module):
         self, seq: torch.Tensor, weights: tuple[torch.Tensor, ...], h0: torch.Tensor, c0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The recurrence under a recorder: no autograd gradient for the weights; the recorder gets the inputs
-        ``x_t`` and ``h_t-1`` and the gate gradients delta_t at backward time (one call per layer and direction).
+        ``x_t`` and ``h_t-1`` and the gate gradients delta_t ``[B, T, .]`` at backward time (one call per layer
+        and direction).
         """
         biases = weights[2:] if self.bias else ()
         proj = _InputProjection.apply(seq, weights[0], *biases)
         x = seq.detach()
 
         def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
-            self.recorder(self, x, h_prev.transpose(0, 1), delta.transpose(0, 1), weights)
+            self.recorder(self, x, h_prev, delta, weights)
 
         out, h, c = _Recurrence.apply(proj, h0, c0, weights[1], record)
         return out, h, c

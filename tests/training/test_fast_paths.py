@@ -125,7 +125,7 @@ def test_recurrence_backward_equals_autograd_float64():
     recorded = {}
 
     def record(h_prev, delta):
-        recorded["h_prev"], recorded["delta"] = h_prev.transpose(0, 1), delta.transpose(0, 1)
+        recorded["h_prev"], recorded["delta"] = h_prev, delta
 
     proj2 = proj.detach().requires_grad_(True)
     h02, c02 = h0.detach().requires_grad_(True), c0.detach().requires_grad_(True)
@@ -154,7 +154,14 @@ def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
     record = _Record(weights, [nn.Parameter(torch.empty(p)), nn.Parameter(torch.empty(p))])
     want = sum(torch.einsum("btp,btd->bpd", grad, a).square().sum((1, 2)) for a in blocks)
     want = want + 2 * grad.sum(1).square().sum(1)
-    torch.testing.assert_close(_squared_norms(record, blocks, grad), want)
+    # contiguous time-major tensors, and the transposed batch-first views the clipper passes
+    for layout in ([a.transpose(0, 1).contiguous() for a in blocks], [a.transpose(0, 1) for a in blocks]):
+        g_tm = grad.transpose(0, 1).contiguous() if layout[0].is_contiguous() else grad.transpose(0, 1)
+        norms, per_window = _squared_norms(record, layout, g_tm)
+        torch.testing.assert_close(norms, want)
+        if per_window is not None:  # the per-window weight gradients, when formed
+            for full, a in zip(per_window, blocks, strict=True):
+                torch.testing.assert_close(full, torch.einsum("btp,btd->bpd", grad, a))
 
 
 # ---------------------------------------------------------------------------------------------------------
