@@ -198,74 +198,82 @@ class _InputProjection(torch.autograd.Function):
 class _Recurrence(torch.autograd.Function):
     """The LSTM recurrence of one layer and direction, with a hand-written backward (one autograd node).
 
-    Forward, per step t (gate order i, f, g, o of ``nn.LSTM``): ``z_t = p_t + h_{t-1} W_hh^T``,
-    ``c_t = f * c_{t-1} + i * g``, ``h_t = o * tanh(c_t)``. Backward returns the gradient of the projection
-    ``p_t`` (the gate gradient delta_t), of ``h_0`` and ``c_0``, and *no* gradient for ``W_hh``: the clipper
-    computes the clipped per-window sum ``sum_i c_i sum_t delta_it h_i,t-1^T`` itself from the recorded
-    ``delta`` and hidden states, which this function hands to ``record`` as ``[B, T, .]`` buffers (batch first,
-    contiguous: the per-window products of the clipper read them without copies).
+    Forward: the fused kernel of ``nn.LSTM`` (``torch._VF.lstm``, one layer, weights detached) gives the hidden
+    states, so the output is the one the non-DP model computes; the gate pre-activations
+    ``z_t = p_t + h_{t-1} W_hh^T`` are then recomputed for all steps in one product, the activations in bulk
+    (gate order i, f, g, o), and the cell states by the elementwise recursion ``c_t = f * c_{t-1} + i * g``.
+    Backward runs the recursion for the gate gradients delta_t = dL/dz_t (five operations per step) and returns
+    the gradient of the projection ``p_t`` (which *is* delta_t), of ``h_0`` and ``c_0``, and *no* gradient for
+    the weights: the clipper computes the clipped per-window sums itself from ``delta`` and the inputs, which
+    this function hands to ``record`` as batch-first ``[B, T, .]`` buffers.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor, record: Any
+        ctx: Any, proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, seq: torch.Tensor,
+        weights: tuple[torch.Tensor, ...], record: Any,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t_len, four_h = proj.shape
         hidden = four_h // 4
-        hs = proj.new_empty(b, t_len + 1, hidden)  # h_0 .. h_T
-        cs = proj.new_empty(b, t_len + 1, hidden)
-        tcs = proj.new_empty(b, t_len, hidden)  # tanh(c_t)
-        acts = proj.new_empty(b, t_len, four_h)  # sigmoid(i, f, o) and tanh(g)
-        hs[:, 0] = h0
+        w_hh = weights[1]
+        out, h_n, c_n = torch._VF.lstm(  # type: ignore[attr-defined]
+            seq, (h0.unsqueeze(0), c0.unsqueeze(0)), list(weights), len(weights) == 4, 1, 0.0, False, False, True
+        )
+        h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)
+        z = torch.addmm(proj.reshape(-1, four_h), h_prev.reshape(-1, hidden), w_hh.t()).view(b, t_len, four_h)
+        acts = torch.sigmoid(z)
+        g_ = slice(2 * hidden, 3 * hidden)
+        torch.tanh(z[:, :, g_], out=acts[:, :, g_])
+        del z
+        ig = acts[:, :, :hidden] * acts[:, :, g_]
+        f = acts[:, :, hidden : 2 * hidden]
+        cs = proj.new_empty(b, t_len + 1, hidden)  # c_0 .. c_T
         cs[:, 0] = c0
-        w_t = w_hh.t()
-        i_, f_, g_, o_ = (slice(k * hidden, (k + 1) * hidden) for k in range(4))
+        c_steps, ig_steps, f_steps = cs.unbind(1), ig.unbind(1), f.unbind(1)  # per-step views made in one call
         for t in range(t_len):
-            gates = torch.addmm(proj[:, t], hs[:, t], w_t)
-            a = acts[:, t]
-            torch.sigmoid(gates, out=a)
-            torch.tanh(gates[:, g_], out=a[:, g_])
-            c = cs[:, t + 1]
-            torch.mul(a[:, f_], cs[:, t], out=c)
-            c.addcmul_(a[:, i_], a[:, g_])
-            torch.tanh(c, out=tcs[:, t])
-            torch.mul(a[:, o_], tcs[:, t], out=hs[:, t + 1])
-        ctx.save_for_backward(w_hh, hs, cs, tcs, acts)
+            torch.addcmul(ig_steps[t], f_steps[t], c_steps[t], out=c_steps[t + 1])
+        ctx.save_for_backward(w_hh, h_prev, cs, acts)
         ctx.record = record
-        return hs[:, 1:].contiguous(), hs[:, t_len].clone(), cs[:, t_len].clone()
+        return out, h_n[0], c_n[0]
 
     @staticmethod
     @once_differentiable
     def backward(
         ctx: Any, grad_out: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
-        w_hh, hs, cs, tcs, acts = ctx.saved_tensors
+        w_hh, h_prev, cs, acts = ctx.saved_tensors
         b, t_len, four_h = acts.shape
         hidden = four_h // 4
-        i_, f_, g_, o_ = (slice(k * hidden, (k + 1) * hidden) for k in range(4))
-        # local derivatives of the activations, all steps at once: s(1-s) for sigmoid gates, 1-g^2 for g
-        delta = acts - acts * acts
-        g_all = acts[:, :, g_]
-        torch.addcmul(torch.ones_like(g_all), g_all, g_all, value=-1.0, out=delta[:, :, g_])
-        k = acts[:, :, o_] * (1.0 - tcs * tcs)  # d c_t / d h_t through h = o tanh(c)
-        dh = grad_h.clone() if grad_h is not None else hs.new_zeros(b, hidden)
-        dc = grad_c.clone() if grad_c is not None else hs.new_zeros(b, hidden)
-        tmp = hs.new_empty(b, four_h)
+        i, f, g, o = acts.split(hidden, dim=2)
+        tc = torch.tanh(cs[:, 1:])
+        # per-step factors, all steps at once: delta = [dc * g i(1-i), dc * c_prev f(1-f), dc * i (1-g^2),
+        # dh * tanh(c) o(1-o)], and dL/dc_t gets dh * o (1 - tanh(c)^2)
+        three = torch.cat([g * i * (1 - i), cs[:, :-1] * f * (1 - f), i * (1 - g * g)], dim=2).view(b, t_len, 3, hidden)
+        out_gate = tc * o * (1 - o)
+        k = o * (1 - tc * tc)
+        del tc
+        delta = acts.new_empty(b, t_len, four_h)
+        d3 = delta.view(b, t_len, 4, hidden)
+        dh = grad_h.clone() if grad_h is not None else acts.new_zeros(b, hidden)
+        if grad_out is not None:
+            dh.add_(grad_out[:, t_len - 1])
+        dc = grad_c.clone() if grad_c is not None else acts.new_zeros(b, hidden)
+        k_s, three_s, og_s, f_s = k.unbind(1), three.unbind(1), out_gate.unbind(1), f.unbind(1)
+        d3_s, delta_s = d3.unbind(1), delta.unbind(1)
+        gout_s = grad_out.unbind(1) if grad_out is not None else None
         for t in range(t_len - 1, -1, -1):
-            if grad_out is not None:
-                dh.add_(grad_out[:, t])
-            a = acts[:, t]
-            dc.addcmul_(dh, k[:, t])
-            torch.mul(dc, a[:, g_], out=tmp[:, i_])
-            torch.mul(dc, cs[:, t], out=tmp[:, f_])
-            torch.mul(dc, a[:, i_], out=tmp[:, g_])
-            torch.mul(dh, tcs[:, t], out=tmp[:, o_])
-            d = delta[:, t].mul_(tmp)
-            dc.mul_(a[:, f_])
-            dh = d @ w_hh
+            dc.addcmul_(dh, k_s[t])
+            torch.mul(dc.unsqueeze(1), three_s[t], out=d3_s[t][:, :3])
+            torch.mul(dh, og_s[t], out=d3_s[t][:, 3])
+            dc.mul_(f_s[t])  # dL/dc_{t-1} through c_t = f c_{t-1} + i g
+            if t > 0 and gout_s is not None:
+                dh = torch.addmm(gout_s[t - 1], delta_s[t], w_hh)
+            else:
+                dh = delta_s[t] @ w_hh
         if ctx.record is not None:
-            ctx.record(hs[:, :t_len], delta)
-        return delta, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None), None, None
+            ctx.record(h_prev, delta)
+        return (delta, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None),
+                None, None, None)
 
 
 class DPFastLSTM(nn.Module):
@@ -337,7 +345,8 @@ class DPFastLSTM(nn.Module):
         def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
             self.recorder(self, x, h_prev, delta, weights)
 
-        out, h, c = _Recurrence.apply(proj, h0, c0, weights[1], record)
+        detached = tuple(w.detach() for w in weights)
+        out, h, c = _Recurrence.apply(proj, h0, c0, x, detached, record)
         return out, h, c
 
     def forward(
