@@ -6,8 +6,9 @@ linear layers (``nn.Linear`` and subclasses, and :class:`~lightning_dpts.trainin
 parameters act as one linear map of ``[x_t, h_t-1]``) the gradient of window i is ``G_i^T A_i`` with A_i the
 layer inputs and G_i the gradients of its outputs (time steps stacked along the second axis), so
 
-* ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts``
-  ("ghost norm", Li et al. 2022) when T^2 <= p d, else the per-window matrices are formed for the norm only;
+* ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, else the cheaper in multiply-adds of
+  ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts`` ("ghost norm", Li et al. 2022; ``T^2 (d + p)`` per window) and the
+  per-window matrices ``G_i^T A_i`` of that layer (``T p d``; then kept and reused for the clipped sum);
 * ``sum_i c_i G_i^T A_i`` is one matrix product of the c-weighted G with A ("book-keeping", Bu et al. 2023).
 
 Plain ``nn.Linear`` layers (exactly that class) are switched, for the clipper's lifetime, to a subclass whose
@@ -82,15 +83,16 @@ def add_noise_and_average(
     """
     dtype = params[0].dtype if params else torch.float32
     numel = sum(p.numel() for p in params)
-    flat = noise.sample(numel, noise_std, dtype)
+    # N(0, noise_std^2) / Lambda drawn as N(0, (noise_std / Lambda)^2): one pass over the noise less
+    flat = noise.sample(numel, noise_std / expected_batch_size, dtype)
     out = []
     offset = 0
     for p, g in zip(params, sums, strict=True):
         total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
         offset += p.numel()
         if g is not None:
-            total = total.add_(g.reshape(p.shape))
-        out.append(total.div_(expected_batch_size))
+            total = total.add_(g.reshape(p.shape), alpha=1.0 / expected_batch_size)
+        out.append(total)
     return out
 
 
@@ -227,7 +229,7 @@ def _squared_norms(
             for full in per_window:
                 out += full.reshape(b, -1).square().sum(1)
     if record.biases:
-        bias = g.sum(0)
+        bias = g[0] if t == 1 else g.sum(0)
         out += torch.linalg.vecdot(bias, bias) * len(record.biases)
     return out, per_window
 
@@ -491,7 +493,7 @@ class PerWindowClipper:
                         for w, k in record.weights:
                             grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
                 if record.biases:
-                    bias_sum = weights @ g.sum(0)
+                    bias_sum = weights @ (g[0] if g.shape[0] == 1 else g.sum(0))
                     for bias in record.biases:
                         grads[id(bias)] = bias_sum
             for key, gs in samples.items():
