@@ -212,12 +212,15 @@ def _squared_norms(
     t, b, p_out = g.shape
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
     per_window = None
+
+    def sq(x: torch.Tensor) -> torch.Tensor:  # squared l2 norm of each row (one pass, no temporary)
+        return torch.linalg.vector_norm(x, dim=1).square()
+
     if record.weights:
         used = [blocks[k] for _, k in record.weights]
         d = sum(a.shape[-1] for a in used)
         if t == 1:
-            a_sq = sum(torch.linalg.vecdot(a[0], a[0]) for a in used)
-            out += a_sq * torch.linalg.vecdot(g[0], g[0])
+            out += sum(sq(a[0]) for a in used) * sq(g[0])
         elif t * (d + p_out) < p_out * d:  # ghost norm
             gram = torch.bmm(used[0].transpose(0, 1), used[0].permute(1, 2, 0))
             for a in used[1:]:
@@ -227,10 +230,9 @@ def _squared_norms(
             g_t = g.permute(1, 2, 0)  # [B, p, T]
             per_window = [torch.bmm(g_t, a.transpose(0, 1)) for a in used]
             for full in per_window:
-                out += full.reshape(b, -1).square().sum(1)
+                out += sq(full.reshape(b, -1))
     if record.biases:
-        bias = g[0] if t == 1 else g.sum(0)
-        out += torch.linalg.vecdot(bias, bias) * len(record.biases)
+        out += sq(g[0] if t == 1 else g.sum(0)) * len(record.biases)
     return out, per_window
 
 
@@ -464,7 +466,7 @@ class PerWindowClipper:
                 formed.append(per_window)
             sq.mul_(scale * scale)
             for gs in samples.values():
-                sq += gs.reshape(b, -1).square().sum(1)
+                sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
             bad = ~torch.isfinite(sq)
             if bool(bad.any()):
                 windows = bad.nonzero().flatten().tolist()

@@ -216,3 +216,30 @@ def test_tapped_layers_are_plain_linear_again_after_fit_and_train_normally():
     module.lin.weight.grad = None
     module.training_step(batch, 0).backward()  # ordinary autograd again: the weight gets its gradient
     assert module.lin.weight.grad is not None
+
+
+class _TinyLSTM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = nn.LSTM(2, 3, batch_first=True)
+        self.head = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.head(self.lstm(batch["x"])[0]).squeeze(-1) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_non_finite_gradient_through_the_fused_lstm_path_is_an_error():
+    from lightning_dpts.training import NonFiniteGradientError
+
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(4, 6, 2, generator=g), "y": torch.randn(4, 6, generator=g)}
+    batch["x"][2, 3, 0] = float("nan")
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=6, prediction_length=1, batch_size=4)
+    strategy = DPForecastStrategy(1.0, 1.0, seed=0, check_independence=False)
+    with pytest.raises(NonFiniteGradientError) as info:
+        trainer(max_steps=1, callbacks=[strategy]).fit(_TinyLSTM(), datamodule=SpecDataModule(spec, [batch]))
+    assert info.value.windows == [2]
