@@ -283,10 +283,13 @@ class DPFastLSTM(nn.Module):
     ``state_dict`` is interchangeable with the original. Each layer projects the whole input sequence at once
     (``x W_ih^T + b_ih + b_hh``) and runs only the recurrence step by step. The gradient of the loss with respect
     to that projection is exactly the gate gradient delta_t, so for window i the gradients are
-    ``sum_t delta_it [x_it, h_i,t-1]^T`` for ``[W_ih | W_hh]`` and ``sum_t delta_it`` for both biases: when a
-    ``recorder`` is attached (by :class:`~lightning_dpts.training.engine.PerWindowClipper`) the forward pass
-    hands it the inputs ``[x_t, h_t-1]`` and the projection, and the clipper treats them like one linear layer.
-    No per-timestep hooks are needed, unlike ``opacus.layers.DPLSTM``.
+    ``sum_t delta_it [x_it, h_i,t-1]^T`` for ``[W_ih | W_hh]`` and ``sum_t delta_it`` for both biases. When a
+    ``recorder`` is attached (by :class:`~lightning_dpts.training.engine.PerWindowClipper`) and the module
+    trains with gradients enabled, each layer runs :class:`_InputProjection` and :class:`_Recurrence` (the fused
+    kernel forward and a hand-written backward, no autograd gradient for the weights), and the backward pass
+    hands the recorder ``x_t``, ``h_t-1`` and delta_t; the clipper treats them like one linear layer with two
+    input blocks. Otherwise (no recorder, evaluation) the recurrence is unrolled with ordinary autograd. No
+    per-timestep hooks are needed, unlike ``opacus.layers.DPLSTM``.
     """
 
     def __init__(self, source: nn.LSTM) -> None:
