@@ -1,19 +1,27 @@
-"""Time per training step with DP (DPForecastStrategy, Algorithm 2) against the same model and batch without DP.
+"""Time (and memory) per training step with DP (DPForecastStrategy, Algorithm 2) against the same model and batch
+without DP.
 
 Usage::
 
     python benchmarks/dp_training.py [--batch-size 256] [--steps 30] [--repeats 3] [--models sff,dlinear,deepar]
+        [--batch-sizes 64,256,1024] [--threads 1] [--kinds plain,dp,dp_acc] [--memory]
 
-For each model, the same initial weights and the same fixed batch of ``--batch-size`` windows are trained with
-a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, in alternation, ``--repeats``
-times; a callback times every optimizer step (``on_train_batch_start`` -> ``on_train_batch_end``: forward,
-backward, per-window gradients, clipping, noise, optimizer step). Reported: the median over all timed steps
-(after ``--warmup`` per run) and the best run's median (least disturbed by other processes on a shared
-machine), with the ratio DP / no-DP; the order of the three configurations rotates between repeats.
+For each model and batch size Lambda, the same initial weights and the same fixed batch of Lambda windows are
+trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, in alternation,
+``--repeats`` times, in one process; a callback times every optimizer step (``on_train_batch_start`` ->
+``on_train_batch_end``: forward, backward, per-window gradients, clipping, noise, optimizer step). Reported:
+the median over all timed steps (after ``--warmup`` per run) and the best run's median (least disturbed by
+other processes on a shared machine), with the ratio DP / no-DP; the order of the configurations rotates
+between repeats. ``cpu`` columns are the same statistics of the process CPU time per step (all threads,
+including the noise prefetch thread: the work done, less sensitive to other processes than wall time).
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
-grid point). Targets from issue 4: <= 1.5x for SimpleFeedForward and
-DLinear, <= 3x for DeepAR.
+grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
+allocated by torch during the step above what was allocated at its start (torch profiler memory events:
+activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; for
+DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added).
+``--threads`` sets ``torch.set_num_threads`` (default: torch's default). Targets (issue 15): <= 1.15x for
+SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import math
 import statistics
 import time
 import warnings
@@ -93,12 +102,40 @@ class _Fixed(L.LightningDataModule):
 class _Timer(Callback):
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.cpu: list[float] = []
 
     def on_train_batch_start(self, *args) -> None:
+        self._c = time.process_time()
         self._t = time.perf_counter()
 
     def on_train_batch_end(self, *args) -> None:
         self.times.append(time.perf_counter() - self._t)
+        self.cpu.append(time.process_time() - self._c)
+
+
+class _PeakMemory(Callback):
+    """Peak torch memory allocated during step ``at`` above the step's start (profiler memory events)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.step, self.peak = at, 0, 0
+
+    def on_train_batch_start(self, *args) -> None:
+        self.step += 1
+        if self.step == self.at:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
+
+    def on_train_batch_end(self, *args) -> None:
+        if self.step != self.at:
+            return
+        self._prof.__exit__(None, None, None)
+        events = [e for e in self._prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        level = 0
+        for e in sorted(events, key=lambda e: e.start_ns()):
+            level += e.nbytes()
+            self.peak = max(self.peak, level)
 
 
 class _TimedAccountant(AccountantCallback):
@@ -114,55 +151,96 @@ class _TimedAccountant(AccountantCallback):
         self.hook_times.append(time.perf_counter() - start)
 
 
-def time_steps(module, dm, steps: int, warmup: int, extra: list[Callback]) -> list[float]:
+def time_steps(module, dm, steps: int, warmup: int, extra: list[Callback]) -> tuple[list[float], list[float]]:
+    """Wall and process CPU seconds of every step after ``warmup``."""
     timer = _Timer()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, timer])
     trainer.fit(module, datamodule=dm)
-    return timer.times[warmup:]
+    return timer.times[warmup:], timer.cpu[warmup:]
+
+
+def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> int:
+    """Peak bytes allocated during step ``warmup + 1`` above its start."""
+    probe = _PeakMemory(warmup + 1)
+    trainer = L.Trainer(max_steps=warmup + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, probe])
+    trainer.fit(module, datamodule=dm)
+    return probe.peak
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-sizes", default=None, help="comma-separated list (overrides --batch-size)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="sff,dlinear,deepar")
+    parser.add_argument("--kinds", default="plain,dp,dp_acc", help="plain,dp[,dp_acc]")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--memory", action="store_true", help="also the peak memory of one step")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch size {args.batch_size}, "
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [int(b) for b in (args.batch_sizes or str(args.batch_size)).split(",")]
+    order = args.kinds.split(",")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch sizes {sizes}, "
           f"{args.steps - args.warmup} timed steps x {args.repeats} repeats (median)")
-    print(f"{'model':8s} {'stat':8s} {'params':>8s} {'no DP ms':>9s} {'DP ms':>8s} {'ratio':>6s} "
-          f"{'DP+acc ms':>10s} {'ratio':>6s} {'acc hook ms':>11s} {'(mean)':>7s}")
+    print(f"{'model':8s} {'Lambda':>6s} {'stat':8s} {'params':>8s} {'no DP ms':>9s} {'DP ms':>8s} {'ratio':>6s} "
+          f"{'cpu ratio':>9s} {'DP+acc ms':>10s} {'ratio':>6s} {'acc hook ms':>11s} {'(mean)':>7s}")
     for name in args.models.split(","):
-        base = build(name)
-        batch = batch_for(base, args.batch_size)
-        past = int(getattr(base.model, "_past_length", CONTEXT))
-        spec = SamplingSpec(num_series=100 * args.batch_size, min_length=10 * (past + PREDICTION),
-                            context_length=past, prediction_length=PREDICTION, batch_size=args.batch_size)
-        dm = _Fixed(batch, args.steps, spec)
-        runs: dict[str, list[list[float]]] = {"plain": [], "dp": [], "dp_acc": []}
-        hook: list[float] = []
-        order = ["plain", "dp", "dp_acc"]
-        for repeat in range(args.repeats):
-            for kind in order[repeat % 3 :] + order[: repeat % 3]:  # rotate the order: contention hits all alike
-                callbacks: list[Callback] = []
-                if kind != "plain":
-                    callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0))
-                if kind == "dp_acc":
-                    callbacks.append(_TimedAccountant(8.0, 1e-6))
-                runs[kind].append(time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, callbacks))
-                if kind == "dp_acc":
-                    hook += callbacks[-1].hook_times  # type: ignore[attr-defined]
-        # median step time of each run; report the median over all steps and the best run (least contention)
-        med = {k: 1e3 * statistics.median([t for run in v for t in run]) for k, v in runs.items()}
-        best = {k: 1e3 * min(statistics.median(run) for run in v) for k, v in runs.items()}
-        n = sum(p.numel() for p in base.parameters() if p.requires_grad)
-        h_med, h_mean = 1e3 * statistics.median(hook), 1e3 * statistics.mean(hook)
-        for label, t in (("median", med), ("best run", best)):
-            a, b, c = t["plain"], t["dp"], t["dp_acc"]
-            print(f"{name:8s} {label:8s} {n:8d} {a:9.2f} {b:8.2f} {b / a:6.2f} {c:10.2f} {c / a:6.2f} "
-                  f"{h_med:11.3f} {h_mean:7.3f}", flush=True)
+        for size in sizes:
+            run_one(name, size, args, order)
+
+
+def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) -> None:
+    base = build(name)
+    batch = batch_for(base, size)
+    past = int(getattr(base.model, "_past_length", CONTEXT))
+    spec = SamplingSpec(num_series=100 * size, min_length=10 * (past + PREDICTION),
+                        context_length=past, prediction_length=PREDICTION, batch_size=size)
+    dm = _Fixed(batch, args.steps, spec)
+    runs: dict[str, list[list[float]]] = {k: [] for k in order}
+    cpu: dict[str, list[list[float]]] = {k: [] for k in order}
+    hook: list[float] = []
+
+    def callbacks_for(kind: str) -> list[Callback]:
+        callbacks: list[Callback] = []
+        if kind != "plain":
+            callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0))
+        if kind == "dp_acc":
+            callbacks.append(_TimedAccountant(8.0, 1e-6))
+        return callbacks
+
+    n_kinds = len(order)
+    for repeat in range(args.repeats):
+        for kind in order[repeat % n_kinds :] + order[: repeat % n_kinds]:  # rotate: contention hits all alike
+            callbacks = callbacks_for(kind)
+            wall, used = time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, callbacks)
+            runs[kind].append(wall)
+            cpu[kind].append(used)
+            if kind == "dp_acc":
+                hook += callbacks[-1].hook_times  # type: ignore[attr-defined]
+    # median step time of each run; report the median over all steps and the best run (least contention)
+    med = {k: 1e3 * statistics.median([t for run in v for t in run]) for k, v in runs.items()}
+    best = {k: 1e3 * min(statistics.median(run) for run in v) for k, v in runs.items()}
+    cpu_med = {k: 1e3 * statistics.median([t for run in v for t in run]) for k, v in cpu.items()}
+    cpu_best = {k: 1e3 * min(statistics.median(run) for run in v) for k, v in cpu.items()}
+    n = sum(p.numel() for p in base.parameters() if p.requires_grad)
+    h_med, h_mean = (1e3 * statistics.median(hook), 1e3 * statistics.mean(hook)) if hook else (math.nan, math.nan)
+    for label, t, c in (("median", med, cpu_med), ("best run", best, cpu_best)):
+        a, b = t["plain"], t["dp"]
+        acc = t.get("dp_acc", math.nan)
+        print(f"{name:8s} {size:6d} {label:8s} {n:8d} {a:9.2f} {b:8.2f} {b / a:6.2f} {c['dp'] / c['plain']:9.2f} "
+              f"{acc:10.2f} {acc / a:6.2f} {h_med:11.3f} {h_mean:7.3f}", flush=True)
+    if args.memory:
+        peaks = {k: peak_memory(copy.deepcopy(base), dm, args.warmup, callbacks_for(k)) for k in ("plain", "dp")}
+        # the noise vector that becomes the DP gradient and the one prefetched for the next step are allocated in
+        # the prefetch thread, which the profiler does not see: add both (an upper bound)
+        peaks["dp"] += 2 * 4 * n
+        print(f"{name:8s} {size:6d} {'memory':8s} {n:8d} {peaks['plain'] / 2**20:8.1f}M {peaks['dp'] / 2**20:7.1f}M "
+              f"{peaks['dp'] / max(peaks['plain'], 1):6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -173,28 +173,99 @@ class GaussianNoise:
             :func:`secure_standard_normal` (Opacus ``secure_mode``'s threat model; ignores a seed, so a seeded
             secure run is refused). Its cost is measured by ``benchmarks/randomness.py``.
         stream: stream key under ``entropy`` (keeps noise independent from the sampling streams).
+        prefetch: draw the *next* vector in a background thread as soon as one is handed out, so that the draw
+            overlaps the caller's other work (DP training: the next step's forward and backward pass; the noise
+            does not depend on the data). The sequence of vectors is exactly that of ``prefetch=False`` (same
+            generator, same order, one draw per :meth:`sample`): a draw is handed out at most once, a fresh
+            buffer is allocated for every draw, and a prefetched draw whose size or dtype does not match the
+            next call is discarded (never handed out later). Costs one extra vector of memory.
 
     The object has no ``state_dict``: a resumed run builds a new one from fresh entropy, so no noise is replayed.
     """
 
-    def __init__(self, entropy: Entropy, *, secure: bool = False, stream: tuple[int, ...] = (7,)) -> None:
+    def __init__(
+        self, entropy: Entropy, *, secure: bool = False, stream: tuple[int, ...] = (7,), prefetch: bool = False
+    ) -> None:
         if secure and entropy.seeded:
             raise ConfigurationError(
                 "secure_mode", True, "draws from the operating system's CSPRNG and cannot be seeded; use seed=None"
             )
         self.secure = bool(secure)
         self.seeded = entropy.seeded
+        self.prefetch = bool(prefetch)
         self._generator = None if secure else torch_generator(entropy, *stream)
+        self._pending: _Draw | None = None
 
-    def sample(self, numel: int, std: float, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A flat CPU tensor of ``numel`` independent N(0, std^2) draws (``dtype`` default float32)."""
+    def _draw(self, numel: int, std: float, dtype: torch.dtype) -> torch.Tensor:
         import torch
 
-        dtype = torch.float32 if dtype is None else dtype
         if self.secure:
             return torch.from_numpy(secure_standard_normal(numel) * float(std)).to(dtype)
         out = torch.empty(numel, dtype=dtype)
         return out.normal_(0.0, float(std), generator=self._generator)
 
+    def sample(self, numel: int, std: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A flat CPU tensor of ``numel`` independent N(0, std^2) draws (``dtype`` default float32).
+
+        Every call returns a new tensor that no other call returns or reads again (the caller may modify it).
+        """
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        std = float(std)
+        pending, self._pending = self._pending, None
+        out = None
+        if pending is not None:
+            drawn = pending.result()  # waits for the background draw; the generator is then free again
+            if drawn.numel() == numel and drawn.dtype == dtype:
+                out = drawn if pending.std == std else drawn.mul_(std / pending.std)  # pending.std > 0
+            del drawn  # a mismatching draw is dropped here, never handed out
+        if out is None:
+            out = self._draw(numel, std, dtype)
+        if self.prefetch and numel > 0 and std > 0:
+            self._pending = _Draw(self._draw, numel, std, dtype)
+        return out
+
     def __reduce__(self) -> Any:
         raise TypeError("lightning_dpts.randomness.GaussianNoise must not be pickled (it would write the secret)")
+
+
+_EXECUTOR: Any = None
+
+
+def _executor() -> Any:
+    """One worker thread for every prefetching :class:`GaussianNoise` of the process (created on first use).
+
+    Each task uses only its own object's generator, and :meth:`GaussianNoise.sample` waits for that object's
+    pending task before touching the generator, so no generator is ever used by two threads at once.
+    """
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise-prefetch")
+    return _EXECUTOR
+
+
+def _forget_executor_in_child() -> None:  # a forked child (DataLoader worker) has no copy of the worker thread
+    global _EXECUTOR
+    _EXECUTOR = None
+
+
+os.register_at_fork(after_in_child=_forget_executor_in_child)
+
+
+class _Draw:
+    """One noise vector drawn by the prefetch worker thread (torch, numpy and os.urandom release the GIL)."""
+
+    __slots__ = ("std", "_future")
+
+    def __init__(self, draw: Any, numel: int, std: float, dtype: Any) -> None:
+        self.std = std
+        self._future = _executor().submit(draw, numel, std, dtype)
+
+    def result(self) -> Any:
+        """The drawn vector (waits for it); an exception of the draw is raised here."""
+        value = self._future.result()
+        self._future = None
+        return value

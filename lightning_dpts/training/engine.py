@@ -6,9 +6,17 @@ linear layers (``nn.Linear`` and subclasses, and :class:`~lightning_dpts.trainin
 parameters act as one linear map of ``[x_t, h_t-1]``) the gradient of window i is ``G_i^T A_i`` with A_i the
 layer inputs and G_i the gradients of its outputs (time steps stacked along the second axis), so
 
-* ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts``
-  ("ghost norm", Li et al. 2022) when T^2 <= p d, else the per-window matrices are formed for the norm only;
+* ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, else the cheaper in multiply-adds of
+  ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts`` ("ghost norm", Li et al. 2022; ``T^2 (d + p)`` per window) and the
+  per-window matrices ``G_i^T A_i`` of that layer (``T p d``; then kept and reused for the clipped sum);
 * ``sum_i c_i G_i^T A_i`` is one matrix product of the c-weighted G with A ("book-keeping", Bu et al. 2023).
+
+Plain ``nn.Linear`` layers (exactly that class) are switched, for the clipper's lifetime, to a subclass whose
+training forward is one autograd function: its backward returns the input gradient and records the output
+gradient, but computes *no* weight gradient, which the clipped sum replaces anyway (DPFastLSTM does the same
+for its weights). The backward pass then costs what the non-DP one costs minus the weight-gradient products,
+and the book-keeping product takes their place. A trainable parameter of such a layer that still receives an
+autograd gradient was used outside its layer's training forward: a :class:`ConfigurationError`.
 
 Every other layer with trainable parameters (embeddings, layer norms, Opacus RNN layers, ...) gets per-window
 gradients from Opacus' ``GradSampleModule`` hooks, restricted to those layers. The clipping factor is
@@ -20,9 +28,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.layers.dp_rnn import DPRNNBase
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.training.surgery import DPFastLSTM
@@ -73,16 +83,48 @@ def add_noise_and_average(
     """
     dtype = params[0].dtype if params else torch.float32
     numel = sum(p.numel() for p in params)
-    flat = noise.sample(numel, noise_std, dtype)
+    # N(0, noise_std^2) / Lambda drawn as N(0, (noise_std / Lambda)^2): one pass over the noise less
+    flat = noise.sample(numel, noise_std / expected_batch_size, dtype)
     out = []
     offset = 0
     for p, g in zip(params, sums, strict=True):
         total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
         offset += p.numel()
         if g is not None:
-            total = total.add_(g.reshape(p.shape))
-        out.append(total.div_(expected_batch_size))
+            total = total.add_(g.reshape(p.shape), alpha=1.0 / expected_batch_size)
+        out.append(total)
     return out
+
+
+class _TapLinearFunction(torch.autograd.Function):
+    """``F.linear`` whose backward records the output gradient and returns only the input gradient.
+
+    The weight and bias are inputs (so the output requires grad even if ``x`` does not), but their gradient is
+    ``None``: the clipper computes the clipped per-window sum from the recorded (input, output gradient) pair.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, call: list) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        ctx.call = call
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        (weight,) = ctx.saved_tensors
+        ctx.call[1] = grad
+        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
+
+
+class _TappedLinear(nn.Linear):
+    """``nn.Linear`` while a :class:`PerWindowClipper` is attached (the class is swapped back by ``remove``)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        tap = self.__dict__.get("_dpts_tap")
+        if tap is None or not (self.training and torch.is_grad_enabled()):
+            return F.linear(input, self.weight, self.bias)
+        return tap(self, input)
 
 
 class _OpacusSubset(GradSampleModule):
@@ -99,14 +141,19 @@ class _OpacusSubset(GradSampleModule):
 
 
 class _Record:
-    """Inputs and output gradients of one linear map over one batch (one entry per call)."""
+    """Inputs and output gradients of one linear map over one batch (one entry per call).
+
+    A call is ``[inputs, G]``: ``inputs`` a tuple of input blocks (the map's input is their concatenation along
+    the last axis; weight ``k`` acts on block ``k``) and G the output gradient (``None`` until the backward pass
+    reaches the layer), all ``[B, ..., d]`` (batch first).
+    """
 
     __slots__ = ("weights", "biases", "calls")
 
-    def __init__(self, weights: list[tuple[nn.Parameter, int, int]], biases: list[nn.Parameter]) -> None:
-        self.weights = weights  # (parameter, first input column, last input column)
+    def __init__(self, weights: list[tuple[nn.Parameter, int]], biases: list[nn.Parameter]) -> None:
+        self.weights = weights  # (parameter, input block)
         self.biases = biases
-        self.calls: list[list[torch.Tensor | None]] = []
+        self.calls: list[list[Any]] = []
 
 
 def _own_trainable(module: nn.Module) -> bool:
@@ -141,6 +188,54 @@ def _check_bare_parameters(module: nn.Module, others: list[nn.Module], names: di
         )
 
 
+def _flat(t: torch.Tensor, time_major: bool, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, B, d]`` -> ``[T * B, d]`` rows in time-major or window-major order, optionally scaled per window."""
+    if time_major:
+        return (t if weights is None else t * weights[None, :, None]).reshape(-1, t.shape[-1])
+    t = t.transpose(0, 1)
+    return (t if weights is None else t * weights[:, None, None]).reshape(-1, t.shape[-1])
+
+
+def _squared_norms(
+    record: _Record, blocks: list[torch.Tensor], g: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """||g_i||^2 over the record's weights and biases, per window ``[B]``, from G ``[T, B, p]`` (unscaled) and
+    the input blocks ``[T, B, d_k]``; also the per-window weight gradients ``[B, p, d_k]`` (one per weight, in
+    ``record.weights`` order) when they were formed, else ``None``.
+
+    One time step: ``||a_i||^2 ||g_i||^2``. Otherwise the cheaper of the two exact forms (multiply-adds per
+    window): the ghost norm ``sum_ts (A A^T)_ts (G G^T)_ts`` (``T^2 (d + p)``, memory ``B T^2``) or the
+    per-window weight gradients ``G_i^T A_i`` (``T p d``, memory ``B p d``), with d the input width over the
+    trainable blocks. The per-window products are kept: the clipped sum is then their weighted sum over the
+    windows (``B p d``) instead of a second product over all rows (``B T p d``).
+    """
+    t, b, p_out = g.shape
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
+    per_window = None
+
+    def sq(x: torch.Tensor) -> torch.Tensor:  # squared l2 norm of each row (one pass, no temporary)
+        return torch.linalg.vector_norm(x, dim=1).square()
+
+    if record.weights:
+        used = [blocks[k] for _, k in record.weights]
+        d = sum(a.shape[-1] for a in used)
+        if t == 1:
+            out += sum(sq(a[0]) for a in used) * sq(g[0])
+        elif t * (d + p_out) < p_out * d:  # ghost norm
+            gram = torch.bmm(used[0].transpose(0, 1), used[0].permute(1, 2, 0))
+            for a in used[1:]:
+                gram.baddbmm_(a.transpose(0, 1), a.permute(1, 2, 0))
+            out += (gram * torch.bmm(g.transpose(0, 1), g.permute(1, 2, 0))).sum((1, 2))
+        else:
+            g_t = g.permute(1, 2, 0)  # [B, p, T]
+            per_window = [torch.bmm(g_t, a.transpose(0, 1)) for a in used]
+            for full in per_window:
+                out += sq(full.reshape(b, -1))
+    if record.biases:
+        out += sq(g[0] if t == 1 else g.sum(0)) * len(record.biases)
+    return out, per_window
+
+
 class PerWindowClipper:
     """Collects what is needed for per-window norms and clipped sums of one LightningModule.
 
@@ -154,18 +249,22 @@ class PerWindowClipper:
         self.enabled = True
         self._records: dict[int, _Record] = {}
         self._handles: list[Any] = []
+        self._tapped: list[nn.Linear] = []
         skip: set[int] = set()
         for sub in module.modules():
             if isinstance(sub, nn.Linear) and _own_trainable(sub):
                 skip.add(id(sub))
-                weights = [(sub.weight, 0, sub.in_features)] if sub.weight.requires_grad else []
+                weights = [(sub.weight, 0)] if sub.weight.requires_grad else []
                 biases = [sub.bias] if sub.bias is not None and sub.bias.requires_grad else []
                 self._records[id(sub)] = _Record(weights, biases)
-                self._handles.append(sub.register_forward_hook(self._linear_hook))
+                if type(sub) is nn.Linear:
+                    self._tapped.append(sub)  # switched to _TappedLinear at the end, once every check passed
+                else:  # a subclass with its own forward: hooks (autograd also computes its weight gradient)
+                    self._handles.append(sub.register_forward_hook(self._linear_hook))
             elif isinstance(sub, DPFastLSTM):
                 skip.add(id(sub))
                 sub.recorder = self._lstm_record
-        owned = [id(p) for r in self._records.values() for p in [w for w, _, _ in r.weights] + r.biases]
+        owned = [id(p) for r in self._records.values() for p in [w for w, _ in r.weights] + r.biases]
         if len(owned) != len(set(owned)):
             raise ConfigurationError(
                 "model", "a parameter shared by several linear layers",
@@ -176,6 +275,8 @@ class PerWindowClipper:
         self._lstm_modules = [sub for sub in module.modules() if isinstance(sub, DPFastLSTM)]
         for sub in self._lstm_modules:
             self.native.update(id(p) for p in sub.parameters() if p.requires_grad)
+        #: parameters whose autograd gradient must stay None (their layers' backward does not compute it)
+        self.gradient_free = {id(p) for sub in [*self._tapped, *self._lstm_modules] for p in sub.parameters()}
         others = [
             sub for sub in module.modules()
             if id(sub) not in skip and _own_trainable(sub) and not isinstance(sub, (nn.Linear, DPFastLSTM, DPRNNBase))
@@ -191,6 +292,9 @@ class PerWindowClipper:
         self.gsm: GradSampleModule | None = None
         if others:
             self.gsm = _OpacusSubset(module, skip, batch_first=True, loss_reduction=loss_reduction, strict=False)
+        for sub in self._tapped:
+            sub.__class__ = _TappedLinear
+            sub._dpts_tap = self._tap_linear
 
     # -- recording --------------------------------------------------------------------------------------
     def _active(self, module: nn.Module) -> bool:
@@ -199,26 +303,34 @@ class PerWindowClipper:
     def _linear_hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if not self._active(module) or not isinstance(output, torch.Tensor) or not output.requires_grad:
             return
-        call: list[torch.Tensor | None] = [inputs[0].detach(), None]
+        call: list[Any] = [(inputs[0].detach(),), None]
         self._records[id(module)].calls.append(call)
         output.register_hook(lambda g, call=call: call.__setitem__(1, g.detach()))
 
-    def _lstm_record(self, module: DPFastLSTM, inputs: torch.Tensor, proj: torch.Tensor, weights: tuple) -> None:
+    def _tap_linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return F.linear(x, module.weight, module.bias)
+        call: list[Any] = [(x.detach(),), None]
+        self._records[id(module)].calls.append(call)
+        return _TapLinearFunction.apply(x, module.weight, module.bias, call)
+
+    def _lstm_record(
+        self, module: DPFastLSTM, x: torch.Tensor, h_prev: torch.Tensor, delta: torch.Tensor, weights: tuple
+    ) -> None:
+        """One layer and direction of a DPFastLSTM, called from its backward: inputs ``x_t`` ``[B, T, d]``,
+        ``h_t-1`` ``[B, T, H]`` and gate gradients delta_t ``[B, T, 4H]``."""
         if not self.enabled:
             return
         w_ih, w_hh = weights[0], weights[1]
         key = (id(module), id(w_ih))
         record = self._lstm_records.get(key)
         if record is None:
-            d = w_ih.shape[1]
             if w_ih.requires_grad != w_hh.requires_grad:
                 raise RuntimeError("DP training needs weight_ih and weight_hh of an LSTM layer both (un)frozen")
-            ws = [(w_ih, 0, d), (w_hh, d, d + w_hh.shape[1])] if w_ih.requires_grad else []
+            ws = [(w_ih, 0), (w_hh, 1)] if w_ih.requires_grad else []
             record = _Record(ws, [b for b in weights[2:] if b.requires_grad])
             self._lstm_records[key] = record
-        call: list[torch.Tensor | None] = [inputs, None]
-        record.calls.append(call)
-        proj.register_hook(lambda g, call=call: call.__setitem__(1, g.detach()))
+        record.calls.append([(x, h_prev), delta])
 
     def enable(self) -> None:
         self.enabled = True
@@ -251,6 +363,10 @@ class PerWindowClipper:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for sub in self._tapped:
+            sub.__class__ = nn.Linear
+            del sub._dpts_tap
+        self._tapped.clear()
         for sub in self._lstm_modules:
             sub.recorder = None
         if self.gsm is not None:
@@ -262,20 +378,25 @@ class PerWindowClipper:
             self.gsm = None
 
     # -- Algorithm 2 -------------------------------------------------------------------------------------
-    def _stacked(self, record: _Record) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(A, G): inputs ``[B, T, d]`` and output gradients ``[B, T, p]`` of all calls, G *unscaled*."""
+    def _stacked(self, record: _Record) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+        """(A blocks, G), time-major: input blocks ``[T, B, d_k]`` and output gradients ``[T, B, p]`` of all
+        calls (G *unscaled*); several calls are concatenated along T. For one call these are transposed views of
+        the batch-first records (nothing is copied)."""
         calls = [(a, g) for a, g in record.calls if g is not None]
         if not calls:
             return None
-        sizes = {a.shape[0] for a, _ in calls}
+
+        def tm(t: torch.Tensor) -> torch.Tensor:
+            return (t.unsqueeze(1) if t.dim() == 2 else t.reshape(t.shape[0], -1, t.shape[-1])).transpose(0, 1)
+
+        calls = [([tm(a) for a in blocks], tm(g)) for blocks, g in calls]
+        sizes = {g.shape[1] for _, g in calls}
         if len(sizes) != 1:
             raise RuntimeError(f"a layer was called with different batch sizes {sorted(sizes)} in one step")
         if len(calls) == 1:
-            a, g = calls[0]
-            return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
-        a = torch.cat([a.reshape(a.shape[0], -1, a.shape[-1]) for a, _ in calls], dim=1)
-        g = torch.cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in calls], dim=1)
-        return a, g
+            return calls[0]
+        blocks = [torch.cat([a[k] for a, _ in calls], dim=0) for k in range(len(calls[0][0]))]
+        return blocks, torch.cat([g for _, g in calls], dim=0)
 
     def _scale(self, batch_size: int) -> float:
         """Factor from the recorded output gradients to per-window loss gradients (Opacus semantics)."""
@@ -288,14 +409,12 @@ class PerWindowClipper:
             pair = self._stacked(record)
             if pair is None:
                 continue
-            a, g = pair
-            g = g * self._scale(g.shape[0])
-            if record.weights:
-                full = torch.einsum("btp,btd->bpd", g, a)
-                for w, lo, hi in record.weights:
-                    found[id(w)] = full[:, :, lo:hi]
+            blocks, g = pair
+            g = g * self._scale(g.shape[1])
+            for w, k in record.weights:
+                found[id(w)] = torch.einsum("tbp,tbd->bpd", g, blocks[k])
             for bias in record.biases:
-                found[id(bias)] = g.sum(1)
+                found[id(bias)] = g.sum(0)
         out: list[torch.Tensor | None] = []
         for p in params:
             gs = found.get(id(p), getattr(p, "grad_sample", None) if id(p) not in self.native else None)
@@ -340,7 +459,7 @@ class PerWindowClipper:
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
             if gs is not None and id(p) not in self.native:
                 samples[id(p)] = gs
-        sizes = {a.shape[0] for _, a, _ in stacked} | {g.shape[0] for g in samples.values()}
+        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
             raise RuntimeError(
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
@@ -349,24 +468,17 @@ class PerWindowClipper:
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
-            ref = next(iter(samples.values())) if samples else stacked[0][1]
+            ref = next(iter(samples.values())) if samples else stacked[0][2]
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
-            norm = torch.linalg.vector_norm
-            terms = []
-            for record, a, g in stacked:
-                if record.weights:
-                    t, d, p_out = a.shape[1], a.shape[2], g.shape[2]
-                    if t == 1:  # ||g a^T||_F = ||a|| ||g||
-                        terms.append((norm(a[:, 0], dim=1) * norm(g[:, 0], dim=1)).square())
-                    elif t * t <= p_out * d:  # ghost norm
-                        terms.append((torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2)))
-                    else:
-                        terms.append(norm(torch.bmm(g.transpose(1, 2), a), dim=(1, 2)).square())
-                if record.biases:
-                    terms.append(norm(g.sum(1), dim=1).square() * len(record.biases))
-            sq = torch.stack(terms).sum(0) * (scale * scale) if terms else torch.zeros(b, dtype=ref.dtype)
+            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            formed: list[list[torch.Tensor] | None] = []
+            for record, blocks, g in stacked:
+                norms, per_window = _squared_norms(record, blocks, g)
+                sq += norms
+                formed.append(per_window)
+            sq.mul_(scale * scale)
             for gs in samples.values():
-                sq = sq + norm(gs.reshape(b, -1), dim=1).square()
+                sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
             bad = ~torch.isfinite(sq)
             if bool(bad.any()):
                 windows = bad.nonzero().flatten().tolist()
@@ -376,23 +488,39 @@ class PerWindowClipper:
                 )
             factor = clip_factors(sq, max_grad_norm)
             native_factor = factor * scale
-            for record, a, g in stacked:
+            for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
                 weights = native_factor.to(g.dtype)
-                if record.weights:
-                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product
-                    if a.shape[-1] <= g.shape[-1]:
-                        full = g.reshape(-1, g.shape[-1]).T @ (a * weights[:, None, None]).reshape(-1, a.shape[-1])
+                if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
+                    for (w, _), full in zip(record.weights, per_window, strict=True):
+                        grads[id(w)] = (weights @ full.reshape(b, -1)).reshape(full.shape[1:])
+                elif record.weights:
+                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
+                    # over the (window, step) rows in the order in which G is stored
+                    time_major = g.is_contiguous()
+                    d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
+                    if d_all <= g.shape[-1]:
+                        g_flat = _flat(g, time_major).T
+                        for w, k in record.weights:
+                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major, weights)
                     else:
-                        full = (g * weights[:, None, None]).reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
-                    for w, lo, hi in record.weights:
-                        grads[id(w)] = full[:, lo:hi] if (lo, hi) != (0, full.shape[1]) else full
+                        g_flat = _flat(g, time_major, weights).T
+                        for w, k in record.weights:
+                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
                 if record.biases:
-                    bias_sum = weights @ g.sum(1)
+                    bias_sum = weights @ (g[0] if g.shape[0] == 1 else g.sum(0))
                     for bias in record.biases:
                         grads[id(bias)] = bias_sum
             for key, gs in samples.items():
                 grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
         for p in params:
+            if id(p) in self.gradient_free and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient from outside its layer's training forward (e.g. used directly in the "
+                    "LightningModule's training_step or by another layer, or its layer ran in eval mode during "
+                    "training); that contribution has no per-window bound. Use it only through its layer, or "
+                    + _BARE_FIX.split(", or ")[-1],
+                )
             if id(p) not in grads and p.grad is not None and bool(p.grad.ne(0).any()):
                 raise ConfigurationError(
                     "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",

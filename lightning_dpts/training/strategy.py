@@ -316,13 +316,15 @@ class DPForecastStrategy(Callback):
         ``noise="gaussian"``: i.i.d. Gaussian noise (DP-SGD). The stream key includes the ledger's step count, so
         that even a seeded run continued from its latest checkpoint does not reuse noise (a seeded run resumed from
         an *older* checkpoint does: seeds are for experiments only). Unseeded, ``entropy`` is fresh at every fit,
-        so nothing is ever replayed. ``noise="bandmf"``: row i of C^{-1}Z at step i
+        so nothing is ever replayed. The next step's vector is drawn in a background thread while the current
+        step's forward/backward runs (``prefetch=True``: the same sequence of draws, each handed out once).
+        ``noise="bandmf"``: row i of C^{-1}Z at step i
         (:class:`~lightning_dpts.training.correlated_noise.BandMFNoise` via ``make_noise``, Section 2.3 of
         Dong & Ganesh 2026); its band state is secret, never stored, and a BandMF run is never continued.
         """
         if self.noise_kind == "bandmf":
             return make_noise("bandmf", entropy, secure=self.secure_mode, coefficients=self.coefficients)
-        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
+        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps), prefetch=True)
 
     @property
     def noise_multiplier(self) -> float:

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from opacus.layers import DPGRU, DPRNN
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from lightning_dpts.errors import ConfigurationError
 
@@ -174,6 +175,107 @@ def _mha_load_pre_hook(module: nn.Module, state_dict: dict, prefix: str, *args: 
             state_dict[prefix + new] = state_dict.pop(prefix + old)
 
 
+
+class _InputProjection(torch.autograd.Function):
+    """``x W_ih^T + b_ih + b_hh`` whose backward returns only the input gradient (the clipper sums the weights')."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w_ih: torch.Tensor, *biases: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(w_ih)
+        out = F.linear(x, w_ih)
+        for b in biases:
+            out = out.add_(b)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (w_ih,) = ctx.saved_tensors
+        nb = len(ctx.needs_input_grad) - 2
+        return (grad @ w_ih if ctx.needs_input_grad[0] else None), None, *([None] * nb)
+
+
+class _Recurrence(torch.autograd.Function):
+    """The LSTM recurrence of one layer and direction, with a hand-written backward (one autograd node).
+
+    Forward: the fused kernel of ``nn.LSTM`` (``torch._VF.lstm``, one layer, weights detached) gives the hidden
+    states, so the output is the one the non-DP model computes; the gate pre-activations
+    ``z_t = p_t + h_{t-1} W_hh^T`` are then recomputed for all steps in one product, the activations in bulk
+    (gate order i, f, g, o), and the cell states by the elementwise recursion ``c_t = f * c_{t-1} + i * g``.
+    Backward runs the recursion for the gate gradients delta_t = dL/dz_t (five operations per step) and returns
+    the gradient of the projection ``p_t`` (which *is* delta_t), of ``h_0`` and ``c_0``, and *no* gradient for
+    the weights: the clipper computes the clipped per-window sums itself from ``delta`` and the inputs, which
+    this function hands to ``record`` as batch-first ``[B, T, .]`` buffers.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, seq: torch.Tensor,
+        weights: tuple[torch.Tensor, ...], record: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t_len, four_h = proj.shape
+        hidden = four_h // 4
+        w_hh = weights[1]
+        out, h_n, c_n = torch._VF.lstm(  # type: ignore[attr-defined]
+            seq, (h0.unsqueeze(0), c0.unsqueeze(0)), list(weights), len(weights) == 4, 1, 0.0, False, False, True
+        )
+        h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)
+        z = torch.addmm(proj.reshape(-1, four_h), h_prev.reshape(-1, hidden), w_hh.t()).view(b, t_len, four_h)
+        acts = torch.sigmoid(z)
+        g_ = slice(2 * hidden, 3 * hidden)
+        torch.tanh(z[:, :, g_], out=acts[:, :, g_])
+        del z
+        ig = acts[:, :, :hidden] * acts[:, :, g_]
+        f = acts[:, :, hidden : 2 * hidden]
+        cs = proj.new_empty(b, t_len + 1, hidden)  # c_0 .. c_T
+        cs[:, 0] = c0
+        c_steps, ig_steps, f_steps = cs.unbind(1), ig.unbind(1), f.unbind(1)  # per-step views made in one call
+        for t in range(t_len):
+            torch.addcmul(ig_steps[t], f_steps[t], c_steps[t], out=c_steps[t + 1])
+        ctx.save_for_backward(w_hh, h_prev, cs, acts)
+        ctx.record = record
+        return out, h_n[0], c_n[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_out: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        w_hh, h_prev, cs, acts = ctx.saved_tensors
+        b, t_len, four_h = acts.shape
+        hidden = four_h // 4
+        i, f, g, o = acts.split(hidden, dim=2)
+        tc = torch.tanh(cs[:, 1:])
+        # per-step factors, all steps at once: delta = [dc * g i(1-i), dc * c_prev f(1-f), dc * i (1-g^2),
+        # dh * tanh(c) o(1-o)], and dL/dc_t gets dh * o (1 - tanh(c)^2)
+        three = torch.cat([g * i * (1 - i), cs[:, :-1] * f * (1 - f), i * (1 - g * g)], dim=2).view(b, t_len, 3, hidden)
+        out_gate = tc * o * (1 - o)
+        k = o * (1 - tc * tc)
+        del tc
+        delta = acts.new_empty(b, t_len, four_h)
+        d3 = delta.view(b, t_len, 4, hidden)
+        dh = grad_h.clone() if grad_h is not None else acts.new_zeros(b, hidden)
+        if grad_out is not None:
+            dh.add_(grad_out[:, t_len - 1])
+        dc = grad_c.clone() if grad_c is not None else acts.new_zeros(b, hidden)
+        k_s, three_s, og_s, f_s = k.unbind(1), three.unbind(1), out_gate.unbind(1), f.unbind(1)
+        d3_s, delta_s = d3.unbind(1), delta.unbind(1)
+        gout_s = grad_out.unbind(1) if grad_out is not None else None
+        for t in range(t_len - 1, -1, -1):
+            dc.addcmul_(dh, k_s[t])
+            torch.mul(dc.unsqueeze(1), three_s[t], out=d3_s[t][:, :3])
+            torch.mul(dh, og_s[t], out=d3_s[t][:, 3])
+            dc.mul_(f_s[t])  # dL/dc_{t-1} through c_t = f c_{t-1} + i g
+            if t > 0 and gout_s is not None:
+                dh = torch.addmm(gout_s[t - 1], delta_s[t], w_hh)
+            else:
+                dh = delta_s[t] @ w_hh
+        if ctx.record is not None:
+            ctx.record(h_prev, delta)
+        return (delta, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None),
+                None, None, None)
+
+
 class DPFastLSTM(nn.Module):
     """``nn.LSTM`` (without ``proj_size``) unrolled in Python so per-window gradients are cheap to obtain.
 
@@ -181,10 +283,13 @@ class DPFastLSTM(nn.Module):
     ``state_dict`` is interchangeable with the original. Each layer projects the whole input sequence at once
     (``x W_ih^T + b_ih + b_hh``) and runs only the recurrence step by step. The gradient of the loss with respect
     to that projection is exactly the gate gradient delta_t, so for window i the gradients are
-    ``sum_t delta_it [x_it, h_i,t-1]^T`` for ``[W_ih | W_hh]`` and ``sum_t delta_it`` for both biases: when a
-    ``recorder`` is attached (by :class:`~lightning_dpts.training.engine.PerWindowClipper`) the forward pass
-    hands it the inputs ``[x_t, h_t-1]`` and the projection, and the clipper treats them like one linear layer.
-    No per-timestep hooks are needed, unlike ``opacus.layers.DPLSTM``.
+    ``sum_t delta_it [x_it, h_i,t-1]^T`` for ``[W_ih | W_hh]`` and ``sum_t delta_it`` for both biases. When a
+    ``recorder`` is attached (by :class:`~lightning_dpts.training.engine.PerWindowClipper`) and the module
+    trains with gradients enabled, each layer runs :class:`_InputProjection` and :class:`_Recurrence` (the fused
+    kernel forward and a hand-written backward, no autograd gradient for the weights), and the backward pass
+    hands the recorder ``x_t``, ``h_t-1`` and delta_t; the clipper treats them like one linear layer with two
+    input blocks. Otherwise (no recorder, evaluation) the recurrence is unrolled with ordinary autograd. No
+    per-timestep hooks are needed, unlike ``opacus.layers.DPLSTM``.
     """
 
     def __init__(self, source: nn.LSTM) -> None:
@@ -210,6 +315,43 @@ class DPFastLSTM(nn.Module):
             return w_ih, w_hh, getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)
         return w_ih, w_hh
 
+    def _unrolled(
+        self, seq: torch.Tensor, weights: tuple[torch.Tensor, ...], h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Plain autograd recurrence (no recorder attached: ordinary gradients for every weight)."""
+        proj = F.linear(seq, weights[0])
+        if self.bias:
+            proj = proj + (weights[2] + weights[3])
+        hs = []
+        w_hh_t = weights[1].t()
+        hidden = self.hidden_size
+        for step_proj in proj.unbind(1):  # one backward node for all steps (slicing would not be)
+            gates = torch.addmm(step_proj, h, w_hh_t)
+            act = torch.sigmoid(gates)  # i, f, o (the g quarter is recomputed with tanh below)
+            g = torch.tanh(gates[:, 2 * hidden : 3 * hidden])
+            c = act[:, hidden : 2 * hidden] * c + act[:, :hidden] * g
+            h = act[:, 3 * hidden :] * torch.tanh(c)
+            hs.append(h)
+        return torch.stack(hs, dim=1), h, c
+
+    def _recorded(
+        self, seq: torch.Tensor, weights: tuple[torch.Tensor, ...], h0: torch.Tensor, c0: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The recurrence under a recorder: no autograd gradient for the weights; the recorder gets the inputs
+        ``x_t`` and ``h_t-1`` and the gate gradients delta_t ``[B, T, .]`` at backward time (one call per layer
+        and direction).
+        """
+        biases = weights[2:] if self.bias else ()
+        proj = _InputProjection.apply(seq, weights[0], *biases)
+        x = seq.detach()
+
+        def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
+            self.recorder(self, x, h_prev, delta, weights)
+
+        detached = tuple(w.detach() for w in weights)
+        out, h, c = _Recurrence.apply(proj, h0, c0, x, detached, record)
+        return out, h, c
+
     def forward(
         self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -233,24 +375,10 @@ class DPFastLSTM(nn.Module):
                 idx = layer * dirs + direction
                 weights = self._weights(layer, direction)
                 seq = layer_input.flip(1) if direction else layer_input
-                proj = F.linear(seq, weights[0])
-                if self.bias:
-                    proj = proj + (weights[2] + weights[3])
-                h, c = h0[idx], c0[idx]
-                hs = []
-                w_hh_t = weights[1].t()
-                hidden = self.hidden_size
-                for step_proj in proj.unbind(1):  # one backward node for all steps (slicing would not be)
-                    gates = torch.addmm(step_proj, h, w_hh_t)
-                    act = torch.sigmoid(gates)  # i, f, o (the g quarter is recomputed with tanh below)
-                    g = torch.tanh(gates[:, 2 * hidden : 3 * hidden])
-                    c = act[:, hidden : 2 * hidden] * c + act[:, :hidden] * g
-                    h = act[:, 3 * hidden :] * torch.tanh(c)
-                    hs.append(h)
-                out = torch.stack(hs, dim=1)
-                if record and proj.requires_grad:
-                    h_prev = torch.cat([h0[idx].unsqueeze(1), out[:, :-1]], dim=1)
-                    self.recorder(self, torch.cat([seq, h_prev], dim=-1).detach(), proj, weights)
+                if record and any(w.requires_grad for w in weights):
+                    out, h, c = self._recorded(seq, weights, h0[idx], c0[idx])
+                else:
+                    out, h, c = self._unrolled(seq, weights, h0[idx], c0[idx])
                 outputs.append(out.flip(1) if direction else out)
                 h_n.append(h)
                 c_n.append(c)

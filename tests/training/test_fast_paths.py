@@ -1,0 +1,245 @@
+"""The fast paths of issue 15 against independent computations, and the attacker's view of the prefetched noise.
+
+* :class:`GaussianNoise` with ``prefetch=True`` hands out exactly the draws of ``prefetch=False`` (same seed, same
+  order, one per call), each in its own buffer, and never a discarded draw.
+* The hand-written LSTM backward (``_Recurrence``) equals autograd through the unrolled recurrence (float64).
+* Both per-window norm forms (ghost norm and per-window products) equal the norms of materialised per-window
+  gradients, for one and several input blocks.
+* A tapped ``nn.Linear`` (no autograd weight gradient) refuses a weight that gets a gradient from elsewhere, and
+  the layer types are restored after fitting.
+
+Every check uses fixed seeds, so its outcome is deterministic; the "no shared value" checks compare float64
+normals, where a chance equality between independent draws has probability below 1e-8.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy import SamplingSpec
+from lightning_dpts.randomness import GaussianNoise, resolve_entropy
+from lightning_dpts.training import DPForecastStrategy
+from lightning_dpts.training.engine import _Record, _squared_norms
+from lightning_dpts.training.surgery import DPFastLSTM, _Recurrence
+
+from .conftest import SpecDataModule, trainer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prefetched noise
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prefetched_noise_is_the_same_stream_one_draw_per_call(dtype):
+    plain = GaussianNoise(resolve_entropy(11), stream=(7, 3))
+    fast = GaussianNoise(resolve_entropy(11), stream=(7, 3), prefetch=True)
+    for _ in range(6):
+        want = plain.sample(1000, 0.5, dtype)
+        got = fast.sample(1000, 0.5, dtype)
+        assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_prefetched_noise_is_never_handed_out_twice_nor_shared():
+    """Attacker: the caller adds the noise in place (p.grad); a reused buffer or a reused draw would let one
+    released gradient cancel the noise of another. No two draws may share a value or a buffer."""
+    noise = GaussianNoise(resolve_entropy(5), prefetch=True)
+    held, snapshots = [], []
+    for k in range(8):
+        x = noise.sample(4096, 1.0, torch.float64)  # float64: chance collisions ~1e-8
+        assert x.abs().max() < 10  # not a buffer an earlier caller modified
+        snapshots.append(x.clone())
+        if k % 2:
+            x.add_(1e6)  # the caller modifies its vector; no later draw may see or reuse it
+            snapshots[-1] += 1e6
+        held.append(x)
+    for i, a in enumerate(held):
+        torch.testing.assert_close(a, snapshots[i], rtol=0, atol=0)  # no later draw wrote into it
+        for b in snapshots[i + 1 :]:
+            assert not bool(torch.isin(snapshots[i], b).any()), "a noise value reappears in another draw"
+
+
+def test_a_discarded_prefetched_draw_never_reappears():
+    """A size change (or an aborted step) between two calls: the draw made for the old size is dropped."""
+    seeded = GaussianNoise(resolve_entropy(9), prefetch=True)
+    reference = GaussianNoise(resolve_entropy(9))
+    f64 = torch.float64  # chance collisions between float64 normals: ~1e-10 here
+    first = seeded.sample(500, 1.0, f64)
+    torch.testing.assert_close(first, reference.sample(500, 1.0, f64), rtol=0, atol=0)
+    dropped = reference.sample(500, 1.0, f64)  # what the prefetch drew for the next call of size 500
+    later = torch.cat([seeded.sample(n, 1.0, f64) for n in [300] * 5 + [500] * 3])
+    assert not bool(torch.isin(dropped, later).any())
+    assert not bool(torch.isin(first, later).any())
+
+
+def test_prefetched_noise_rescales_to_a_new_std():
+    plain = GaussianNoise(resolve_entropy(2))
+    fast = GaussianNoise(resolve_entropy(2), prefetch=True)
+    fast.sample(100, 1.0)
+    plain.sample(100, 1.0)
+    torch.testing.assert_close(fast.sample(100, 3.0), plain.sample(100, 1.0) * 3.0)
+
+
+def test_prefetch_errors_reach_the_caller():
+    noise = GaussianNoise(resolve_entropy(1), prefetch=True)
+    noise.sample(10, 1.0)
+
+    def broken(*args):
+        raise RuntimeError("draw failed")
+
+    noise._draw = broken  # the next background draw fails; the failure must not be swallowed
+    noise.sample(10, 1.0)  # returns the draw prefetched before; starts a failing one
+    with pytest.raises(RuntimeError, match="draw failed"):
+        noise.sample(10, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LSTM recurrence with a hand-written backward
+# ---------------------------------------------------------------------------------------------------------
+def test_recurrence_backward_equals_autograd_float64():
+    torch.manual_seed(0)
+    b, t, d, h = 3, 6, 4, 5
+    lstm = DPFastLSTM(nn.LSTM(d, h, batch_first=True)).double()
+    w_ih, w_hh, b_ih, b_hh = lstm._weights(0, 0)
+    x = torch.randn(b, t, d, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(b, h, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(b, h, dtype=torch.float64, requires_grad=True)
+    w_out = torch.randn(t, h, dtype=torch.float64)
+    w_hn, w_cn = torch.randn(h, dtype=torch.float64), torch.randn(h, dtype=torch.float64)
+
+    def loss(out, hn, cn):
+        return (out * w_out).sum() + (hn * w_hn).sum() + (cn * w_cn).sum()
+
+    # reference: plain autograd through the unrolled recurrence, gradient of the projection included
+    proj = (x @ w_ih.T + b_ih + b_hh).detach().requires_grad_(True)
+    w_ref = w_hh.detach().clone().requires_grad_(True)
+    hs, hh, cc = [], h0, c0
+    for step in proj.unbind(1):
+        i, f, g, o = (step + hh @ w_ref.T).chunk(4, 1)
+        cc = torch.sigmoid(f) * cc + torch.sigmoid(i) * torch.tanh(g)
+        hh = torch.sigmoid(o) * torch.tanh(cc)
+        hs.append(hh)
+    loss(torch.stack(hs, 1), hh, cc).backward()
+    recorded = {}
+
+    def record(h_prev, delta):
+        recorded["h_prev"], recorded["delta"] = h_prev, delta
+
+    proj2 = proj.detach().requires_grad_(True)
+    h02, c02 = h0.detach().requires_grad_(True), c0.detach().requires_grad_(True)
+    weights = tuple(w.detach() for w in (w_ih, w_hh, b_ih, b_hh))
+    out, hn, cn = _Recurrence.apply(proj2, h02, c02, x.detach(), weights, record)
+    loss(out, hn, cn).backward()
+    torch.testing.assert_close(out, torch.stack(hs, 1))
+    torch.testing.assert_close(proj2.grad, proj.grad)
+    torch.testing.assert_close(recorded["delta"], proj.grad)
+    torch.testing.assert_close(h02.grad, h0.grad)
+    torch.testing.assert_close(c02.grad, c0.grad)
+    assert all(w.grad is None for w in (w_ih, w_hh, b_ih, b_hh))  # no autograd weight gradient: the clipper sums it
+    # the weight gradient the clipper forms from the record equals autograd's
+    torch.testing.assert_close(torch.einsum("btp,bth->ph", recorded["delta"], recorded["h_prev"]), w_ref.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-window norms: both forms against materialised per-window gradients
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("t", "widths", "p"), [(1, [7], 5), (3, [20, 12], 16), (40, [3, 2], 8), (9, [6], 30)])
+def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
+    g = torch.Generator().manual_seed(t)
+    b = 4
+    blocks = [torch.randn(b, t, d, generator=g, dtype=torch.float64) for d in widths]
+    grad = torch.randn(b, t, p, generator=g, dtype=torch.float64)
+    weights = [(nn.Parameter(torch.empty(p, d)), k) for k, d in enumerate(widths)]
+    record = _Record(weights, [nn.Parameter(torch.empty(p)), nn.Parameter(torch.empty(p))])
+    want = sum(torch.einsum("btp,btd->bpd", grad, a).square().sum((1, 2)) for a in blocks)
+    want = want + 2 * grad.sum(1).square().sum(1)
+    # contiguous time-major tensors, and the transposed batch-first views the clipper passes
+    for layout in ([a.transpose(0, 1).contiguous() for a in blocks], [a.transpose(0, 1) for a in blocks]):
+        g_tm = grad.transpose(0, 1).contiguous() if layout[0].is_contiguous() else grad.transpose(0, 1)
+        norms, per_window = _squared_norms(record, layout, g_tm)
+        torch.testing.assert_close(norms, want)
+        if per_window is not None:  # the per-window weight gradients, when formed
+            for full, a in zip(per_window, blocks, strict=True):
+                torch.testing.assert_close(full, torch.einsum("btp,btd->bpd", grad, a))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tapped linear layers
+# ---------------------------------------------------------------------------------------------------------
+class _Leaky(L.LightningModule):
+    """A linear layer whose weight also enters the loss directly (``mode="direct"``) or that runs in eval mode
+    (``mode="eval"``): both give the weight a gradient no per-window hook sees."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(3, 1)
+        self.mode = mode
+
+    def training_step(self, batch, batch_idx):
+        if self.mode == "eval":
+            self.lin.eval()
+        loss = ((self.lin(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
+        if self.mode == "direct":
+            loss = loss + self.lin.weight.square().sum()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("mode", ["direct", "eval"])
+def test_a_weight_with_a_gradient_from_outside_its_layer_is_refused(mode):
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)}
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
+    module = _Leaky(mode)
+    strategy = DPForecastStrategy(1.0, 1.0, seed=0, check_independence=False)
+    with pytest.raises(ConfigurationError, match="lin.weight"):
+        trainer(max_steps=1, callbacks=[strategy]).fit(module, datamodule=SpecDataModule(spec, [batch]))
+    assert type(module.lin) is nn.Linear and "_dpts_tap" not in vars(module.lin)  # restored after the error
+
+
+def test_tapped_layers_are_plain_linear_again_after_fit_and_train_normally():
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)}
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
+    module = _Leaky("none")
+    before = module.lin.weight.detach().clone()
+    trainer(max_steps=2, callbacks=[DPForecastStrategy(1.0, 1.0, seed=0)]).fit(
+        module, datamodule=SpecDataModule(spec, [batch, batch])
+    )
+    assert type(module.lin) is nn.Linear and "_dpts_tap" not in vars(module.lin)
+    assert not torch.equal(module.lin.weight, before)
+    module.lin.weight.grad = None
+    module.training_step(batch, 0).backward()  # ordinary autograd again: the weight gets its gradient
+    assert module.lin.weight.grad is not None
+
+
+class _TinyLSTM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = nn.LSTM(2, 3, batch_first=True)
+        self.head = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.head(self.lstm(batch["x"])[0]).squeeze(-1) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_non_finite_gradient_through_the_fused_lstm_path_is_an_error():
+    from lightning_dpts.training import NonFiniteGradientError
+
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(4, 6, 2, generator=g), "y": torch.randn(4, 6, generator=g)}
+    batch["x"][2, 3, 0] = float("nan")
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=6, prediction_length=1, batch_size=4)
+    strategy = DPForecastStrategy(1.0, 1.0, seed=0, check_independence=False)
+    with pytest.raises(NonFiniteGradientError) as info:
+        trainer(max_steps=1, callbacks=[strategy]).fit(_TinyLSTM(), datamodule=SpecDataModule(spec, [batch]))
+    assert info.value.windows == [2]
