@@ -31,7 +31,8 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["FIT_RANGES", "MODELS", "FitConfig", "load_long_table", "run_fit", "format_table"]
+__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "RECIPE_FIELDS", "FitConfig", "drop_short_series", "format_table",
+           "load_long_table", "resolve_config", "run_fit"]
 
 MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
 #: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's

@@ -189,15 +189,23 @@ class SeasonalLinearLightningModule(pl.LightningModule):
     """LightningModule of :class:`SeasonalLinearModel` (GluonTS-style: ``model_kwargs``, ``lr``, ``weight_decay``).
 
     ``training_step`` returns the mean of the per-window CRPS over the batch (``loss_reduction="mean"`` for
-    :class:`~lightning_dpts.training.DPForecastStrategy`); Adam optimiser.
+    :class:`~lightning_dpts.training.DPForecastStrategy`); Adam optimiser. ``lr_schedule="constant"``
+    (default) keeps ``lr``; ``"cosine"`` decays it to 0 along a half cosine over the Trainer's planned optimizer
+    steps (``trainer.estimated_stepping_batches``). The schedule depends only on the step number, never on data
+    (it has no ``monitor``), so the DP strategy keeps it. On validation windows the constant rate did better at
+    the recipe's step counts (docs/recipe.md).
     """
 
     @validated()
-    def __init__(self, model_kwargs: dict, lr: float = 1e-2, weight_decay: float = 0.0) -> None:
+    def __init__(self, model_kwargs: dict, lr: float = 1e-2, weight_decay: float = 0.0,
+                 lr_schedule: str = "constant") -> None:
         super().__init__()
+        if lr_schedule not in ("cosine", "constant"):
+            raise ConfigurationError("lr_schedule", lr_schedule, "must be 'cosine' or 'constant'")
         self.model = SeasonalLinearModel(**model_kwargs)
         self.lr = lr
         self.weight_decay = weight_decay
+        self.lr_schedule = lr_schedule
         self.inputs = self.model.describe_inputs()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -217,8 +225,24 @@ class SeasonalLinearLightningModule(pl.LightningModule):
         self.log("val_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
         return loss
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        total = self._planned_steps()
+        if self.lr_schedule == "constant" or total is None:
+            return optimizer
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _planned_steps(self) -> int | None:
+        """The Trainer's planned optimizer steps, or ``None`` when unknown (no Trainer, or unbounded)."""
+        try:
+            total = self.trainer.estimated_stepping_batches
+        except (RuntimeError, AttributeError):
+            return None
+        if not isinstance(total, (int, float)) or not math.isfinite(total) or total < 1:
+            return None
+        return int(total)
 
 
 class SeasonalLinearEstimator(PyTorchLightningEstimator):
@@ -230,6 +254,7 @@ class SeasonalLinearEstimator(PyTorchLightningEstimator):
         season_length: m, the season of the baseline (GluonTS ``get_seasonality(freq)`` in ``dpts fit``).
         lr: Adam learning rate.
         weight_decay: Adam weight decay.
+        lr_schedule: ``"constant"`` (default) or ``"cosine"`` (decay to 0 over the planned steps).
         batch_size: windows per batch of GluonTS's own loaders and of the predictor.
         num_batches_per_epoch: batches per epoch of GluonTS's own training loader (``estimator.train``; not
             used by ``dpts fit``, which trains on the structured-subsampling datamodule).
@@ -238,8 +263,8 @@ class SeasonalLinearEstimator(PyTorchLightningEstimator):
 
     @validated()
     def __init__(self, prediction_length: int, context_length: int, season_length: int = 1, lr: float = 1e-2,
-                 weight_decay: float = 0.0, batch_size: int = 32, num_batches_per_epoch: int = 50,
-                 trainer_kwargs: dict[str, Any] | None = None) -> None:
+                 weight_decay: float = 0.0, lr_schedule: str = "constant", batch_size: int = 32,
+                 num_batches_per_epoch: int = 50, trainer_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(trainer_kwargs={"max_epochs": 100, **(trainer_kwargs or {})})
         _check_lengths(prediction_length, context_length, season_length)
         self.prediction_length = prediction_length
@@ -247,6 +272,7 @@ class SeasonalLinearEstimator(PyTorchLightningEstimator):
         self.season_length = season_length
         self.lr = lr
         self.weight_decay = weight_decay
+        self.lr_schedule = lr_schedule
         self.batch_size = batch_size
         self.num_batches_per_epoch = num_batches_per_epoch
         self.distr_output = NormalOutput()
@@ -258,7 +284,7 @@ class SeasonalLinearEstimator(PyTorchLightningEstimator):
 
     def create_lightning_module(self) -> pl.LightningModule:
         return SeasonalLinearLightningModule(
-            lr=self.lr, weight_decay=self.weight_decay,
+            lr=self.lr, weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
             model_kwargs={"prediction_length": self.prediction_length, "context_length": self.context_length,
                           "season_length": self.season_length},
         )

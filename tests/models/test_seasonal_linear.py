@@ -102,3 +102,25 @@ def test_trains_under_the_dp_strategy_and_exports(tmp_path):
     after = [f.quantile(0.3) for f in load_predictor(tmp_path).predict(entries)]
     for a, b in zip(before, after, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_cosine_schedule_is_data_independent_and_reaches_zero():
+    from lightning_dpts.models import SeasonalLinearLightningModule
+
+    kwargs = {"prediction_length": 3, "context_length": 4}
+    assert isinstance(SeasonalLinearLightningModule(model_kwargs=kwargs).configure_optimizers(), torch.optim.Adam)
+    module = SeasonalLinearLightningModule(model_kwargs=kwargs, lr_schedule="cosine")
+    assert isinstance(module.configure_optimizers(), torch.optim.Adam)  # no Trainer: no planned steps
+    module._planned_steps = lambda: 10  # type: ignore[method-assign]
+    config = module.configure_optimizers()
+    sched = config["lr_scheduler"]
+    assert "monitor" not in sched and sched["interval"] == "step"
+    lrs = []
+    for _ in range(10):
+        lrs.append(config["optimizer"].param_groups[0]["lr"])
+        config["optimizer"].step()
+        sched["scheduler"].step()
+    assert lrs[0] == pytest.approx(1e-2) and all(a > b for a, b in zip(lrs, lrs[1:], strict=False))
+    assert config["optimizer"].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ConfigurationError, match="lr_schedule"):
+        SeasonalLinearLightningModule(model_kwargs={"prediction_length": 3, "context_length": 4}, lr_schedule="x")
