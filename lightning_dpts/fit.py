@@ -348,7 +348,8 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str) -> tuple[FitConfi
         fill = {k: v for k, v in LEGACY_DEFAULTS.items() if getattr(config, k) is None}
         return replace(config, **fill), None, []
     recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
-                           delta=config.delta, level=config.level, size=config.size, held_out_windows=1)
+                           delta=config.delta, level=config.level, size=config.size, held_out_windows=1,
+                           min_series_length=config.min_series_length)
     choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
               "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
               "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}

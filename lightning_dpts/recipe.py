@@ -220,6 +220,7 @@ def choose_recipe(
     level: str = "event",
     size: int = 1,
     held_out_windows: int = 1,
+    min_series_length: int | None = None,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
@@ -230,6 +231,8 @@ def choose_recipe(
         epsilon, delta: the budget.
         level, size: the neighbouring relation (``"event"``/``"user"``, w).
         held_out_windows: windows of H steps held out at the end of every series (test plus validation).
+        min_series_length: a threshold the user gave (series shorter than this many steps are left out; 1 keeps
+            all): the recipe then makes its other choices for the series it keeps instead of choosing one.
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -278,9 +281,21 @@ def choose_recipe(
     too_short = int(sizes.size - usable.size)
     if eff < MIN_DROP_GAIN * base_eff or too_short:
         threshold_train, num_series, rate, eff = int(usable[0]), base_n, base_r, base_eff
+    if min_series_length is not None:  # the user's threshold: the smallest kept training length
+        kept = usable[usable >= min_series_length - held_out_windows * horizon]
+        if kept.size == 0:
+            raise ConfigurationError("min_series_length", min_series_length, "leaves no series with a training "
+                                     "window")
+        threshold_train = int(kept[0])
+        num_series, rate, eff = effective(threshold_train, past + horizon)
     dropped = int(usable.size - num_series)
-    min_series_length = threshold_train + held_out_windows * horizon if dropped else None
-    if dropped:
+    given = min_series_length is not None
+    if not given:
+        min_series_length = threshold_train + held_out_windows * horizon if dropped else None
+    if given:
+        reasons["short_series"] = (f"the given min_series_length={min_series_length} leaves out {dropped} of "
+                                   f"{sizes.size} series; N/r = {eff:.4g}")
+    elif dropped:
         reasons["short_series"] = (
             f"leave out the {dropped} series shorter than {min_series_length} steps (of {sizes.size}): the shortest "
             f"training series decides the bound (Appendix I.1), and dropping them raises N/r from {base_eff:.4g} to "

@@ -116,3 +116,10 @@ def test_min_series_length_option_is_validated():
     with pytest.raises(SystemExit) as err:
         main(["fit", "--min-series-length", "0"])
     assert err.value.code == 2
+
+
+def test_a_given_threshold_is_used_and_the_rest_chosen_for_it():
+    lengths = [93] * 15 + [900] * 85
+    r = choose_recipe(lengths, freq="W", prediction_length=13, epsilon=1.0, delta=1e-7, min_series_length=1)
+    assert r.dropped_series == 0 and r.num_series == 100 and r.min_series_length == 1
+    assert r.min_training_length == 93 - 13 and r.context_length + 13 <= MAX_WINDOW_FRACTION * (93 - 26 + 1)
