@@ -295,12 +295,12 @@ def choose_recipe(
         min_series_length = threshold_train + held_out_windows * horizon if dropped else None
     if given:
         reasons["short_series"] = (f"the given min_series_length={min_series_length} leaves out {dropped} of "
-                                   f"{sizes.size} series; N/r = {eff:.4g}")
+                                   f"{sizes.size} series")
     elif dropped:
         reasons["short_series"] = (
             f"leave out the {dropped} series shorter than {min_series_length} steps (of {sizes.size}): the shortest "
             f"training series decides the bound (Appendix I.1), and dropping them raises N/r from {base_eff:.4g} to "
-            f"{eff:.4g}; lengths are public (the relations change values, not lengths)")
+            f"{eff:.4g} (at past window {past}); lengths are public (the relations change values, not lengths)")
     elif too_short:
         reasons["short_series"] = (f"{too_short} series are too short for one training window: no threshold; "
                                    "they are refused, or dropped with --drop-short-series")
