@@ -239,7 +239,7 @@ def choose_recipe(
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
 
     Raises:
-        ConfigurationError: no series, a horizon that leaves no training window in any series, or a budget
+        ConfigurationError: no series or no series long enough for one training window (``data``), or a budget
             that no noise multiplier <= 1e4 reaches for any candidate.
     """
     from gluonts.time_feature import get_seasonality
@@ -254,8 +254,10 @@ def choose_recipe(
     train = sizes - held_out_windows * horizon
     usable = np.sort(train[train >= horizon])
     if usable.size == 0:
-        raise ConfigurationError("prediction_length", horizon, f"leaves no series with a training part of >= {horizon} "
-                                 f"steps after the {held_out_windows} held-out window(s)")
+        raise ConfigurationError("data", f"{sizes.size} series of at most {int(sizes.max())} steps",
+                                 f"no series has a training part of >= prediction_length={horizon} steps after the "
+                                 f"{held_out_windows} held-out window(s) of {horizon} steps; use longer series or a "
+                                 "shorter --prediction-length")
     reasons: dict[str, str] = {}
     warn: list[str] = []
     past = _past_window(season, horizon)

@@ -77,8 +77,9 @@ def test_small_budget_is_said_plainly():
 
 
 def test_refuses_metadata_without_a_training_window():
-    with pytest.raises(ConfigurationError, match="prediction_length"):
+    with pytest.raises(ConfigurationError, match="no series has a training part") as err:
         choose_recipe([20, 20], freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
+    assert err.value.parameter == "data"
     with pytest.raises(ConfigurationError, match="data"):
         choose_recipe([], freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
 
