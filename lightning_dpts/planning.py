@@ -140,6 +140,13 @@ def resolve_planning(args: argparse.Namespace, manual: Callable[[argparse.Namesp
         for name in _FIT_DEFAULTED:
             if getattr(args, name, None) is not None:
                 values[name] = getattr(args, name)
+        # the recipe (unset options of dpts fit) depends on the budget: plan with the one given here
+        from lightning_dpts.fit import FIT_RANGES
+
+        for name in ("epsilon", "delta"):
+            value, (low, high, _, _) = getattr(args, name, None), FIT_RANGES[name]
+            if isinstance(value, float) and low < value <= high:  # else dpts fit's default budget
+                values[name] = value
         spec = fit_sampling_spec(FitConfig(**values), num_dims=args.num_dims)
         if not getattr(args, "json", False):
             print(f"geometry of {data} as dpts fit trains on it: N={spec.num_series} series, shortest training "
