@@ -14,6 +14,7 @@ MODULES = [
     ("lightning_dpts.metrics", None),
     ("lightning_dpts.release", None),
     ("lightning_dpts.fit", ["FitConfig", "run_fit", "load_long_table"]),
+    ("lightning_dpts.evaluation", None),
     ("lightning_dpts.export", None),
     ("lightning_dpts.hparams", None),
     ("lightning_dpts.planning", None),

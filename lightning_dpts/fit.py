@@ -217,7 +217,7 @@ class FitConfig:
     seed: int | None = None
     secure_mode: bool = False
     output_dir: str = "dpts-run"
-    test_windows: int = 4
+    test_windows: int = 4  # lightning_dpts.evaluation.DEFAULT_TEST_WINDOWS (kept literal for the API docs)
     clip_low: float | None = None
     clip_high: float | None = None
     clip_count_epsilon: float | None = None
