@@ -202,16 +202,15 @@ def main() -> None:
                               f"(naive {m['seasonal_naive']['crps']:.4f}, non-DP {plain[seed]['crps']:.4f}), "
                               f"sigma {report['noise_multiplier']:.3g}, {report['steps']} steps, "
                               f"{time.perf_counter() - t0:.0f} s", flush=True)
-                    rows.append((name, model, epsilon, cell, [plain[s] for s in seeds], naive))
-    windows = raw[0]["test_windows"] if raw else "?"
-    print(f"\nCRPS = mean wQuantileLoss pooled over {windows} rolling test windows x all series; mean ± sd over "
+                    rows.append((name, model, epsilon, cell, [plain[s] for s in seeds], naive, raw[-1]["test_windows"]))
+    print("\nCRPS = mean wQuantileLoss pooled over the rolling test windows x all series; mean ± sd over "
           f"{len(seeds)} seed(s); delta = FitConfig default "
           f"({FitConfig().delta:g}), event level. Total {time.perf_counter() - started:.0f} s.")
-    print("| data | model | ε | private CRPS | private MAE | non-DP CRPS | non-DP MAE | seasonal naive CRPS | "
-          "naive MAE | σ | private < naive |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, model, epsilon, cell, plains, naive in rows:
-        print(f"| {name} | {model} | {epsilon:g} | {fmt(cell['crps'])} | {fmt(cell['mae'], 1)} | "
+    print("| data | windows | model | ε | private CRPS | private MAE | non-DP CRPS | non-DP MAE | "
+          "seasonal naive CRPS | naive MAE | σ | private < naive |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, model, epsilon, cell, plains, naive, windows in rows:
+        print(f"| {name} | {windows} | {model} | {epsilon:g} | {fmt(cell['crps'])} | {fmt(cell['mae'], 1)} | "
               f"{fmt([p['crps'] for p in plains])} | {fmt([p['mae'] for p in plains], 1)} | {naive['crps']:.4f} | "
               f"{naive['mae']:.1f} | {fmt(cell['sigma'], 2)} | {int(sum(cell['wins']))}/{len(cell['wins'])} |")
     if args.json:

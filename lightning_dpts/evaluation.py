@@ -35,7 +35,9 @@ from lightning_dpts.randomness import Entropy, numpy_generator
 
 __all__ = [
     "DEFAULT_TEST_WINDOWS",
+    "MAX_RATE_INCREASE",
     "NON_DP_RATIO",
+    "choose_test_windows",
     "clip_bounds",
     "clip_values",
     "noisy_count",
@@ -43,14 +45,51 @@ __all__ = [
     "verdict",
 ]
 
-#: Default number of rolling test windows of ``dpts fit``. Four windows of the horizon per series: the pooled
+#: Most rolling test windows :func:`choose_test_windows` picks. Four windows of the horizon per series: the pooled
 #: CRPS averages 4x as many forecasts as the single last window (one window alone moved seasonal naive's CRPS on
-#: the bundled data between 0.0170 and 0.0205, more than the private/naive margin), at a privacy cost: the
-#: shortest series' training part, which decides the bound, loses 3 more horizons (bundled data, epsilon=1:
-#: sigma 7.61 -> 9.07; docs/utility.md has the numbers).
+#: the bundled data between 0.0170 and 0.0205, more than the private/naive margin).
 DEFAULT_TEST_WINDOWS = 4
+#: Every held-out window shortens the shortest series' training part, which decides the bound (Theorem 4.4's
+#: r = (L_C + L_F)/T grows as T shrinks; sigma grows roughly like r). :func:`choose_test_windows` accepts at most
+#: this factor on r (bundled data: 4 windows, sigma 7.61 -> 9.07 at epsilon=1; M4 weekly: 4 windows would raise
+#: sigma 15.0 -> 34.1, 2 windows 15.0 -> 18.4; docs/utility.md).
+MAX_RATE_INCREASE = 1.25
 #: The verdict says whether the private model's CRPS is within this factor of the non-DP model's (issue 12 target).
 NON_DP_RATIO = 1.3
+
+
+def _rate(length: int, past: int, horizon: int) -> float:
+    """r = min(P + L_F, T)/T of a training part of ``length`` steps (T = length - L_F + 1; 1-event relation)."""
+    t = length - horizon + 1
+    return min(past + horizon, t) / t
+
+
+def choose_test_windows(lengths: Sequence[int], past_length: int, prediction_length: int,
+                        most: int = DEFAULT_TEST_WINDOWS, max_rate_increase: float = MAX_RATE_INCREASE
+                        ) -> tuple[int, str]:
+    """How many rolling test windows to hold out, from public metadata only (series lengths, window, horizon).
+
+    The largest k <= ``most`` such that the shortest series keeps at least ``prediction_length`` training steps and
+    its bottom-level rate r = min(P + L_F, T)/T (Theorem 4.4; T = training length - L_F + 1) is at most
+    ``max_rate_increase`` times the rate with one window. Series lengths are public under the event-level relations
+    (a protected change never changes a length); no value is read. Returns ``(k, explanation)``.
+    """
+    if not lengths:
+        raise ConfigurationError("data", 0, "holds no series")
+    shortest = int(min(lengths))
+    h = int(prediction_length)
+    if shortest - h < h:
+        return 1, "1 (the shortest series has room for one test window only)"
+    base = _rate(shortest - h, past_length, h)
+    k = 1
+    for cand in range(2, most + 1):
+        train = shortest - cand * h
+        if train < h or _rate(train, past_length, h) > max_rate_increase * base:
+            break
+        k = cand
+    return k, (f"{k} (chosen from public lengths: the most windows, up to {most}, that raise the shortest series' "
+               f"(length {shortest}) bottom-level rate r by at most {max_rate_increase:g}x; r = "
+               f"{_rate(shortest - k * h, past_length, h):.3g} vs {base:.3g} with one window)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -199,8 +238,7 @@ def _levers(report: dict[str, Any]) -> list[str]:
         t = spec["min_length"] - lf + 1
     if lc and lf and t:
         out.append(f"a shorter past window or fewer lags (r = (L_C + L_F)/T = ({lc} + {lf})/{t} for the shortest "
-                   "series), or dropping the shortest series (--drop-short-series drops only those too short to "
-                   "train)")
+                   "series), or leaving out the shortest series (their length decides the bound)")
     out.append("a coarser time unit (aggregate to a lower frequency, so one protected step covers more and windows "
                "hold fewer, more informative values)")
     out.append("a model with fewer parameters (the noise grows with their number)")

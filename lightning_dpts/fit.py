@@ -56,7 +56,7 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "value_bound": (0.0, 1e30, "float", True),
     "context_noise": (0.0, 1e6, "float", False),
     "forecast_noise": (0.0, 1e6, "float", False),
-    "test_windows": (1, 10_000, "int", False),
+    "test_windows": (1, 10_000, "int", True),
     "clip_low": (-1e30, 1e30, "float", True),
     "clip_high": (-1e30, 1e30, "float", True),
     "clip_count_epsilon": (0.0, 100.0, "float", True),
@@ -174,7 +174,9 @@ class FitConfig:
         output_dir: where checkpoint, logs, report and plots go.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
-            CRPS of each window is reported. Default :data:`~lightning_dpts.evaluation.DEFAULT_TEST_WINDOWS` (4).
+            CRPS of each window is reported. ``None`` (default): chosen from the public series lengths by
+            :func:`~lightning_dpts.evaluation.choose_test_windows` (up to 4, as long as the held-out steps raise
+            the shortest series' bottom-level rate r by at most 25%).
         clip_low, clip_high: a declared *public* value range [data units]: every value is clipped to it before
             training, which makes the value bound v = clip_high - clip_low of Theorem G.1's (w, v) relation true for
             any change of the data, so context/forecast noise augmentation amplifies soundly under the unbounded
@@ -217,7 +219,7 @@ class FitConfig:
     seed: int | None = None
     secure_mode: bool = False
     output_dir: str = "dpts-run"
-    test_windows: int = 4  # lightning_dpts.evaluation.DEFAULT_TEST_WINDOWS (kept literal for the API docs)
+    test_windows: int | None = None
     clip_low: float | None = None
     clip_high: float | None = None
     clip_count_epsilon: float | None = None
@@ -553,13 +555,13 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
     train_epsilon = config.epsilon - config.count_epsilon  # basic composition with the noisy clipped count
 
-    def datamodule(module: Any) -> StructuredSubsamplingDataModule:
+    def datamodule(module: Any, test_windows: int) -> StructuredSubsamplingDataModule:
         return StructuredSubsamplingDataModule(
             table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
             top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
             context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
             secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
-            value_column="target", drop_short_series=config.drop_short_series, test_windows=config.test_windows,
+            value_column="target", drop_short_series=config.drop_short_series, test_windows=test_windows,
         )
 
     init_seed = torch_seed(3)  # the initialisation is secret too (unless seeded); the non-DP reference reuses it
@@ -569,11 +571,23 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     from lightning_dpts.export import make_checkpoint_loadable
 
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
+    test_windows, windows_note = config.test_windows, "given (--test-windows)"
+    if test_windows is None:  # from public metadata only: the series lengths, the window, the horizon
+        from lightning_dpts.data.sources import to_collection
+        from lightning_dpts.evaluation import choose_test_windows
+
+        past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
+                                                                             or config.prediction_length)
+        lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
+                                                 value_column="target").targets]
+        if config.drop_short_series:
+            lengths = [n for n in lengths if n >= 2 * config.prediction_length] or lengths
+        test_windows, windows_note = choose_test_windows(lengths, past, config.prediction_length)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
         warnings.filterwarnings("ignore", message=_LAG_WARNING)  # restated below with the accountant's numbers
         try:
-            dm = datamodule(module)
+            dm = datamodule(module, test_windows)
         except ConfigurationError as err:
             if "drop_short_series=True" not in err.requirement:
                 raise
@@ -645,7 +659,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                                   enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
-            plain_dm = datamodule(plain)
+            plain_dm = datamodule(plain, test_windows)
         plain_trainer.fit(plain, datamodule=plain_dm)
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
         torch.manual_seed(eval_seed)
@@ -671,7 +685,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         "epsilon_budget": config.epsilon,
         "epsilon_training": report_privacy.epsilon,
         "evaluation": {
-            "test_windows": config.test_windows,
+            "test_windows": test_windows,
+            "test_windows_choice": windows_note,
             "forecasts": len(labels),
             "series": spec.num_series,
             "metrics": "pooled over every rolling test window and series: crps = mean weighted quantile loss "
@@ -705,7 +720,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     if config.clipping:
         report["clipping"] = _clipping_report(config, clipped_count, relation, entropy)
     if "non_dp" not in predictions or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
-        report["levers"] = _levers(spec, sigma, train_epsilon, config.delta, steps)
+        report["levers"] = _levers(spec, config.epsilon, config.count_epsilon, config.delta, steps)
     from lightning_dpts.evaluation import verdict
 
     report["verdict"] = verdict(report)
@@ -805,16 +820,17 @@ def _clipping_report(config: FitConfig, clipped: int | None, relation: Any, entr
     return out
 
 
-def _levers(spec: Any, sigma: float, epsilon: float, delta: float, steps: int) -> dict[str, Any]:
-    """Numbers for the verdict's "what would help": sigma at 4x the (training) epsilon for the same steps."""
+def _levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps: int) -> dict[str, Any]:
+    """Numbers for the verdict's "what would help": sigma at 4x the budget epsilon for the same steps (the
+    training part of it: minus ``count_epsilon``, as for this run)."""
     from lightning_dpts.privacy import calibrate_noise_multiplier
 
     out: dict[str, Any] = {"effective_dataset_size": spec.num_series / spec.bottom_level_rate}
     larger = min(4 * epsilon, 100.0)
     if steps > 0 and larger > epsilon:
         try:
-            out["sigma_at_larger_epsilon"] = {
-                "epsilon": larger, "noise_multiplier": calibrate_noise_multiplier(spec, larger, delta, steps=steps)}
+            sigma = calibrate_noise_multiplier(spec, larger - count_epsilon, delta, steps=steps)
+            out["sigma_at_larger_epsilon"] = {"epsilon": larger, "noise_multiplier": sigma}
         except ConfigurationError:
             pass  # no sigma in the calibration range: the verdict then names epsilon without a number
     return out

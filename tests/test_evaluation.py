@@ -12,7 +12,14 @@ from scipy.stats import norm
 
 from lightning_dpts.cli import main
 from lightning_dpts.data import StructuredSubsamplingDataModule
-from lightning_dpts.evaluation import clip_bounds, clip_values, noisy_count, score_windows, verdict
+from lightning_dpts.evaluation import (
+    choose_test_windows,
+    clip_bounds,
+    clip_values,
+    noisy_count,
+    score_windows,
+    verdict,
+)
 from lightning_dpts.privacy import NeighbouringRelation
 from lightning_dpts.randomness import resolve_entropy
 
@@ -55,6 +62,28 @@ def test_rolling_test_windows_are_consecutive_and_training_never_reaches_them(te
         np.testing.assert_array_equal(tail, y[len(y) - test_windows * horizon:])  # consecutive, no gap, no overlap
         for w in mine:  # each forecast sees the whole history before it, nothing after
             np.testing.assert_array_equal(w.history, y[:len(w.history)])
+
+
+@pytest.mark.parametrize("lengths, past, horizon, expected", [
+    ([225, 900], 12, 12, 4),  # bundled data: r 0.119 -> 0.145 (1.22x) with 4 windows
+    ([93, 1000], 13, 13, 2),  # M4 weekly: r 0.382 -> 0.473 (1.24x) with 2, 0.619 (1.62x) with 3
+    ([30, 40], 6, 6, 1),      # r 12/19 -> 12/13 (1.46x) with 2
+    ([13], 6, 6, 1),          # room for one window only
+    ([19], 30, 4, 3),         # r = 1 whatever k: more windows cost nothing, capped by >= L_F training steps
+])
+def test_choose_test_windows_from_public_lengths(lengths, past, horizon, expected):
+    """Independent arithmetic: r_k = min(P + L_F, T_k)/T_k, T_k = L_min - k L_F - L_F + 1 (Theorem 4.4)."""
+    k, note = choose_test_windows(lengths, past, horizon)
+    assert k == expected and str(k) in note
+
+    def rate(k):
+        t = min(lengths) - (k + 1) * horizon + 1
+        return min(past + horizon, t) / t
+
+    if k > 1:
+        assert rate(k) <= 1.25 * rate(1)
+    if k < 4 and min(lengths) - (k + 1) * horizon >= horizon:
+        assert rate(k + 1) > 1.25 * rate(1)
 
 
 def test_score_windows_pools_every_window_and_reports_each():
