@@ -66,6 +66,7 @@ _OPTION_NAMES = {
     "timestamp_column": "--time-column",
     "drop_short_series": "--drop-short-series",
     "max_lag": "--max-lag",
+    "min_series_length": "--min-series-length",
     "output_dir": "--output-dir",
     "non_dp": "--no-non-dp",
     "test_windows": "--test-windows",
@@ -170,6 +171,10 @@ def _whole_number(text: str) -> int:
     return int(value)
 
 
+_RECIPE = " (default: the recipe's, docs/recipe.md; 100 epochs, batch 64, C 1, learning rate 5e-3 for a --model " \
+    "other than seasonal_linear)"
+
+
 def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     from lightning_dpts.fit import MODELS
 
@@ -188,19 +193,24 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--freq", default=d, help="pandas frequency (default: inferred from the time stamps)")
     fit.add_argument("--prediction-length", type=_whole_number, metavar="H", default=d,
                      help="forecast horizon (default 12)")
-    fit.add_argument("--context-length", type=_whole_number, default=d, help="model context (default: the horizon)")
-    fit.add_argument("--model", choices=MODELS, default=d, help="GluonTS model (default dlinear)")
+    fit.add_argument("--context-length", type=_whole_number, default=d,
+                     help="model context (default: the recipe's; the horizon for a --model other than seasonal_linear)")
+    fit.add_argument("--model", choices=MODELS, default=d, help="model (default: the recipe's, seasonal_linear; "
+                     "docs/recipe.md)")
     fit.add_argument("--epsilon", type=float, metavar="E", default=d, help="privacy budget epsilon (default 1)")
     fit.add_argument("--delta", type=float, metavar="D", default=d, help="privacy budget delta (default 1e-7)")
     fit.add_argument("--noise-multiplier", type=float, default=d,
                      help="sigma (default: calibrated for (epsilon, delta) in --epochs epochs)")
-    fit.add_argument("--epochs", type=_whole_number, default=d, help="training horizon to calibrate the noise for")
-    fit.add_argument("--batch-size", type=_whole_number, default=d, help="windows per batch")
+    fit.add_argument("--epochs", type=_whole_number, default=d, help="training horizon to calibrate the noise for"
+                     f"{_RECIPE}")
+    fit.add_argument("--batch-size", type=_whole_number, default=d, help=f"windows per batch{_RECIPE}")
     fit.add_argument("--instances-per-series", type=_whole_number, default=d, help="windows per sampled series")
     fit.add_argument("--top-level", default=d, help="series sampling (default without_replacement)")
     fit.add_argument("--bottom-level", default=d, help="window sampling (default with_replacement)")
-    fit.add_argument("--max-grad-norm", type=float, default=d, help="per-window clipping norm C")
-    fit.add_argument("--learning-rate", type=float, default=d, help="Adam learning rate")
+    fit.add_argument("--max-grad-norm", type=float, default=d, help=f"per-window clipping norm C{_RECIPE}")
+    fit.add_argument("--learning-rate", type=float, default=d, help=f"Adam learning rate{_RECIPE}")
+    fit.add_argument("--min-series-length", type=_whole_number, metavar="STEPS", default=d,
+                     help=f"leave out series shorter than STEPS (1 keeps all){_RECIPE}")
     fit.add_argument("--level", default=d, help="event or user level privacy (default event)")
     fit.add_argument("--size", type=_whole_number, default=d, help="protected time steps w (default 1)")
     fit.add_argument("--value-bound", type=float, default=d, help="per-step change bound v (for augmentation)")

@@ -31,9 +31,16 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["FIT_RANGES", "MODELS", "FitConfig", "load_long_table", "run_fit", "format_table"]
+__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "RECIPE_FIELDS", "FitConfig", "drop_short_series", "format_table",
+           "load_long_table", "resolve_config", "run_fit"]
 
-MODELS: tuple[str, ...] = ("simple_feedforward", "deepar", "dlinear", "patch_tst")
+MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
+#: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
+#: (the recipe's constants are tuned for ``seasonal_linear``): context = horizon, as before the recipe.
+LEGACY_DEFAULTS: dict[str, Any] = {"epochs": 100, "batch_size": 64, "max_grad_norm": 1.0, "learning_rate": 5e-3}
+#: FitConfig fields the recipe fills when they are not given (lightning_dpts.recipe).
+RECIPE_FIELDS: tuple[str, ...] = ("model", "context_length", "epochs", "batch_size", "max_grad_norm",
+                                  "learning_rate", "min_series_length")
 
 #: field -> (lowest, highest, "int" or "float", may be None). Bounds are inclusive except the open ends of
 #: epsilon, noise levels > 0 noted in :func:`_check_range`. The caps keep every job's accounting and memory
@@ -42,17 +49,18 @@ MODELS: tuple[str, ...] = ("simple_feedforward", "deepar", "dlinear", "patch_tst
 FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "prediction_length": (1, 100_000, "int", False),
     "context_length": (1, 100_000, "int", True),
-    "epochs": (1, 100_000, "int", False),
-    "batch_size": (1, 10_000_000, "int", False),
+    "epochs": (1, 100_000, "int", True),
+    "batch_size": (1, 10_000_000, "int", True),
     "instances_per_series": (1, 1_000_000, "int", False),
     "size": (1, 1_000_000, "int", False),
     "max_lag": (1, 100_000, "int", True),
+    "min_series_length": (1, 10**9, "int", True),
     "seed": (0, 2**64 - 1, "int", True),
     "epsilon": (0.0, 100.0, "float", False),
     "delta": (1e-15, 0.1, "float", False),
     "noise_multiplier": (0.1, 100.0, "float", True),
-    "max_grad_norm": (0.0, 1e6, "float", False),
-    "learning_rate": (0.0, 10.0, "float", False),
+    "max_grad_norm": (0.0, 1e6, "float", True),
+    "learning_rate": (0.0, 10.0, "float", True),
     "value_bound": (0.0, 1e30, "float", True),
     "context_noise": (0.0, 1e6, "float", False),
     "forecast_noise": (0.0, 1e6, "float", False),
@@ -126,7 +134,7 @@ def _coerce(key: str, value: Any, source: str | None) -> Any:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise bad("must be true or false")
-    if key in ("data", "freq") and value is None:
+    if key in ("data", "freq", "model") and value is None:
         return None
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
@@ -144,15 +152,24 @@ class FitConfig:
         id_column, time_column, value_column: column names in ``data``.
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
         prediction_length: forecast horizon [time steps].
-        context_length: model context [time steps]; default = prediction_length (one season for the monthly
-            default; shorter windows leak less, Theorem 4.4's r = (L_C + L_F)/T).
-        model: one of :data:`MODELS`.
+        model: one of :data:`MODELS`; ``None`` (default): the recipe's (:mod:`lightning_dpts.recipe`,
+            ``seasonal_linear``). Every option marked *recipe* below is chosen by
+            :func:`~lightning_dpts.recipe.choose_recipe` from public metadata (number and lengths of series,
+            frequency, horizon, budget, relation) when it is ``None`` and the model is the recipe's; with
+            another model they default to :data:`LEGACY_DEFAULTS` (context = horizon). A given value always wins.
+        context_length: model context [time steps] (*recipe*: 2 seasons, or 2 horizons without a season,
+            capped so that a window stays within a quarter of the shortest training part; Theorem 4.4's
+            r = (L_C + L_F)/T).
+        min_series_length: leave out series shorter than this [time steps] (*recipe*: drops at most a fifth of
+            the series, only when that raises the effective dataset size N/r by 1.5x; lengths are public).
+            ``1`` keeps every series.
         epsilon, delta: the privacy budget (1-event level unless ``level``/``size`` say otherwise).
         noise_multiplier: sigma; ``None`` calibrates it for (epsilon, delta) in ``epochs`` epochs.
-        epochs: training horizon the noise is calibrated for (and the epoch cap without calibration).
-        batch_size: Lambda [windows]; instances_per_series: lambda; top_level, bottom_level: sampling modes.
-        max_grad_norm: C, the per-window gradient clipping norm.
-        learning_rate: Adam learning rate.
+        epochs: training horizon the noise is calibrated for (and the epoch cap without calibration) (*recipe*).
+        batch_size: Lambda [windows] (*recipe*); instances_per_series: lambda; top_level, bottom_level: sampling
+            modes.
+        max_grad_norm: C, the per-window gradient clipping norm (*recipe*).
+        learning_rate: Adam learning rate (*recipe*).
         level, size, value_bound, context_noise, forecast_noise: the neighbouring relation and Eq. 1
             augmentation (see docs/privacy.md).
         drop_short_series: drop (with a warning naming how many) the series too short for one training window
@@ -195,17 +212,18 @@ class FitConfig:
     freq: str | None = None
     prediction_length: int = 12
     context_length: int | None = None
-    model: str = "dlinear"
+    model: str | None = None
     epsilon: float = 1.0
     delta: float = 1e-7
     noise_multiplier: float | None = None
-    epochs: int = 100
-    batch_size: int = 64
+    epochs: int | None = None
+    batch_size: int | None = None
     instances_per_series: int = 1
     top_level: str = "without_replacement"
     bottom_level: str = "with_replacement"
-    max_grad_norm: float = 1.0
-    learning_rate: float = 5e-3
+    max_grad_norm: float | None = None
+    learning_rate: float | None = None
+    min_series_length: int | None = None
     level: str = "event"
     size: int = 1
     value_bound: float | None = None
@@ -270,7 +288,7 @@ class FitConfig:
         """
         from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS
 
-        if self.model not in MODELS:
+        if self.model is not None and self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
         fit_top_levels = tuple(t for t in TOP_LEVELS if t != "b_min_sep")  # b_min_sep/BandMF: Python API only
         for name, choices in (("top_level", fit_top_levels), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
@@ -324,9 +342,9 @@ class FitConfig:
         from lightning_dpts.evaluation import clip_bounds
 
         if self.clip_low is None or self.clip_high is None:
-            missing = "clip_low" if self.clip_low is None else "clip_high"
-            raise ConfigurationError(missing, None, "must be given together with "
-                                     f"{'clip_high' if missing == 'clip_low' else 'clip_low'} (a public range)")
+            given, missing = ("clip_high", "clip_low") if self.clip_low is None else ("clip_low", "clip_high")
+            raise ConfigurationError(given, getattr(self, given), f"needs {missing} too: clipping is to a declared "
+                                     "public range [clip_low, clip_high]")
         clip_bounds(self.clip_low, self.clip_high)
         if not (self.context_noise or self.forecast_noise):
             raise ConfigurationError("clip_low", self.clip_low, "clipping only serves noise augmentation (Theorem "
@@ -377,11 +395,71 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
 # ---------------------------------------------------------------------------------------------------------
 # models and forecasting
 # ---------------------------------------------------------------------------------------------------------
+def resolve_config(config: FitConfig, lengths: Any, freq: str,
+                   held_out_windows: int = 1) -> tuple[FitConfig, Any, list[str]]:
+    """Fill the options the user left unset: by the recipe for the recipe's model, else :data:`LEGACY_DEFAULTS`.
+
+    Args:
+        config: a validated config (``None`` marks an unset option).
+        lengths: the length of every series (time steps): public metadata, never values.
+        freq: the series' frequency.
+        held_out_windows: windows of H steps held out at the end of every series (the rolling test windows).
+
+    Returns:
+        ``(resolved config, recipe or None, names of the fields the recipe chose)``. The recipe is computed
+        only when the model is unset or ``seasonal_linear``; explicit values are kept.
+    """
+    from dataclasses import replace
+
+    from lightning_dpts.recipe import RECIPE_MODEL, choose_recipe
+
+    if config.model not in (None, RECIPE_MODEL):
+        fill = {k: v for k, v in LEGACY_DEFAULTS.items() if getattr(config, k) is None}
+        return replace(config, **fill), None, []
+    recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
+                           delta=config.delta, level=config.level, size=config.size,
+                           held_out_windows=held_out_windows)
+    choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
+              "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
+              "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}
+    chosen = [name for name in RECIPE_FIELDS if getattr(config, name) is None]
+    if config.batch_size is not None and config.epochs is None:
+        # the recipe's epochs assume its batch size: keep its number of steps for the given one
+        per_epoch = max(1, recipe.num_series // config.batch_size)
+        choice["epochs"] = max(1, round(recipe.steps / per_epoch))
+    resolved = replace(config, **{name: choice[name] for name in chosen})
+    resolved.validate()
+    return resolved, recipe, chosen
+
+
+def drop_short_series(table: pd.DataFrame, min_series_length: int | None) -> tuple[pd.DataFrame, int]:
+    """``table`` without the series (``item_id``) shorter than ``min_series_length`` rows, and how many went.
+
+    Reads only the lengths (public under this package's relations). ``None`` or 1 keeps every series; a
+    threshold that leaves none raises :class:`ConfigurationError` (``min_series_length``).
+    """
+    if min_series_length is None or min_series_length <= 1:
+        return table, 0
+    lengths = table.groupby("item_id", sort=False).size()
+    short = lengths.index[lengths.to_numpy() < min_series_length]
+    if len(short) == len(lengths):
+        raise ConfigurationError("min_series_length", min_series_length,
+                                 f"leaves no series (the longest has {int(lengths.max())} steps)")
+    if len(short) == 0:
+        return table, 0
+    return table[~table["item_id"].isin(set(short))].reset_index(drop=True), len(short)
+
+
 def _estimator(config: FitConfig, freq: str):
     """The GluonTS estimator whose LightningModule and predictor we use (defaults as in the paper, B.2)."""
     h = config.prediction_length
     ctx = config.context_length or h
     lr = config.learning_rate
+    if config.model == "seasonal_linear":
+        from lightning_dpts.models import SeasonalLinearEstimator
+
+        return SeasonalLinearEstimator(prediction_length=h, context_length=ctx, season_length=_season_length(freq),
+                                       lr=lr)
     if config.model == "simple_feedforward":
         from gluonts.torch.model.simple_feedforward import SimpleFeedForwardEstimator
 
@@ -545,6 +623,34 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
                                       config.freq)
         data_name = str(config.data)
+    lengths = table.groupby("item_id", sort=False).size()
+    resolved, recipe, chosen = resolve_config(config, lengths.to_numpy(), freq,
+                                              held_out_windows=config.test_windows or 1)
+    planned_windows: tuple[int, str] | None = None
+    if config.test_windows is None and recipe is not None:
+        # the recipe's model reads no lag beyond its past window: choose the rolling test windows from the kept
+        # lengths and that window (public metadata), then let the recipe plan for them
+        from lightning_dpts.evaluation import choose_test_windows
+
+        kept = lengths.to_numpy()
+        kept = kept[kept >= (resolved.min_series_length or 1)]
+        planned_windows = choose_test_windows(kept.tolist(), resolved.context_length, config.prediction_length)
+        if planned_windows[0] > 1:
+            resolved, recipe, chosen = resolve_config(config, lengths.to_numpy(), freq,
+                                                      held_out_windows=planned_windows[0])
+    config = resolved
+    if recipe is not None:
+        for line in recipe.describe():
+            progress(line)
+        if chosen:
+            progress(f"chosen by the recipe: {', '.join(chosen)} (give an option to override it)")
+        for text in recipe.warnings:
+            warnings.warn(f"dpts fit: {text}", UserWarning, stacklevel=2)
+            progress(f"WARNING: {text}")
+    table, dropped_by_length = drop_short_series(table, config.min_series_length)
+    if dropped_by_length:
+        progress(f"left out {dropped_by_length} of {len(lengths)} series shorter than {config.min_series_length} "
+                 "steps (min_series_length; not trained on and not evaluated)")
     raw_table = table
     clipped_count = None
     if config.clipping:  # a declared public range: the value bound of Theorem G.1 then holds for any change
@@ -572,6 +678,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
     test_windows, windows_note = config.test_windows, "given (--test-windows)"
+    if test_windows is None and planned_windows is not None:
+        test_windows, windows_note = planned_windows
     if test_windows is None:  # from public metadata only: the series lengths, the window, the horizon
         from lightning_dpts.data.sources import to_collection
         from lightning_dpts.evaluation import choose_test_windows
@@ -713,6 +821,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         "data": data_name,
         "model": config.model,
         "config": _config_dict(config),
+        "recipe": None if recipe is None else {**recipe.to_dict(), "chosen_by_recipe": chosen},
+        "series_left_out_by_length": dropped_by_length,
         "seconds": round(time.perf_counter() - started, 1),
     }
     if entropy.seeded:

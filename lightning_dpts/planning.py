@@ -32,9 +32,9 @@ _WITH_DATA = {
     "num_series": "required unless --data gives it",
     "min_length": "required unless --data gives it",
     "context_length": "required unless --data; with --data: the model's context as for dpts fit (default: the "
-                      "horizon; the lags of --model are added)",
+                      "recipe's; the lags of --model are added)",
     "prediction_length": "required unless --data (then default 12)",
-    "batch_size": "required unless --data (then default 64)",
+    "batch_size": "required unless --data (then dpts fit's default: the recipe's)",
     "steps": "or give --epochs",
 }
 
@@ -55,8 +55,8 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     group = parser.add_argument_group(
         "geometry from a data file (instead of --num-series/--min-length; the same options as dpts fit)",
         "N and the shortest training length L are read as the datamodule of dpts fit reads them (after the "
-        "held-out test window); the past window includes the lags of --model. --context-length is then the "
-        "model's context (default: the horizon), --prediction-length defaults to 12 and --batch-size to 64.",
+        "held-out test window); the past window includes the lags of --model. Unset options take dpts fit's "
+        "defaults (the recipe: docs/recipe.md); --prediction-length defaults to 12.",
     )
     group.add_argument("--data", metavar="PATH", default=None, help="long-format CSV or Parquet file")
     group.add_argument("--id-column", default="id", help="series id column (default id)")
@@ -64,7 +64,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     group.add_argument("--value-column", default="value", help="value column (default value)")
     group.add_argument("--freq", default=None, help="pandas frequency (default: inferred from the time stamps)")
     group.add_argument("--model", choices=MODELS, default=None,
-                       help="GluonTS model of dpts fit, whose lags extend the past window (default dlinear)")
+                       help="model of dpts fit, whose lags extend the past window (default: the recipe's)")
     if needs_steps:
         if multi_steps:
             group.add_argument("--epochs", type=int, nargs="+", default=None, metavar="E",
@@ -77,14 +77,15 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
 def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     """The ``sampling_spec`` of the datamodule ``dpts fit`` builds for ``config`` (a :class:`FitConfig`).
 
-    Reads the data, builds the model (for its past length: context plus lags) and the
+    Reads the data, fills unset options as ``dpts fit`` does (the recipe, :func:`lightning_dpts.fit.resolve_config`,
+    including its short-series threshold), builds the model (for its past length: context plus lags) and the
     :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` exactly as :func:`lightning_dpts.fit.run_fit`
     does, without training. ``num_dims`` is the relation's D (Appendix I.1), which ``dpts fit`` leaves at 1.
     """
     import warnings
 
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.fit import _estimator, load_long_table
+    from lightning_dpts.fit import _estimator, drop_short_series, load_long_table, resolve_config
 
     config.validate()
     if config.data is None:
@@ -94,6 +95,8 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     else:
         table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
                                       config.freq)
+    config, _, _ = resolve_config(config, table.groupby("item_id", sort=False).size().to_numpy(), freq)
+    table, _ = drop_short_series(table, config.min_series_length)
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound,
                                     num_dims=num_dims)
     with warnings.catch_warnings():

@@ -252,7 +252,8 @@ def test_fit_with_rolling_windows_clipping_and_verdict_end_to_end(tiny_csv, tmp_
 
 @pytest.mark.parametrize("args, option", [
     (["--test-windows", "0"], "--test-windows"),
-    (["--clip-low", "0", "--context-noise", "1"], "--clip-high"),
+    (["--clip-low", "0", "--context-noise", "1"], "--clip-low"),
+    (["--clip-high", "0", "--context-noise", "1"], "--clip-high"),
     (["--clip-low", "5", "--clip-high", "1", "--context-noise", "1"], "--clip-high"),
     (["--clip-low", "0", "--clip-high", "1"], "--clip-low"),
     (["--clip-low", "0", "--clip-high", "1", "--context-noise", "1", "--value-bound", "3"], "--value-bound"),
