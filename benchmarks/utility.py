@@ -10,7 +10,7 @@ Every cell is one call of :func:`lightning_dpts.fit.run_fit` with a :class:`~lig
 only what describes the dataset (file, column names, frequency, horizon), the model, epsilon and the seed; every
 other setting is ``FitConfig``'s default, i.e. exactly what ``dpts fit`` runs (``--set key=value`` overrides a field
 for an experiment, e.g. ``--set clip_low=0 --set clip_high=1e5 --set context_noise=1``; the table then says so).
-Models default to ``dpts fit``'s default model.
+Models default to ``dpts fit``'s default (``model`` unset: the recipe chooses; the table names the model it ran).
 
 **Protocol ("hyperparameters without peeking").** Nothing here is tuned: each configuration is trained once per
 seed and its rolling test windows (``FitConfig.test_windows``, the last ``test_windows * prediction_length`` steps
@@ -51,13 +51,17 @@ DATASETS: dict[str, dict[str, Any]] = {
                   "value_column": "value", "freq": "W", "prediction_length": 13},
 }
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
+#: ``--models`` name for "leave ``model`` unset": ``dpts fit``'s default (the recipe picks the model and its settings).
+DEFAULT_MODEL = "default"
 
 
 def run_cell(base: dict[str, Any], model: str, epsilon: float, seed: int, non_dp: bool,
              overrides: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """One ``run_fit`` call; returns its report (metrics, sigma, steps, seconds)."""
-    values = {**base, **overrides, "model": model, "epsilon": epsilon, "seed": seed, "non_dp": non_dp,
+    values = {**base, **overrides, "epsilon": epsilon, "seed": seed, "non_dp": non_dp,
               "private_plots": False, "output_dir": str(workdir / f"{model}-{epsilon:g}-{seed}")}
+    if model != DEFAULT_MODEL:
+        values["model"] = model
     config = FitConfig.from_mapping(values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -84,59 +88,66 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def accountant_table(name: str, base: dict[str, Any], epsilons: list[float]) -> None:
-    """Noise multiplier dpts fit would calibrate (default geometry of ``name``) with and without noise augmentation
-    (Theorem 4.5: sigma_C = sigma_F = s, in units of the value bound v), and for 1..4 rolling test windows."""
+    """Noise multiplier dpts fit would calibrate (its default geometry for ``name``, as ``run_fit`` resolves it) for
+    1..4 rolling test windows, and with noise augmentation (Theorem 4.5: sigma_C = sigma_F = s, in units of the
+    value bound v) at the windows dpts fit would choose."""
     from dataclasses import replace
 
+    from scipy.stats import norm
+
     from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
-    from lightning_dpts.fit import _estimator, load_long_table
+    from lightning_dpts.evaluation import choose_test_windows
+    from lightning_dpts.fit import _estimator, drop_short_series, load_long_table, resolve_config
     from lightning_dpts.privacy import NeighbouringRelation, calibrate_noise_multiplier
 
-    config = FitConfig.from_mapping(base)
-    if config.data is None:
+    given = FitConfig.from_mapping(base)
+    if given.data is None:
         table, freq = load_dataset("us_employment"), "M"
     else:
-        table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
-                                      config.freq)
-    module = _estimator(config, freq).create_lightning_module()
+        table, freq = load_long_table(given.data, given.id_column, given.time_column, given.value_column, given.freq)
+    lengths = table.groupby("item_id", sort=False).size().to_numpy()
     rows = []
     for windows in (1, 2, 3, 4):
+        config, _, _ = resolve_config(given, lengths, freq, held_out_windows=windows)
+        kept, _ = drop_short_series(table, config.min_series_length)
+        module = _estimator(config, freq).create_lightning_module()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dm = StructuredSubsamplingDataModule(
-                table, batch_size=config.batch_size, instances_per_series=config.instances_per_series, model=module,
+                kept, batch_size=config.batch_size, instances_per_series=config.instances_per_series, model=module,
                 freq=freq, test_windows=windows, drop_short_series=config.drop_short_series,
                 relation=NeighbouringRelation(level=config.level, size=config.size))
-        rows.append((windows, dm.sampling_spec))
-    steps = config.epochs * rows[-1][1].steps_per_epoch
-    print(f"\n{name}: N={rows[-1][1].num_series}, past window {rows[-1][1].context_length}, horizon "
-          f"{rows[-1][1].prediction_length}, batch {config.batch_size}, {steps} steps ({config.epochs} epochs), "
-          f"delta {config.delta:g}")
-    print("| test windows | shortest training part | r = k/T | N/r | " +
+        steps = config.epochs * dm.sampling_spec.steps_per_epoch
+        sig = [calibrate_noise_multiplier(dm.sampling_spec, e, config.delta, steps=steps) for e in epsilons]
+        rows.append((windows, config, dm.sampling_spec, steps, sig))
+    print(f"\n{name} ({rows[0][1].model}; recipe/defaults resolved per number of windows; delta {given.delta:g})")
+    print("| test windows | N | past window | batch | steps | shortest training part | r = k/T | N/r | " +
           " | ".join(f"σ at ε={e:g}" for e in epsilons) + " |")
-    print("|---|---|---|---|" + "---|" * len(epsilons))
-    for windows, spec in rows:
-        sig = [calibrate_noise_multiplier(spec, e, config.delta, epochs=config.epochs) for e in epsilons]
-        print(f"| {windows} | {spec.min_length} | {spec.bottom_level_rate:.4f} | "
-              f"{spec.num_series / spec.bottom_level_rate:,.0f} | " + " | ".join(f"{x:.3f}" for x in sig) + " |")
-    spec = rows[-1][1]
-    print(f"\nwith {config.test_windows} test windows; augmentation sigma_C = sigma_F = s (x v), Theorem 4.5")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(epsilons))
+    for windows, _config, spec, steps, sig in rows:
+        print(f"| {windows} | {spec.num_series} | {spec.context_length} | {spec.batch_size} | {steps} | "
+              f"{spec.min_length} | {spec.bottom_level_rate:.4f} | {spec.num_series / spec.bottom_level_rate:,.0f} | "
+              + " | ".join(f"{x:.3f}" for x in sig) + " |")
+    chosen, _ = choose_test_windows([int(n) for n in lengths if n >= (rows[0][1].min_series_length or 1)],
+                                    rows[0][2].context_length, given.prediction_length)
+    _, config, spec, steps, _ = rows[chosen - 1]
+    print(f"\nwith {chosen} test windows (dpts fit's choice); augmentation sigma_C = sigma_F = s (x v), Theorem 4.5")
     print("| s = σ_C = σ_F | τ = TVD(N(0,s),N(1,s)) | " + " | ".join(f"σ at ε={e:g}" for e in epsilons) + " |")
     print("|---|---|" + "---|" * len(epsilons))
-    from scipy.stats import norm
-
     for s in (0.0, 0.5, 1.0, 2.0, 4.0):
         aug = spec if s == 0 else replace(spec, relation=replace(spec.relation, value_bound=1.0), context_noise=s,
                                           forecast_noise=s)
         tau = 1.0 if s == 0 else 2 * norm.cdf(1 / (2 * s)) - 1
-        sig = [calibrate_noise_multiplier(aug, e, config.delta, epochs=config.epochs) for e in epsilons]
+        sig = [calibrate_noise_multiplier(aug, e, config.delta, steps=steps) for e in epsilons]
         print(f"| {s:g} | {tau:.3f} | " + " | ".join(f"{x:.3f}" for x in sig) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="us_employment,m4_weekly")
-    parser.add_argument("--models", default=FitConfig().model, help="comma-separated (default: dpts fit's default)")
+    parser.add_argument("--models", default=DEFAULT_MODEL,
+                        help="comma-separated model names; 'default' (the default) leaves the model unset, i.e. "
+                             "dpts fit's default (the recipe's choice)")
     parser.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..n-1")
     parser.add_argument("--quick", action="store_true", help="epsilon 1 and 4, one seed (a smoke run)")
@@ -192,7 +203,8 @@ def main() -> None:
                         cell["mae"].append(m["dp"]["mae"])
                         cell["sigma"].append(report["noise_multiplier"])
                         cell["wins"].append(float(m["dp"]["crps"] < m["seasonal_naive"]["crps"]))
-                        raw.append({"dataset": name, "model": model, "epsilon": epsilon, "seed": seed,
+                        model_run = report["model"]
+                        raw.append({"dataset": name, "model": model_run, "epsilon": epsilon, "seed": seed,
                                     "epsilon_spent": report["epsilon"], "steps": report["steps"],
                                     "noise_multiplier": report["noise_multiplier"], "metrics": m,
                                     "spec": report["privacy_configuration"]["sampling_spec"],
@@ -202,7 +214,8 @@ def main() -> None:
                               f"(naive {m['seasonal_naive']['crps']:.4f}, non-DP {plain[seed]['crps']:.4f}), "
                               f"sigma {report['noise_multiplier']:.3g}, {report['steps']} steps, "
                               f"{time.perf_counter() - t0:.0f} s", flush=True)
-                    rows.append((name, model, epsilon, cell, [plain[s] for s in seeds], naive, raw[-1]["test_windows"]))
+                    rows.append((name, raw[-1]["model"], epsilon, cell, [plain[s] for s in seeds], naive,
+                                 raw[-1]["test_windows"]))
     print("\nCRPS = mean wQuantileLoss pooled over the rolling test windows x all series; mean ± sd over "
           f"{len(seeds)} seed(s); delta = FitConfig default "
           f"({FitConfig().delta:g}), event level. Total {time.perf_counter() - started:.0f} s.")
