@@ -210,8 +210,10 @@ def main() -> None:
                                     "spec": report["privacy_configuration"]["sampling_spec"],
                                     "test_windows": report["evaluation"]["test_windows"],
                                     "verdict": report["verdict"], "seconds": round(time.perf_counter() - t0, 1)})
-                        print(f"  {name} {model} eps={epsilon:g} seed {seed}: private CRPS {m['dp']['crps']:.4f} "
-                              f"(naive {m['seasonal_naive']['crps']:.4f}, non-DP {plain[seed]['crps']:.4f}), "
+                        print(f"  {name} {model_run} eps={epsilon:g} seed {seed}: private CRPS {m['dp']['crps']:.4f} "
+                              f"MAE {m['dp']['mae']:.1f} (naive {m['seasonal_naive']['crps']:.4f} / "
+                              f"{m['seasonal_naive']['mae']:.1f}, non-DP {plain[seed]['crps']:.4f} / "
+                              f"{plain[seed]['mae']:.1f}), windows {report['evaluation']['test_windows']}, "
                               f"sigma {report['noise_multiplier']:.3g}, {report['steps']} steps, "
                               f"{time.perf_counter() - t0:.0f} s", flush=True)
                     rows.append((name, raw[-1]["model"], epsilon, cell, [plain[s] for s in seeds], naive,
