@@ -451,12 +451,21 @@ def drop_short_series(table: pd.DataFrame, min_series_length: int | None) -> tup
 
 
 def _estimator(config: FitConfig, freq: str):
-    """The GluonTS estimator whose LightningModule and predictor we use (defaults as in the paper, B.2)."""
+    """The estimator whose LightningModule and predictor we use (GluonTS defaults as in the paper, B.2).
+
+    Options still unset (``None``, e.g. a config not passed through :func:`resolve_config`) take
+    :data:`LEGACY_DEFAULTS`, or the recipe's constants for ``seasonal_linear``.
+    """
     h = config.prediction_length
     ctx = config.context_length or h
-    lr = config.learning_rate
-    if config.model == "seasonal_linear":
+    lr = config.learning_rate if config.learning_rate is not None else LEGACY_DEFAULTS["learning_rate"]
+    if config.model in (None, "seasonal_linear"):  # None: the recipe's model
         from lightning_dpts.models import SeasonalLinearEstimator
+        from lightning_dpts.recipe import LEARNING_RATE
+
+        lr = config.learning_rate if config.learning_rate is not None else LEARNING_RATE
+        if config.context_length is None:
+            ctx = max(2 * h, _season_length(freq) + 1)
 
         return SeasonalLinearEstimator(prediction_length=h, context_length=ctx, season_length=_season_length(freq),
                                        lr=lr)

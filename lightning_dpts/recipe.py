@@ -275,15 +275,19 @@ def choose_recipe(
         if eff > best[3]:
             best = (int(candidate), n, r, eff)
     threshold_train, num_series, rate, eff = best
-    if eff < MIN_DROP_GAIN * base_eff:
+    too_short = int(sizes.size - usable.size)
+    if eff < MIN_DROP_GAIN * base_eff or too_short:
         threshold_train, num_series, rate, eff = int(usable[0]), base_n, base_r, base_eff
-    dropped = int(sizes.size - num_series)
+    dropped = int(usable.size - num_series)
     min_series_length = threshold_train + held_out_windows * horizon if dropped else None
     if dropped:
         reasons["short_series"] = (
             f"leave out the {dropped} series shorter than {min_series_length} steps (of {sizes.size}): the shortest "
             f"training series decides the bound (Appendix I.1), and dropping them raises N/r from {base_eff:.4g} to "
             f"{eff:.4g}; lengths are public (the relations change values, not lengths)")
+    elif too_short:
+        reasons["short_series"] = (f"{too_short} series are too short for one training window: no threshold; "
+                                   "they are refused, or dropped with --drop-short-series")
     else:
         reasons["short_series"] = (f"keep all {sizes.size} series (leaving out up to {MAX_DROPPED_FRACTION:.0%} of the "
                                    f"shortest would not raise N/r by {MIN_DROP_GAIN}x)")
