@@ -432,6 +432,50 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str,
     return resolved, recipe, chosen
 
 
+def resolve_with_test_windows(config: FitConfig, lengths: Any,
+                              freq: str) -> tuple[FitConfig, Any, list[str], tuple[int, str] | None]:
+    """:func:`resolve_config` planned for the rolling test windows ``dpts fit`` will hold out.
+
+    With ``test_windows`` unset and the recipe in charge, the windows are chosen from the kept lengths and the
+    recipe's past window (its model reads no lag beyond it) by
+    :func:`~lightning_dpts.evaluation.choose_test_windows`, and the recipe is recomputed for them. Returns
+    ``(config, recipe, chosen, planned)`` with ``planned = (windows, explanation)`` or ``None`` (decided later by
+    :func:`fit_test_windows`). Public metadata only.
+    """
+    resolved, recipe, chosen = resolve_config(config, lengths, freq, held_out_windows=config.test_windows or 1)
+    if config.test_windows is not None or recipe is None:
+        return resolved, recipe, chosen, None
+    from lightning_dpts.evaluation import choose_test_windows
+
+    kept = np.asarray(lengths)
+    kept = kept[kept >= (resolved.min_series_length or 1)]
+    planned = choose_test_windows(kept.tolist(), resolved.context_length, config.prediction_length)
+    if planned[0] > 1:
+        resolved, recipe, chosen = resolve_config(config, lengths, freq, held_out_windows=planned[0])
+    return resolved, recipe, chosen, planned
+
+
+def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: pd.DataFrame, freq: str,
+                     module: Any) -> tuple[int, str]:
+    """The number of rolling test windows ``dpts fit`` holds out, and why (given, planned with the recipe, or chosen
+    from the lengths and the model's past length including lags)."""
+    if config.test_windows is not None:
+        return config.test_windows, "given (--test-windows)"
+    if planned is not None:
+        return planned
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.evaluation import choose_test_windows
+
+    past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
+                                                                         or config.prediction_length)
+    lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
+                                             value_column="target").targets]
+    if config.drop_short_series:
+        lengths = [n for n in lengths if n >= 2 * config.prediction_length] or lengths
+    return choose_test_windows(lengths, past, config.prediction_length)
+
+
 def drop_short_series(table: pd.DataFrame, min_series_length: int | None) -> tuple[pd.DataFrame, int]:
     """``table`` without the series (``item_id``) shorter than ``min_series_length`` rows, and how many went.
 
@@ -633,21 +677,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                                       config.freq)
         data_name = str(config.data)
     lengths = table.groupby("item_id", sort=False).size()
-    resolved, recipe, chosen = resolve_config(config, lengths.to_numpy(), freq,
-                                              held_out_windows=config.test_windows or 1)
-    planned_windows: tuple[int, str] | None = None
-    if config.test_windows is None and recipe is not None:
-        # the recipe's model reads no lag beyond its past window: choose the rolling test windows from the kept
-        # lengths and that window (public metadata), then let the recipe plan for them
-        from lightning_dpts.evaluation import choose_test_windows
-
-        kept = lengths.to_numpy()
-        kept = kept[kept >= (resolved.min_series_length or 1)]
-        planned_windows = choose_test_windows(kept.tolist(), resolved.context_length, config.prediction_length)
-        if planned_windows[0] > 1:
-            resolved, recipe, chosen = resolve_config(config, lengths.to_numpy(), freq,
-                                                      held_out_windows=planned_windows[0])
-    config = resolved
+    config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
     if recipe is not None:
         for line in recipe.describe():
             progress(line)
@@ -686,20 +716,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     from lightning_dpts.export import make_checkpoint_loadable
 
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
-    test_windows, windows_note = config.test_windows, "given (--test-windows)"
-    if test_windows is None and planned_windows is not None:
-        test_windows, windows_note = planned_windows
-    if test_windows is None:  # from public metadata only: the series lengths, the window, the horizon
-        from lightning_dpts.data.sources import to_collection
-        from lightning_dpts.evaluation import choose_test_windows
-
-        past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
-                                                                             or config.prediction_length)
-        lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
-                                                 value_column="target").targets]
-        if config.drop_short_series:
-            lengths = [n for n in lengths if n >= 2 * config.prediction_length] or lengths
-        test_windows, windows_note = choose_test_windows(lengths, past, config.prediction_length)
+    test_windows, windows_note = fit_test_windows(config, planned_windows, table, freq, module)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
         warnings.filterwarnings("ignore", message=_LAG_WARNING)  # restated below with the accountant's numbers
