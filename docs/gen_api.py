@@ -14,6 +14,7 @@ MODULES = [
     ("lightning_dpts.metrics", None),
     ("lightning_dpts.release", None),
     ("lightning_dpts.fit", ["FitConfig", "run_fit", "load_long_table", "resolve_config", "drop_short_series"]),
+    ("lightning_dpts.evaluation", None),
     ("lightning_dpts.recipe", ["Recipe", "choose_recipe", "rdp_noise_multiplier"]),
     ("lightning_dpts.models", None),
     ("lightning_dpts.export", None),

@@ -69,6 +69,10 @@ _OPTION_NAMES = {
     "min_series_length": "--min-series-length",
     "output_dir": "--output-dir",
     "non_dp": "--no-non-dp",
+    "test_windows": "--test-windows",
+    "clip_low": "--clip-low",
+    "clip_high": "--clip-high",
+    "clip_count_epsilon": "--clip-count-epsilon",
 }
 
 
@@ -229,6 +233,17 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--secure-mode", action="store_true", default=d,
                      help="draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no --seed)")
     fit.add_argument("--output-dir", metavar="DIR", default=d, help="where results go (default dpts-run)")
+    fit.add_argument("--test-windows", type=_whole_number, metavar="K", default=d,
+                     help="rolling test windows of the horizon at the end of every series, scored and never trained "
+                          "on (default 4)")
+    fit.add_argument("--clip-low", type=float, metavar="LOW", default=d,
+                     help="declared public value range: clip every value to [LOW, HIGH] before training so that the "
+                          "value bound v = HIGH - LOW of noise augmentation (Theorem G.1) holds; needs "
+                          "--context-noise/--forecast-noise, not --value-bound")
+    fit.add_argument("--clip-high", type=float, metavar="HIGH", default=d, help="upper end of the public range")
+    fit.add_argument("--clip-count-epsilon", type=float, metavar="E", default=d,
+                     help="epsilon spent to release a Laplace-noised count of clipped values (default 2%% of "
+                          "--epsilon; 0: not released)")
 
 
 def _add_predict_parser(sub: argparse._SubParsersAction) -> None:

@@ -64,6 +64,10 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "value_bound": (0.0, 1e30, "float", True),
     "context_noise": (0.0, 1e6, "float", False),
     "forecast_noise": (0.0, 1e6, "float", False),
+    "test_windows": (1, 10_000, "int", True),
+    "clip_low": (-1e30, 1e30, "float", True),
+    "clip_high": (-1e30, 1e30, "float", True),
+    "clip_count_epsilon": (0.0, 100.0, "float", True),
 }
 _OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
 #: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
@@ -185,6 +189,20 @@ class FitConfig:
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
             ``secure_mode`` threat model; needs ``seed=None``).
         output_dir: where checkpoint, logs, report and plots go.
+        test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
+            (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
+            CRPS of each window is reported. ``None`` (default): chosen from the public series lengths by
+            :func:`~lightning_dpts.evaluation.choose_test_windows` (up to 4, as long as the held-out steps raise
+            the shortest series' bottom-level rate r by at most 25%).
+        clip_low, clip_high: a declared *public* value range [data units]: every value is clipped to it before
+            training, which makes the value bound v = clip_high - clip_low of Theorem G.1's (w, v) relation true for
+            any change of the data, so context/forecast noise augmentation amplifies soundly under the unbounded
+            relation (:mod:`lightning_dpts.evaluation`). Needs ``context_noise`` or ``forecast_noise`` and no
+            ``value_bound`` (it is set to the range). Choose the range without looking at the private values.
+            Forecasts are scored against the unclipped truth; seasonal naive sees the unclipped history.
+        clip_count_epsilon: with clipping, the part of ``epsilon`` spent to release how many values were clipped
+            (Laplace mechanism, sensitivity w = ``size``; basic composition: training gets epsilon minus this).
+            ``None`` (default): 2% of ``epsilon``; ``0``: the count is not released.
     """
 
     data: str | None = None
@@ -219,6 +237,29 @@ class FitConfig:
     seed: int | None = None
     secure_mode: bool = False
     output_dir: str = "dpts-run"
+    test_windows: int | None = None
+    clip_low: float | None = None
+    clip_high: float | None = None
+    clip_count_epsilon: float | None = None
+
+    @property
+    def clipping(self) -> bool:
+        """``True`` when a public value range is declared (values are clipped to it before training)."""
+        return self.clip_low is not None or self.clip_high is not None
+
+    @property
+    def effective_value_bound(self) -> float | None:
+        """v of the relation: ``clip_high - clip_low`` with clipping, else ``value_bound``."""
+        if self.clip_low is not None and self.clip_high is not None:
+            return float(self.clip_high) - float(self.clip_low)
+        return self.value_bound
+
+    @property
+    def count_epsilon(self) -> float:
+        """The epsilon spent on the noisy clipped-value count (0 without clipping)."""
+        if not self.clipping:
+            return 0.0
+        return 0.02 * self.epsilon if self.clip_count_epsilon is None else float(self.clip_count_epsilon)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
@@ -273,11 +314,12 @@ class FitConfig:
         if self.max_lag is not None and self.model != "deepar":
             raise ConfigurationError("max_lag", self.max_lag, "applies only to model deepar (the other models read "
                                      "no lagged values); omit it")
+        self._validate_clipping()
         if self.value_bound is not None and not (self.context_noise or self.forecast_noise):
             raise ConfigurationError("value_bound", self.value_bound, "has no effect without context_noise or "
                                      "forecast_noise (it only scales the augmentation noise, Theorem G.1); omit it "
                                      "or add the noise")
-        if (self.context_noise or self.forecast_noise) and self.value_bound is None:
+        if (self.context_noise or self.forecast_noise) and self.value_bound is None and not self.clipping:
             raise ConfigurationError("value_bound", None, "is needed with context_noise/forecast_noise (both are in "
                                      "units of the value bound v)")
         if self.secure_mode and self.seed is not None:
@@ -289,6 +331,31 @@ class FitConfig:
             if importlib.util.find_spec("statsforecast") is None:
                 raise ConfigurationError("autoets", True, "needs the optional package statsforecast "
                                          "(pip install 'lightning-dpts[baselines]' or pip install statsforecast)")
+
+    def _validate_clipping(self) -> None:
+        """The public value range (clip_low, clip_high) and the count epsilon (:mod:`lightning_dpts.evaluation`)."""
+        if not self.clipping:
+            if self.clip_count_epsilon is not None:
+                raise ConfigurationError("clip_count_epsilon", self.clip_count_epsilon, "applies only with "
+                                         "clip_low/clip_high; omit it")
+            return
+        from lightning_dpts.evaluation import clip_bounds
+
+        if self.clip_low is None or self.clip_high is None:
+            given, missing = ("clip_high", "clip_low") if self.clip_low is None else ("clip_low", "clip_high")
+            raise ConfigurationError(given, getattr(self, given), f"needs {missing} too: clipping is to a declared "
+                                     "public range [clip_low, clip_high]")
+        clip_bounds(self.clip_low, self.clip_high)
+        if not (self.context_noise or self.forecast_noise):
+            raise ConfigurationError("clip_low", self.clip_low, "clipping only serves noise augmentation (Theorem "
+                                     "G.1 needs the value bound it makes true); add context_noise/forecast_noise or "
+                                     "omit clip_low/clip_high")
+        if self.value_bound is not None:
+            raise ConfigurationError("value_bound", self.value_bound, "is set by clipping to clip_high - clip_low = "
+                                     f"{float(self.clip_high) - float(self.clip_low):g}; omit it")
+        if not self.count_epsilon < self.epsilon:
+            raise ConfigurationError("clip_count_epsilon", self.clip_count_epsilon, f"must be smaller than epsilon="
+                                     f"{self.epsilon:g} (the rest of the budget trains the model)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -328,13 +395,15 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
 # ---------------------------------------------------------------------------------------------------------
 # models and forecasting
 # ---------------------------------------------------------------------------------------------------------
-def resolve_config(config: FitConfig, lengths: Any, freq: str) -> tuple[FitConfig, Any, list[str]]:
+def resolve_config(config: FitConfig, lengths: Any, freq: str,
+                   held_out_windows: int = 1) -> tuple[FitConfig, Any, list[str]]:
     """Fill the options the user left unset: by the recipe for the recipe's model, else :data:`LEGACY_DEFAULTS`.
 
     Args:
         config: a validated config (``None`` marks an unset option).
         lengths: the length of every series (time steps): public metadata, never values.
         freq: the series' frequency.
+        held_out_windows: windows of H steps held out at the end of every series (the rolling test windows).
 
     Returns:
         ``(resolved config, recipe or None, names of the fields the recipe chose)``. The recipe is computed
@@ -348,8 +417,8 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str) -> tuple[FitConfi
         fill = {k: v for k, v in LEGACY_DEFAULTS.items() if getattr(config, k) is None}
         return replace(config, **fill), None, []
     recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
-                           delta=config.delta, level=config.level, size=config.size, held_out_windows=1,
-                           min_series_length=config.min_series_length)
+                           delta=config.delta, level=config.level, size=config.size,
+                           held_out_windows=held_out_windows, min_series_length=config.min_series_length)
     choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
               "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
               "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}
@@ -361,6 +430,50 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str) -> tuple[FitConfi
     resolved = replace(config, **{name: choice[name] for name in chosen})
     resolved.validate()
     return resolved, recipe, chosen
+
+
+def resolve_with_test_windows(config: FitConfig, lengths: Any,
+                              freq: str) -> tuple[FitConfig, Any, list[str], tuple[int, str] | None]:
+    """:func:`resolve_config` planned for the rolling test windows ``dpts fit`` will hold out.
+
+    With ``test_windows`` unset and the recipe in charge, the windows are chosen from the kept lengths and the
+    recipe's past window (its model reads no lag beyond it) by
+    :func:`~lightning_dpts.evaluation.choose_test_windows`, and the recipe is recomputed for them. Returns
+    ``(config, recipe, chosen, planned)`` with ``planned = (windows, explanation)`` or ``None`` (decided later by
+    :func:`fit_test_windows`). Public metadata only.
+    """
+    resolved, recipe, chosen = resolve_config(config, lengths, freq, held_out_windows=config.test_windows or 1)
+    if config.test_windows is not None or recipe is None:
+        return resolved, recipe, chosen, None
+    from lightning_dpts.evaluation import choose_test_windows
+
+    kept = np.asarray(lengths)
+    kept = kept[kept >= (resolved.min_series_length or 1)]
+    planned = choose_test_windows(kept.tolist(), resolved.context_length, config.prediction_length)
+    if planned[0] > 1:
+        resolved, recipe, chosen = resolve_config(config, lengths, freq, held_out_windows=planned[0])
+    return resolved, recipe, chosen, planned
+
+
+def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: pd.DataFrame, freq: str,
+                     module: Any) -> tuple[int, str]:
+    """The number of rolling test windows ``dpts fit`` holds out, and why (given, planned with the recipe, or chosen
+    from the lengths and the model's past length including lags)."""
+    if config.test_windows is not None:
+        return config.test_windows, "given (--test-windows)"
+    if planned is not None:
+        return planned
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.evaluation import choose_test_windows
+
+    past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
+                                                                         or config.prediction_length)
+    lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
+                                             value_column="target").targets]
+    if config.drop_short_series:
+        lengths = [n for n in lengths if n >= 2 * config.prediction_length] or lengths
+    return choose_test_windows(lengths, past, config.prediction_length)
 
 
 def drop_short_series(table: pd.DataFrame, min_series_length: int | None) -> tuple[pd.DataFrame, int]:
@@ -564,7 +677,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                                       config.freq)
         data_name = str(config.data)
     lengths = table.groupby("item_id", sort=False).size()
-    config, recipe, chosen = resolve_config(config, lengths.to_numpy(), freq)
+    config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
     if recipe is not None:
         for line in recipe.describe():
             progress(line)
@@ -577,15 +690,23 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     if dropped_by_length:
         progress(f"left out {dropped_by_length} of {len(lengths)} series shorter than {config.min_series_length} "
                  "steps (min_series_length; not trained on and not evaluated)")
-    relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound)
+    raw_table = table
+    clipped_count = None
+    if config.clipping:  # a declared public range: the value bound of Theorem G.1 then holds for any change
+        from lightning_dpts.evaluation import clip_values
 
-    def datamodule(module: Any) -> StructuredSubsamplingDataModule:
+        values, clipped_count = clip_values(table["target"].to_numpy(), config.clip_low, config.clip_high)
+        table = table.assign(target=values)
+    relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
+    train_epsilon = config.epsilon - config.count_epsilon  # basic composition with the noisy clipped count
+
+    def datamodule(module: Any, test_windows: int) -> StructuredSubsamplingDataModule:
         return StructuredSubsamplingDataModule(
             table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
             top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
             context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
             secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
-            value_column="target", drop_short_series=config.drop_short_series,
+            value_column="target", drop_short_series=config.drop_short_series, test_windows=test_windows,
         )
 
     init_seed = torch_seed(3)  # the initialisation is secret too (unless seeded); the non-DP reference reuses it
@@ -595,11 +716,12 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     from lightning_dpts.export import make_checkpoint_loadable
 
     make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
+    test_windows, windows_note = fit_test_windows(config, planned_windows, table, freq, module)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
         warnings.filterwarnings("ignore", message=_LAG_WARNING)  # restated below with the accountant's numbers
         try:
-            dm = datamodule(module)
+            dm = datamodule(module, test_windows)
         except ConfigurationError as err:
             if "drop_short_series=True" not in err.requirement:
                 raise
@@ -611,7 +733,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     if dm.dropped_series:
         progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
-    cost = _lag_cost(spec, config.context_length or config.prediction_length, config.epsilon, config.delta,
+    cost = _lag_cost(spec, config.context_length or config.prediction_length, train_epsilon, config.delta,
                      config.epochs, config.noise_multiplier)
     if cost is not None:
         warnings.warn(cost, UserWarning, stacklevel=2)
@@ -619,10 +741,10 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     sigma = config.noise_multiplier
     if sigma is None:
-        progress(f"calibrating the noise multiplier for epsilon={config.epsilon:g}, delta={config.delta:g} "
+        progress(f"calibrating the noise multiplier for epsilon={train_epsilon:g}, delta={config.delta:g} "
                  f"in {config.epochs} epochs ({config.epochs * spec.steps_per_epoch} steps) ...")
         try:
-            sigma = calibrate_noise_multiplier(spec, config.epsilon, config.delta, epochs=config.epochs)
+            sigma = calibrate_noise_multiplier(spec, train_epsilon, config.delta, epochs=config.epochs)
         except ConfigurationError as err:
             raise ConfigurationError(
                 "epsilon", config.epsilon,
@@ -631,12 +753,12 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             ) from err
         progress(f"noise multiplier {sigma:.4f}")
     else:
-        _check_one_step(spec, sigma, config.epsilon, config.delta)
+        _check_one_step(spec, sigma, train_epsilon, config.delta)
 
     out.mkdir(parents=True, exist_ok=True)
     strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
                                   secure_mode=config.secure_mode)
-    accountant = AccountantCallback(epsilon=config.epsilon, delta=config.delta)
+    accountant = AccountantCallback(epsilon=train_epsilon, delta=config.delta)
     logger = CSVLogger(str(out), name="logs")
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
                         callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
@@ -654,7 +776,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     predictions: dict[str, list[Any]] = {}
     pairs = dm.gluonts_test_pairs("test")
     inputs = [p[0] for p in pairs]
-    labels = [np.asarray(p[1]["target"], dtype=float) for p in pairs]
+    raw_inputs, labels = _raw_evaluation(dm, pairs, raw_table, freq) if config.clipping else (
+        inputs, [np.asarray(p[1]["target"], dtype=float) for p in pairs])
+    windows = [w.window for w in dm.evaluation_windows("test")]
     predictor = estimator.create_predictor(estimator.create_transformation(), module)
     eval_seed = torch_seed(4)  # sample-based forecasts (reproducible when seeded)
     torch.manual_seed(eval_seed)
@@ -669,7 +793,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                                   enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
-            plain_dm = datamodule(plain)
+            plain_dm = datamodule(plain, test_windows)
         plain_trainer.fit(plain, datamodule=plain_dm)
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
         torch.manual_seed(eval_seed)
@@ -679,16 +803,31 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     season = _season_length(freq)
     predictions["seasonal_naive"] = list(
-        SeasonalNaivePredictor(prediction_length=config.prediction_length, season_length=season).predict(inputs)
+        SeasonalNaivePredictor(prediction_length=config.prediction_length, season_length=season).predict(raw_inputs)
     )
     if config.autoets:
-        predictions["autoets"] = _autoets_forecasts(inputs, config.prediction_length, season, freq)
+        predictions["autoets"] = _autoets_forecasts(raw_inputs, config.prediction_length, season, freq)
 
-    metrics = {name: score_forecasts(fc, labels) for name, fc in predictions.items()}
+    from lightning_dpts.evaluation import score_windows
+
+    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    metrics = {name: score_windows([_quantile_matrix(f) for f in fc], labels, histories, windows, season)
+               for name, fc in predictions.items()}
     report = {
-        "epsilon": report_privacy.epsilon,
+        "epsilon": report_privacy.epsilon + config.count_epsilon,
         "delta": report_privacy.delta,
         "epsilon_budget": config.epsilon,
+        "epsilon_training": report_privacy.epsilon,
+        "evaluation": {
+            "test_windows": test_windows,
+            "test_windows_choice": windows_note,
+            "forecasts": len(labels),
+            "series": spec.num_series,
+            "metrics": "pooled over every rolling test window and series: crps = mean weighted quantile loss "
+                       "(GluonTS mean_wQuantileLoss, the paper's CRPS), mae of the median, mase (seasonal error of "
+                       "the history); crps_per_window = the same CRPS per window, earliest first",
+            "season_length": season,
+        },
         "steps": steps,
         "compositions": report_privacy.compositions,
         "composition_unit": report_privacy.unit,
@@ -714,6 +853,16 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     }
     if entropy.seeded:
         report["seeded_notice"] = SEEDED_NOTICE
+    if config.clipping:
+        report["clipping"] = _clipping_report(config, clipped_count, relation, entropy)
+    if "non_dp" not in predictions or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
+        report["levers"] = _levers(spec, config.epsilon, config.count_epsilon, config.delta, steps)
+    from lightning_dpts.evaluation import verdict
+
+    report["verdict"] = verdict(report)
+    for line in report["verdict"]:
+        if line.startswith("VERDICT"):
+            warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
     from lightning_dpts.plots import PRIVATE_PLOT_NOTICE, plot_epsilon, plot_forecasts, read_epsilon_log
 
     report["plots"] = {"epsilon.png": "epsilon against optimizer step (no data)",
@@ -764,18 +913,96 @@ def _autoets_forecasts(inputs: list[dict[str, Any]], horizon: int, season: int, 
     return out
 
 
+def _raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
+                    freq: str) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Unclipped inputs and labels of the test windows (clipping changes only what the private model is trained on).
+
+    The raw table has the clipped table's geometry (clipping keeps every row), so the raw series are read at the
+    same positions: history = the first ``len(history)`` values, label = the next ``prediction_length``.
+    """
+    from lightning_dpts.data.sources import to_collection
+
+    raw = to_collection(raw_table, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target")
+    by_id = dict(zip(raw.item_ids, raw.targets, strict=True))
+    inputs, labels = [], []
+    for entry, _ in pairs:
+        series = np.asarray(by_id[entry["item_id"]], dtype=float).reshape(len(by_id[entry["item_id"]]), -1)[:, 0]
+        n = len(entry["target"])
+        inputs.append({**entry, "target": np.asarray(series[:n], dtype=np.float32)})
+        labels.append(series[n:n + dm.prediction_length])
+    return inputs, labels
+
+
+def _clipping_report(config: FitConfig, clipped: int | None, relation: Any, entropy: Any) -> dict[str, Any]:
+    """What the report says about clipping: the public range, v, and only a DP estimate of the clipped count."""
+    from lightning_dpts.evaluation import noisy_count
+
+    out: dict[str, Any] = {
+        "low": config.clip_low, "high": config.clip_high, "value_bound": config.effective_value_bound,
+        "why": "every value was clipped to this declared public range before training, so the (w, v) relation "
+               "of Theorem G.1 holds with v = high - low for any change of w steps; the guarantee is for the "
+               "unbounded relation of the raw data",
+    }
+    eps = config.count_epsilon
+    if eps > 0:
+        released = noisy_count(int(clipped or 0), relation.size, eps, entropy)
+        out["clipped_values_noisy"] = released["value"]
+        out["count_privacy"] = (f"Laplace noise of scale {released['laplace_scale']:.4g} (sensitivity "
+                                f"{relation.size}, epsilon {eps:g}, part of the budget); the exact count is private "
+                                "and not written")
+    else:
+        out["clipped_values_noisy"] = None
+        out["count_privacy"] = "not released (clip_count_epsilon=0): the exact count depends on the private data"
+    return out
+
+
+def _levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps: int) -> dict[str, Any]:
+    """Numbers for the verdict's "what would help": sigma at 4x the budget epsilon for the same steps (the
+    training part of it: minus ``count_epsilon``, as for this run)."""
+    from lightning_dpts.privacy import calibrate_noise_multiplier
+
+    out: dict[str, Any] = {"effective_dataset_size": spec.num_series / spec.bottom_level_rate}
+    larger = min(4 * epsilon, 100.0)
+    if steps > 0 and larger > epsilon:
+        try:
+            sigma = calibrate_noise_multiplier(spec, larger - count_epsilon, delta, steps=steps)
+            out["sigma_at_larger_epsilon"] = {"epsilon": larger, "noise_multiplier": sigma}
+        except ConfigurationError:
+            pass  # no sigma in the calibration range: the verdict then names epsilon without a number
+    return out
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The printed result table: metrics per model plus the spent (epsilon, delta) and the bound used."""
     names = {"dp": "private model (DP-SGD)", "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive",
              "autoets": "AutoETS"}
-    lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'MAE':>12}"]
+    lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>24} {'MAE':>12} {'MASE':>8}"]
     for key, values in report["metrics"].items():
-        lines.append(f"{names.get(key, key):28} {values['crps']:>16.4f} {values['mae']:>12.3f}")
+        per = values.get("crps_per_window", [])
+        spread = f"{min(per):.4f}..{max(per):.4f}" if len(per) > 1 else ""
+        mase = values.get("mase", float("nan"))
+        lines.append(f"{names.get(key, key):28} {values['crps']:>16.4f} {spread:>24} {values['mae']:>12.3f} "
+                     f"{mase:>8.3f}")
+    evaluation = report.get("evaluation")
+    if evaluation:
+        lines.append(f"scored on {evaluation['test_windows']} rolling test windows x {evaluation['series']} series "
+                     f"({evaluation['forecasts']} forecasts, never used for training)")
     bound = report["bound"]
     lines.append(f"privacy spent: epsilon={report['epsilon']:.4f} (budget {report['epsilon_budget']:g}), "
                  f"delta={report['delta']:g} after {report['steps']} steps; "
                  f"{bound['theorem']} ({bound['kind']} bound), "
                  f"noise multiplier {report['noise_multiplier']:.4f}")
+    clipping = report.get("clipping")
+    if clipping:
+        count = clipping["clipped_values_noisy"]
+        lines.append(f"values clipped to the public range [{clipping['low']:g}, {clipping['high']:g}] (v = "
+                     f"{clipping['value_bound']:g}); clipped values: "
+                     + (f"about {count} ({clipping['count_privacy']})" if count is not None else
+                        clipping["count_privacy"]))
+    if report.get("epsilon_training") is not None and report["epsilon_training"] != report["epsilon"]:
+        lines.append(f"epsilon = {report['epsilon_training']:.4f} (training) + "
+                     f"{report['epsilon'] - report['epsilon_training']:.4g} (clipped-value count), basic composition")
+    lines.extend(report.get("verdict", []))
     if report.get("seeded"):
         lines.append(f"WARNING: {report.get('seeded_notice', 'this run used an explicit seed')}")
     return "\n".join(lines)

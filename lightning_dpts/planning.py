@@ -85,7 +85,13 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     import warnings
 
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.fit import _estimator, drop_short_series, load_long_table, resolve_config
+    from lightning_dpts.fit import (
+        _estimator,
+        drop_short_series,
+        fit_test_windows,
+        load_long_table,
+        resolve_with_test_windows,
+    )
 
     config.validate()
     if config.data is None:
@@ -95,18 +101,21 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     else:
         table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
                                       config.freq)
-    config, _, _ = resolve_config(config, table.groupby("item_id", sort=False).size().to_numpy(), freq)
+    config, _, _, planned = resolve_with_test_windows(config, table.groupby("item_id", sort=False).size().to_numpy(),
+                                                      freq)
     table, _ = drop_short_series(table, config.min_series_length)
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound,
                                     num_dims=num_dims)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         module = _estimator(config, freq).create_lightning_module()
+    test_windows, _ = fit_test_windows(config, planned, table, freq, module)
     dm = StructuredSubsamplingDataModule(
         table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
         top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
         context_noise=config.context_noise, forecast_noise=config.forecast_noise,
         model=module, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target",
+        drop_short_series=config.drop_short_series, test_windows=test_windows,
     )
     return dm.sampling_spec
 

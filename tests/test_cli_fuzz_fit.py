@@ -39,9 +39,13 @@ BOUNDARY = {
     "--context-noise": ["-1e-9", "1000001"],
     "--forecast-noise": ["-1e-9", "1000001"],
     "--seed": ["-1", "1.5"],
+    "--test-windows": ["0", "-1", "10001"],
+    "--clip-low": ["1e31", "-1e31"],
+    "--clip-high": ["1e31", "-1e31"],
+    "--clip-count-epsilon": ["-1", "100.01", "0.1"],  # 0.1 is in range but needs --clip-low/--clip-high
 }
 INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size", "--instances-per-series",
-           "--size", "--max-lag", "--seed", "--min-series-length"}
+           "--size", "--max-lag", "--seed", "--test-windows", "--min-series-length"}
 CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
 CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
 CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)

@@ -206,10 +206,19 @@ def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags)
         ["privacy", "epsilon", "--data", str(tiny_csv), "--prediction-length", str(H), "--context-length", "9",
          "--model", model, "--batch-size", "8", "--noise-multiplier", "2", "--delta", "1e-6", "--epochs", "1", "3"])
     spec = resolve_planning(args, _spec_from_args)
-    # independent of the code under test: 24 series of 60 months, the last H held out as the test window; DeepAR
-    # reads lags get_lags_for_frequency("M") (1-based; its model shifts them by -1) before the context window
+    # independent of the code under test: 24 series of 60 months; DeepAR reads lags get_lags_for_frequency("M")
+    # (1-based; its model shifts them by -1) before the context window. dpts fit holds out the most rolling test
+    # windows k <= 4 (>= H training steps left) with r_k = min(P + H, T_k)/T_k <= 1.25 r_1, T_k = 60 - (k + 1) H + 1
     max_lag = max(get_lags_for_frequency("M")) - 1 if lags is None else lags
-    assert spec == SamplingSpec(num_series=24, min_length=60 - H, context_length=9 + max_lag, prediction_length=H,
+    past = 9 + max_lag
+
+    def rate(k: int) -> float:
+        t = 60 - (k + 1) * H + 1
+        return min(past + H, t) / t
+
+    windows = max(k for k in range(1, 5) if 60 - k * H >= H and rate(k) <= 1.25 * rate(1))
+    assert windows == (2 if lags == 0 else 4)  # dlinear: r 15/49 -> 15/43 (1.14x), 15/37 (1.32x); deepar: r = 1
+    assert spec == SamplingSpec(num_series=24, min_length=60 - windows * H, context_length=past, prediction_length=H,
                                 batch_size=8)
     assert args.steps == [3, 9]  # floor(24 / 8) = 3 steps per epoch
     # and what the datamodule builds for the same model
@@ -219,7 +228,7 @@ def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags)
     table, freq = load_long_table(tiny_csv, "id", "timestamp", "value")
     dm = StructuredSubsamplingDataModule(table, batch_size=8, model=_estimator(config, freq).create_lightning_module(),
                                          freq=freq, id_column="item_id", timestamp_column="timestamp",
-                                         value_column="target")
+                                         value_column="target", test_windows=windows)
     assert dm.sampling_spec == spec
 
 

@@ -1,0 +1,270 @@
+"""Issue 12, evaluation side: rolling test windows, the verdict, and the value bound made true by clipping."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from lightning_dpts.cli import main
+from lightning_dpts.data import StructuredSubsamplingDataModule
+from lightning_dpts.evaluation import (
+    choose_test_windows,
+    clip_bounds,
+    clip_values,
+    noisy_count,
+    score_windows,
+    verdict,
+)
+from lightning_dpts.privacy import NeighbouringRelation
+from lightning_dpts.randomness import resolve_entropy
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _dm(series, **kw) -> StructuredSubsamplingDataModule:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*explicit seed")
+        return StructuredSubsamplingDataModule(series, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rolling test windows
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("test_windows", [1, 4])
+def test_rolling_test_windows_are_consecutive_and_training_never_reaches_them(test_windows):
+    """A tiny table whose held-out values are negative and training values positive: no training batch (past or
+    future part, any window start) ever holds a held-out value, and the test windows tile the held-out tail."""
+    horizon, lengths = 3, [30, 34, 41]
+    series = []
+    for n, length in enumerate(lengths):
+        y = 100.0 * (n + 1) + np.arange(length, dtype=float) + 1.0  # > 0: training part
+        y[length - test_windows * horizon:] *= -1.0  # < 0: held out
+        series.append(y)
+    dm = _dm(series, context_length=5, prediction_length=horizon, batch_size=3, test_windows=test_windows,
+             seed=0, freq="D")
+    assert dm.train_lengths.tolist() == [n - test_windows * horizon for n in lengths]
+    for epoch in range(40):
+        for step in range(dm.steps_per_epoch):
+            batch = dm.train_batch(epoch, step)
+            seen = np.concatenate([batch["past_target"].numpy().ravel(), batch["future_target"].numpy().ravel()])
+            assert (seen >= 0).all(), "a training window reached into the held-out test windows"
+    windows = dm.evaluation_windows("test")
+    assert len(windows) == len(lengths) * test_windows
+    for n, y in enumerate(series):
+        mine = [w for w in windows if w.series_index == n]
+        assert [w.window for w in mine] == list(range(test_windows))
+        tail = np.concatenate([w.target for w in mine])
+        np.testing.assert_array_equal(tail, y[len(y) - test_windows * horizon:])  # consecutive, no gap, no overlap
+        for w in mine:  # each forecast sees the whole history before it, nothing after
+            np.testing.assert_array_equal(w.history, y[:len(w.history)])
+
+
+@pytest.mark.parametrize("lengths, past, horizon, expected", [
+    ([225, 900], 12, 12, 4),  # bundled data: r 0.119 -> 0.145 (1.22x) with 4 windows
+    ([93, 1000], 13, 13, 2),  # M4 weekly: r 0.382 -> 0.473 (1.24x) with 2, 0.619 (1.62x) with 3
+    ([30, 40], 6, 6, 1),      # r 12/19 -> 12/13 (1.46x) with 2
+    ([13], 6, 6, 1),          # room for one window only
+    ([19], 30, 4, 3),         # r = 1 whatever k: more windows cost nothing, capped by >= L_F training steps
+])
+def test_choose_test_windows_from_public_lengths(lengths, past, horizon, expected):
+    """Independent arithmetic: r_k = min(P + L_F, T_k)/T_k, T_k = L_min - k L_F - L_F + 1 (Theorem 4.4)."""
+    k, note = choose_test_windows(lengths, past, horizon)
+    assert k == expected and str(k) in note
+
+    def rate(k):
+        t = min(lengths) - (k + 1) * horizon + 1
+        return min(past + horizon, t) / t
+
+    if k > 1:
+        assert rate(k) <= 1.25 * rate(1)
+    if k < 4 and min(lengths) - (k + 1) * horizon >= horizon:
+        assert rate(k + 1) > 1.25 * rate(1)
+
+
+def test_score_windows_pools_every_window_and_reports_each():
+    levels = (0.1, 0.5, 0.9)
+    y = [np.array([10.0, 10.0]), np.array([10.0, 10.0])]
+    exact = [np.repeat(t[:, None], 3, axis=1) for t in y]
+    off = [exact[0], exact[1] + 2.0]  # window 1 is off by 2 at every level
+    hist = [np.arange(12.0), np.arange(14.0)]
+    out = score_windows(off, y, hist, [0, 1], season=1, levels=levels)
+    # window 1: per level 2 * |2 * (1{y <= yhat} - q)| summed over 2 steps / 20; levels 0.1, 0.5, 0.9 -> 3.6, 2, 0.4
+    w1 = np.mean([2 * 2 * 2 * (1 - q) / 20 for q in levels])
+    assert out["crps_per_window"] == pytest.approx([0.0, w1])
+    assert out["crps"] == pytest.approx(w1 * 20 / 40)  # pooled: sums over both windows
+    assert out["mae"] == pytest.approx(1.0) and out["forecasts"] == 2
+    assert out["mase"] == pytest.approx((0 / 1 + 2 / 1) / 2)  # seasonal error of arange = 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# verdict
+# ---------------------------------------------------------------------------------------------------------
+def _report(dp: float, naive: float, non_dp: float | None = 0.01) -> dict:
+    metrics = {"dp": {"crps": dp}, "seasonal_naive": {"crps": naive}}
+    if non_dp is not None:
+        metrics["non_dp"] = {"crps": non_dp}
+    return {"metrics": metrics, "epsilon_budget": 1.0, "noise_multiplier": 7.6,
+            "privacy_configuration": {"sampling_spec": {"num_series": 359, "bottom_level_rate": 0.05,
+                                                        "context_length": 26, "prediction_length": 13,
+                                                        "min_length": 41}},
+            "levers": {"sigma_at_larger_epsilon": {"epsilon": 4.0, "noise_multiplier": 2.1}}}
+
+
+@pytest.mark.parametrize("dp, naive, too_small", [(0.0809, 0.0634, True), (0.0634, 0.0634, True),
+                                                  (float("nan"), 0.06, True), (0.0172, 0.0176, False),
+                                                  (0.01, 0.5, False)])
+def test_verdict_says_the_budget_is_too_small_iff_private_crps_is_not_below_naive(dp, naive, too_small):
+    lines = verdict(_report(dp, naive))
+    text = "\n".join(lines)
+    assert ("this budget is too small for this data" in text) is too_small
+    if too_small:
+        first = lines[0]
+        assert f"private CRPS {dp:.4f} vs seasonal naive {naive:.4f}" in first
+        # the levers come from the numbers: sigma now and at 4x epsilon, N/r, r = (L_C + L_F)/T
+        assert "7.6 at epsilon = 1" in first and "2.1 at epsilon = 4" in first
+        assert "N/r = 359/0.05 = 7,180" in first and "(26 + 13)/29" in first
+        assert "coarser time unit" in first
+
+
+@pytest.mark.parametrize("dp, plain, inside", [(0.012, 0.01, True), (0.013, 0.01, True), (0.0131, 0.01, False)])
+def test_verdict_compares_with_the_non_dp_model_at_1_3x(dp, plain, inside):
+    text = "\n".join(verdict(_report(dp, 0.5, plain)))
+    assert ("within 1.3x of the same model without DP" in text) is inside
+    assert ("outside 1.3x of the same model without DP" in text) is (not inside)
+
+
+def test_verdict_without_the_non_dp_reference_and_when_non_dp_loses_too():
+    assert "was not trained" in "\n".join(verdict(_report(0.05, 0.04, None)))
+    assert "model without DP does not beat seasonal naive" in "\n".join(verdict(_report(0.05, 0.04, 0.045)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# value bound by clipping to a public range
+# ---------------------------------------------------------------------------------------------------------
+def test_clipping_holds_the_bound_even_after_float32_storage():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_cauchy(10_000) * 1e6, [np.nan, np.inf, -np.inf, 0.1, 0.3]])
+    low, high = 0.1, 0.3  # not float32-representable: rounded inward
+    lo, hi, v = clip_bounds(low, high)
+    assert low <= lo < hi <= high and v == pytest.approx(0.2)
+    clipped, changed = clip_values(x, low, high)
+    stored = clipped.astype(np.float32).astype(np.float64)  # what the datamodule trains on
+    finite = np.isfinite(stored)
+    assert (stored[finite] >= low).all() and (stored[finite] <= high).all()
+    assert np.isnan(stored[np.isnan(x)]).all()  # missing values stay missing
+    assert changed == int(np.sum((x < lo) | (x > hi)))
+    # any two clipped values differ by at most v: the (1, v) relation of Theorem G.1 holds for ANY change
+    assert stored[finite].max() - stored[finite].min() <= v
+
+
+def _attacker_advantage(values_d, values_d2, position, v, sigma_c, draws=3000):
+    """The attacker's best single-window test between two neighbouring datasets that differ at ``position``.
+
+    One series; the datamodule's noise augmentation is Eq. 1 with std sigma_c * v on the context. The attacker
+    (who knows the code, the data but for the changed value, and - as a worst case - which window was drawn) reads
+    the augmented context value at the changed position, when the window holds it, and thresholds it at the
+    midpoint; otherwise guesses D. Returns the advantage |P_D(below) - P_D'(below)| *given that the window holds
+    the changed value in its context* (the same windows are drawn under both datasets: same seed), i.e. the TVD the
+    accountant bounds per window.
+    """
+    relation = NeighbouringRelation(value_bound=v)
+    below = []
+    for values in (values_d, values_d2):
+        dm = _dm([values], context_length=6, prediction_length=2, batch_size=1, test_windows=0,
+                 relation=relation, context_noise=sigma_c, seed=7)
+        mid = 0.5 * (values_d[position] + values_d2[position])
+        hits, inside = 0, 0
+        for epoch in range(draws):
+            _, starts, _ = dm.sampler.sample_indices(epoch, 0)
+            offset = position + 6 - int(starts[0])  # the store pads P = 6 zeros in front of the series
+            if 0 <= offset < 6:
+                inside += 1
+                hits += float(dm.train_batch(epoch, 0)["past_target"][0, offset]) < mid
+        below.append(hits / inside)
+    return abs(below[0] - below[1])
+
+
+def test_attacker_breaks_the_accounted_relation_without_clipping_and_not_with_it():
+    """Theorem G.1 accounts the leak of one window through TVD(N(0, s), N(1, s)) = 2 Phi(1/(2 s)) - 1 with
+    s = sigma_C (the protected step moves by at most v). An attacker who knows everything but the noise changes
+    one value by 1000 v (allowed by the event-level relation of raw data): without clipping, one augmented window
+    tells the two datasets apart with advantage ~1, far above the accounted TVD, so the reported epsilon would be
+    false. With the public range [0, v] (what `dpts fit --clip-low 0 --clip-high v` does before training) the
+    advantage stays within the accounted TVD. False-failure rate: each empirical advantage is a difference of two
+    means of ~1600 Bernoulli draws (the windows holding the value; sd <= 0.018); the margin 0.1 is > 5 sd
+    (rate < 1e-6); seeds are fixed."""
+    v, sigma_c, position = 1.0, 2.0, 3
+    tau = 2 * norm.cdf(1 / (2 * sigma_c)) - 1  # 0.197, the TVD the accountant uses
+    d = np.full(12, 0.5)
+    d2 = d.copy()
+    d2[position] += 1000 * v
+    raw = _attacker_advantage(d, d2, position, v, sigma_c)
+    assert raw > tau + 0.5, "without clipping the change is far larger than v and the attacker wins"
+    c, c2 = clip_values(d, 0.0, v)[0], clip_values(d2, 0.0, v)[0]
+    assert abs(c2[position] - c[position]) <= v
+    clipped = _attacker_advantage(c, c2, position, v, sigma_c)
+    # clipping moved the value by 0.5 v (<= v): at most the TVD of a shift 0.5 v, below the accounted tau
+    assert clipped <= tau + 0.1
+
+
+def test_noisy_count_adds_laplace_noise_of_the_stated_scale():
+    """The clipped-value count is private (sensitivity w): it is released only with Laplace noise of scale w/eps.
+    Mean |released - count| over 4000 draws is ~scale (Laplace's mean absolute deviation; sd of the mean ~ scale/63);
+    the bounds (0.9, 1.1) x scale are > 6 sd away (false-failure rate < 1e-8); seed fixed."""
+    entropy = resolve_entropy(3)
+    draws = []
+    for k in range(4000):
+        released = noisy_count(10_000, 2, 0.1, resolve_entropy(1000 + k))
+        draws.append(released["value"] - 10_000)
+    assert released["laplace_scale"] == pytest.approx(20.0)
+    assert 0.9 * 20 < np.mean(np.abs(draws)) < 1.1 * 20
+    assert noisy_count(0, 1, 1.0, entropy)["value"] >= 0  # floored at 0 (post-processing)
+
+
+def test_fit_with_rolling_windows_clipping_and_verdict_end_to_end(tiny_csv, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--model", "simple_feedforward",
+                 "--epsilon", "2.0", "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--seed", "1",
+                 "--test-windows", "3", "--clip-low", "0", "--clip-high", "2000", "--context-noise", "0.5",
+                 "--forecast-noise", "0.5", "--no-private-plots", "--output-dir", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["evaluation"]["test_windows"] == 3 and report["evaluation"]["forecasts"] == 24 * 3
+    for name in ("dp", "non_dp", "seasonal_naive"):
+        assert len(report["metrics"][name]["crps_per_window"]) == 3
+        assert math.isfinite(report["metrics"][name]["mase"])
+    assert report["verdict"] and all(line in printed for line in report["verdict"])
+    assert ("too small" in report["verdict"][0]) is (report["metrics"]["dp"]["crps"]
+                                                     >= report["metrics"]["seasonal_naive"]["crps"])
+    # clipping: the relation's v is the range, the count spends 2% of epsilon and only a noisy count is written
+    assert report["privacy_configuration"]["sampling_spec"]["relation"]["value_bound"] == 2000.0
+    assert report["epsilon"] == pytest.approx(report["epsilon_training"] + 0.04) and report["epsilon"] <= 2.0
+    assert report["clipping"]["clipped_values_noisy"] >= 0 and "Laplace" in report["clipping"]["count_privacy"]
+    assert "values clipped to the public range [0, 2000]" in printed
+    assert report["bound"]["theorem"].startswith(("Theorem G.1", "Theorem 4.5"))
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--test-windows", "0"], "--test-windows"),
+    (["--clip-low", "0", "--context-noise", "1"], "--clip-low"),
+    (["--clip-high", "0", "--context-noise", "1"], "--clip-high"),
+    (["--clip-low", "5", "--clip-high", "1", "--context-noise", "1"], "--clip-high"),
+    (["--clip-low", "0", "--clip-high", "1"], "--clip-low"),
+    (["--clip-low", "0", "--clip-high", "1", "--context-noise", "1", "--value-bound", "3"], "--value-bound"),
+    (["--clip-count-epsilon", "0.1"], "--clip-count-epsilon"),
+    (["--clip-low", "0", "--clip-high", "1", "--context-noise", "1", "--clip-count-epsilon", "1"],
+     "--clip-count-epsilon"),
+])
+def test_bad_evaluation_and_clipping_options_exit_2_naming_the_option(args, option, tmp_path, capsys):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", *args, "--output-dir", str(out)])
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+    assert not out.exists()
