@@ -38,9 +38,11 @@ BOUNDARY = {
     "--context-noise": ["-1e-9", "1000001"],
     "--forecast-noise": ["-1e-9", "1000001"],
     "--seed": ["-1", "1.5"],
+    "--bands": ["0", "-1", "1025"],
+    "--monte-carlo-samples": ["0", "999", "100000001"],
 }
 INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size", "--instances-per-series",
-           "--size", "--max-lag", "--seed"}
+           "--size", "--max-lag", "--seed", "--bands", "--monte-carlo-samples"}
 CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
 CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
 CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)

@@ -740,6 +740,7 @@ class MonteCarloAccountant:
     #: Metric name for loggers: the value is an EVR-verified Monte Carlo bound, not a closed-form accountant's.
     log_name: str = field(default="epsilon_monte_carlo_upper", init=False)
     _losses: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+    _sorted: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mechanism, BandMFMechanism):
@@ -772,12 +773,27 @@ class MonteCarloAccountant:
                                                                          direction)
         return self._losses[direction]
 
+    def _sorted_losses(self, direction: str) -> np.ndarray:
+        if direction not in self._sorted:
+            self._sorted[direction] = np.sort(self.losses(direction))
+        return self._sorted[direction]
+
     def estimates(self, epsilon: float) -> dict[str, float]:
-        """``{"remove": H(P||Q), "add": H(Q||P)}`` Monte Carlo estimates at e^epsilon."""
+        """``{"remove": H(P||Q), "add": H(Q||P)}`` Monte Carlo estimates at e^epsilon.
+
+        Same value as :func:`hockey_stick_estimate` (the mean over all samples of max(0, 1 - e^{eps - L})): the
+        losses are sorted once, and only the samples with L > eps (the non-zero terms) are summed, so the many
+        read-outs of an epsilon search cost O(log s + #{L > eps}) each instead of O(s).
+        """
         eps = float(epsilon)
         if not (eps >= 0 and math.isfinite(eps)):
             raise ConfigurationError("epsilon", epsilon, "must be a finite number >= 0")
-        return {d: hockey_stick_estimate(self.losses(d), eps) for d in ("remove", "add")}
+        out = {}
+        for d in ("remove", "add"):
+            losses = self._sorted_losses(d)
+            tail = losses[np.searchsorted(losses, eps, side="right"):]
+            out[d] = float(-np.expm1(eps - tail).sum() / losses.size) + 0.0  # never -0.0
+        return out
 
     def delta_estimate(self, epsilon: float) -> float:
         """Monte Carlo estimate of max(H(P||Q), H(Q||P)) at e^epsilon (not a guarantee)."""
