@@ -439,14 +439,13 @@ class BandMFMechanism:
         def fill(out: np.ndarray, t0: int, t1: int) -> None:
             rng.standard_normal(out=out)
             if steps.size:
-                # participations at t0 - b + 1 .. t1 - 1 reach rows t0 .. t1 - 1 (column c has b entries)
-                first, last = np.searchsorted(steps, (t0 - b + 1, t1))
-                st, ow = steps[first:last], owners[first:last]
+                flat = out.reshape(-1)  # a view: the block rows are contiguous
                 for j in range(b):
-                    rows = st + (j - t0)
-                    inside = (rows >= 0) & (rows < t1 - t0)
-                    # participations of one sample are >= b apart: (row, owner) pairs are distinct for each j
-                    out[rows[inside], ow[inside]] += shift[j]
+                    # entry j of the column of a participation at k lands in row k + j: k in [t0 - j, t1 - j)
+                    first, last = np.searchsorted(steps, (t0 - j, t1 - j))
+                    if first < last:
+                        # participations of one sample are >= b apart: the (row, owner) pairs of one j are distinct
+                        flat[(steps[first:last] + (j - t0)) * m + owners[first:last]] += shift[j]
 
         return fill
 
