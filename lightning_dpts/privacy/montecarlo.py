@@ -406,7 +406,10 @@ class BandMFMechanism:
         total = _int_at_least("num_samples", num_samples, 1)
         distribution = "P" if direction == "remove" else "Q"
         blocked = self.sampling_prob < 1.0
-        chunk = _CHUNK_SAMPLES if blocked else max(1, _CHUNK_VALUES // (self.iterations + self.bands))
+        if blocked:  # three (T + b) x m buffers, T = max(32, 2b): at most ~3 x 16 MB for large b
+            chunk = max(64, min(_CHUNK_SAMPLES, _CHUNK_VALUES // (max(32, 2 * self.bands) + self.bands)))
+        else:
+            chunk = max(1, _CHUNK_VALUES // (self.iterations + self.bands))
         out = np.empty(total)
         done = 0
         while done < total:
