@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--datasets", default="us_employment,m4_weekly")
     parser.add_argument("--m4", default=DATASETS["m4_weekly"][0])
     parser.add_argument("--grid-size", type=int, default=12,
-                        help="Algorithm 5 candidates below the analytic one (fewer: cheaper calibration, coarser sigma)")
+                        help="Algorithm 5 candidates below the analytic one (fewer: cheaper, coarser sigma)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"SEEDED EXPERIMENT (seeds 0..{args.seeds - 1}): {SEEDED_NOTICE}")
