@@ -2,14 +2,17 @@
 
 Usage::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bandmf.py [--samples 20000] [--json out.json]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bandmf.py [--samples 20000] [--repeats 5] [--json out.json]
 
 For each configuration (iterations n, bands b, sampling prob p, sigma; default coefficients: banded square root,
 unit column norm) it times privacy-loss sampling in the "remove" direction (y ~ P, ln P/Q) for
 :class:`lightning_dpts.privacy.montecarlo.BandMFMechanism` and, when ``jax_privacy`` (>= 2.0) is importable,
 ``jax_privacy.experimental.monte_carlo.sample_generation.get_privacy_loss_sample`` with
 ``BMinSepSampling(warm_start=True)``, and reports both samples/s and both delta estimates at a few epsilons with
-their standard errors. It also times :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`.
+their standard errors. Timing: CPU time of this process (``time.process_time``; on a shared machine wall time
+also measures the other tenants), both single-threaded (OMP_NUM_THREADS=1), ``--repeats`` runs of each interleaved,
+median rates and median of the back-to-back ratios. It also times
+:func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`.
 ``--mse`` instead compares the prefix-sum MSE of DP-SGD and BandMF (b = 4, 16) at equal (epsilon, delta) with sigma
 from Algorithm 5 (minutes per row). The private-CRPS comparison needs the training integration and is not run here.
 """
@@ -62,6 +65,7 @@ def mse_at_equal_privacy(iterations: int = 500, rate: float = 0.02, delta: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing repeats (median reported)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--mse", action="store_true",
                         help="instead: prefix-sum MSE at equal (epsilon, delta) for b in {1, 4, 16} (Algorithm 5)")
@@ -82,24 +86,35 @@ def main() -> None:
     for n, b, p, sigma in CONFIGS:
         c = banded_sqrt_coefficients(b)
         mech = BandMFMechanism(n, tuple(c), p, sigma)
-        t = time.perf_counter()
-        ours = mech.privacy_loss_samples(np.random.Generator(np.random.SFC64(1)), args.samples, "remove")
-        ours_rate = args.samples / (time.perf_counter() - t)
-        row = {"iterations": n, "bands": b, "sampling_prob": p, "sigma": sigma, "samples": args.samples,
-               "ours_samples_per_s": ours_rate,
-               "ours_delta": {str(e): [hockey_stick_estimate(ours, e), _se(ours, e)] for e in EPSILONS}}
+        strategy = None
         if sample_generation is not None:
             strategy = batch_selection.BMinSepSampling(sampling_prob=p, iterations=n, min_sep=b, warm_start=True)
-            t = time.perf_counter()
-            theirs, _ = sample_generation.get_privacy_loss_sample(strategy, sigma, c, seed=2, positive_sample=True,
-                                                                  num_samples=args.samples)
-            theirs = np.asarray(theirs)
-            row["jax_privacy_samples_per_s"] = args.samples / (time.perf_counter() - t)
-            row["speedup"] = ours_rate / row["jax_privacy_samples_per_s"]
+        ours_rates, their_rates, ours, theirs = [], [], [], []
+        for rep in range(args.repeats):  # interleaved: the shared machine's load hits both alike
+            t = time.process_time()
+            ours.append(mech.privacy_loss_samples(np.random.Generator(np.random.SFC64(1 + rep)), args.samples,
+                                                  "remove"))
+            ours_rates.append(args.samples / (time.process_time() - t))
+            if strategy is not None:
+                t = time.process_time()
+                sample, _ = sample_generation.get_privacy_loss_sample(strategy, sigma, c, seed=100 + rep,
+                                                                      positive_sample=True, num_samples=args.samples)
+                their_rates.append(args.samples / (time.process_time() - t))
+                theirs.append(np.asarray(sample))
+        ours = np.concatenate(ours)
+        row = {"iterations": n, "bands": b, "sampling_prob": p, "sigma": sigma, "samples": args.samples,
+               "repeats": args.repeats, "ours_samples_per_s": float(np.median(ours_rates)),
+               "ours_delta": {str(e): [hockey_stick_estimate(ours, e), _se(ours, e)] for e in EPSILONS}}
+        if strategy is not None:
+            theirs = np.concatenate(theirs)
+            row["jax_privacy_samples_per_s"] = float(np.median(their_rates))
+            # median over repeats of the ratio of back-to-back runs (robust to load changes between repeats)
+            row["speedup"] = float(np.median(np.array(ours_rates) / np.array(their_rates)))
+            row["speedups"] = [round(v, 2) for v in np.array(ours_rates) / np.array(their_rates)]
             row["jax_privacy_delta"] = {str(e): [hockey_stick_estimate(theirs, e), _se(theirs, e)]
                                         for e in EPSILONS}
         rows.append(row)
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
     for b, n in ((4, 1000), (16, 1000), (64, 10_000)):
         res = optimize_coefficients(b, n)
         rows.append({"optimise_bands": b, "iterations": n, "seconds": res.seconds, "lbfgs_iterations": res.iterations,

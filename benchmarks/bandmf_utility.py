@@ -3,7 +3,8 @@
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/bandmf_utility.py [--epsilon 4] [--delta 1e-2] [--steps 500] [--seeds 3]
-        [--optimizer adam|sgd] [--lr 5e-3] [--datasets us_employment,m4_weekly]
+        [--optimizer adam|sgd] [--lr 5e-3] [--datasets us_employment,m4_weekly] [--grid-size 12]
+        [--pilot-samples 20000]
         [--m4 /work/shared/data/m4_weekly.csv.gz]
 
 Results and commentary: docs/bandmf.md, "Utility" (about 10 minutes on 2 shared cores with the defaults).
@@ -144,6 +145,9 @@ def main() -> None:
                         help="adam: GluonTS's own (dpts fit); sgd: SGD with momentum 0.9")
     parser.add_argument("--datasets", default="us_employment,m4_weekly")
     parser.add_argument("--m4", default=DATASETS["m4_weekly"][0])
+    parser.add_argument("--pilot-samples", type=int, default=20_000, help="Algorithm 5 pilot samples per direction")
+    parser.add_argument("--grid-size", type=int, default=12,
+                        help="Algorithm 5 candidates below the analytic one (fewer: cheaper, coarser sigma)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"SEEDED EXPERIMENT (seeds 0..{args.seeds - 1}): {SEEDED_NOTICE}")
@@ -168,7 +172,8 @@ def main() -> None:
             t0 = time.perf_counter()
             coefficients = (1.0,) if b == 1 else tuple(optimize_coefficients(b, args.steps).coefficients)
             mech = BandMFMechanism(args.steps, coefficients, sampling_prob_for_rate(rate, b), 1.0)
-            cal = calibrate_noise_multiplier_monte_carlo(mech, eps_ar, delta_ar, seed=1234 + b)
+            cal = calibrate_noise_multiplier_monte_carlo(mech, eps_ar, delta_ar, seed=1234 + b,
+                                                        grid_size=args.grid_size, pilot_samples=args.pilot_samples)
             sigma = cal.noise_multiplier
             mse = sigma**2 * prefix_sum_error(coefficients, args.steps)  # noise in the prefix sums (docs/bandmf.md)
             note = (f"sigma {sigma:.3f} ({'verified' if cal.verified else 'analytic'}, {cal.samples} samples/dir), "

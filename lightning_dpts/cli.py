@@ -63,6 +63,7 @@ _OPTION_NAMES = {
     "sampling_prob": "--sampling-prob",
     "coefficients": "--coefficients",
     "samples": "--samples",
+    "monte_carlo_samples": "--monte-carlo-samples",
     "timestamp_column": "--time-column",
     "drop_short_series": "--drop-short-series",
     "max_lag": "--max-lag",
@@ -244,6 +245,11 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--clip-count-epsilon", type=float, metavar="E", default=d,
                      help="epsilon spent to release a Laplace-noised count of clipped values (default 2%% of "
                           "--epsilon; 0: not released)")
+    fit.add_argument("--bands", type=_whole_number, metavar="B", default=d,
+                     help="train with BandMF (B-banded correlated noise), b-min-sep sampling of series and the Monte "
+                          "Carlo accountant (series level; docs/bandmf.md); needs --noise-multiplier")
+    fit.add_argument("--monte-carlo-samples", type=_whole_number, metavar="M", default=d,
+                     help="with --bands: Monte Carlo samples per direction (default 100000)")
 
 
 def _add_predict_parser(sub: argparse._SubParsersAction) -> None:

@@ -68,6 +68,8 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "clip_low": (-1e30, 1e30, "float", True),
     "clip_high": (-1e30, 1e30, "float", True),
     "clip_count_epsilon": (0.0, 100.0, "float", True),
+    "bands": (1, 1024, "int", True),
+    "monte_carlo_samples": (1_000, 100_000_000, "int", False),
 }
 _OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
 #: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
@@ -203,6 +205,12 @@ class FitConfig:
         clip_count_epsilon: with clipping, the part of ``epsilon`` spent to release how many values were clipped
             (Laplace mechanism, sensitivity w = ``size``; basic composition: training gets epsilon minus this).
             ``None`` (default): 2% of ``epsilon``; ``0``: the count is not released.
+        bands: b; ``None`` (default) trains with DP-SGD and the structured (PLD) accountant. An integer b >= 1
+            trains with BandMF (b-banded correlated noise, optimised Toeplitz coefficients for the planned steps;
+            b = 1 is Gaussian noise), b-min-sep sampling of series (top level ``b_min_sep``, Algorithm 2) and the
+            Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR Theorem A.1) in the series-level reading
+            of docs/bandmf.md; needs an explicit ``noise_multiplier`` (docs/cli.md).
+        monte_carlo_samples: privacy-loss samples per direction of that accountant (``bands`` only).
     """
 
     data: str | None = None
@@ -260,6 +268,8 @@ class FitConfig:
         if not self.clipping:
             return 0.0
         return 0.02 * self.epsilon if self.clip_count_epsilon is None else float(self.clip_count_epsilon)
+    bands: int | None = None
+    monte_carlo_samples: int = 100_000
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
@@ -290,7 +300,7 @@ class FitConfig:
 
         if self.model is not None and self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
-        fit_top_levels = tuple(t for t in TOP_LEVELS if t != "b_min_sep")  # b_min_sep/BandMF: Python API only
+        fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(t for t in TOP_LEVELS if t != "b_min_sep")
         for name, choices in (("top_level", fit_top_levels), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
             if getattr(self, name) not in choices:
                 raise ConfigurationError(name, getattr(self, name), f"must be one of {', '.join(choices)}")
@@ -325,6 +335,8 @@ class FitConfig:
         if self.secure_mode and self.seed is not None:
             raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
                                      "combined with seed; leave seed unset")
+        if self.bands is not None:
+            _validate_bands(self)
         if self.autoets:
             import importlib.util
 
@@ -574,6 +586,80 @@ def _lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epoc
         return f"{lead}{fix}"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# --bands: BandMF, b-min-sep sampling, Monte Carlo accounting (docs/bandmf.md)
+# ---------------------------------------------------------------------------------------------------------
+def _validate_bands(config: FitConfig) -> None:
+    """The checks of ``bands`` that need no data: what the Monte Carlo accountant's series-level reading covers."""
+    if config.noise_multiplier is None:
+        raise ConfigurationError(
+            "noise_multiplier", None,
+            "is required with --bands: calibrating sigma for (epsilon, delta) by Algorithm 5 verifies every "
+            "candidate with Monte Carlo samples (about 4.9e5 per direction for delta 1e-2 at epsilon 8, 1.1e7 "
+            "for delta 1e-5, each O(steps x bands)), too slow for a command-line run; calibrate it once in Python "
+            "with lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (docs/bandmf.md) and "
+            "pass it as --noise-multiplier (the budget is then verified before training)")
+    if config.top_level not in ("without_replacement", "b_min_sep"):
+        raise ConfigurationError("top_level", config.top_level, "must be b_min_sep (or left at its default) with "
+                                 "--bands: BandMF samples series by b-min-sep (Algorithm 2)")
+    if config.bottom_level != "with_replacement":
+        raise ConfigurationError("bottom_level", config.bottom_level, "must be with_replacement with --bands: the "
+                                 "Monte Carlo accountant's series-level sensitivity is instances_per_series windows, "
+                                 "which only a with-replacement bottom level bounds")
+    for name in ("context_noise", "forecast_noise"):
+        if getattr(config, name):
+            raise ConfigurationError(name, getattr(config, name), "must be 0 with --bands: the Monte Carlo "
+                                     "accountant (series level) does not credit augmentation noise; omit it")
+
+
+def _bandmf_callbacks(config: FitConfig, spec: Any, progress: Callable[[str], None]) -> tuple[Any, Any]:
+    """Strategy and accountant of a ``bands`` run, after verifying the planned run's budget (nothing is written).
+
+    The planned run is ``epochs`` x ``spec.steps_per_epoch`` optimizer steps. C: the coefficients that
+    :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients` gives for b bands and those steps (b = 1:
+    Gaussian noise, C = I). The check is the one :class:`~lightning_dpts.training.AccountantCallback` repeats with
+    its own fresh samples before the first step (series-level substitution epsilon, Monte Carlo + EVR); both use
+    ``monte_carlo_samples`` samples per direction.
+    """
+    from lightning_dpts.privacy.montecarlo import overall_delta, samples_for_target_delta
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+    from lightning_dpts.training.correlated_noise import optimize_coefficients
+
+    b, sigma, samples = int(config.bands), float(config.noise_multiplier), config.monte_carlo_samples
+    steps = config.epochs * spec.steps_per_epoch
+    if 2.0 * overall_delta(samples, 0.0) > config.delta:  # (1 + e^eps') d(eps') >= 2 x the EVR floor for every eps'
+        need = samples_for_target_delta(config.delta / (1.0 + math.exp(config.epsilon / 2)))
+        raise ConfigurationError(
+            "delta", config.delta,
+            f"cannot be verified with --monte-carlo-samples={samples} (the Monte Carlo accountant's EVR bound is "
+            f">= {overall_delta(samples, 0.0):.3g} per direction and series-level substitution doubles it at best): "
+            f"raise --delta or raise --monte-carlo-samples (about {need} for this epsilon)")
+    if b == 1:
+        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                      secure_mode=config.secure_mode)
+    else:
+        coefficients = tuple(float(v) for v in optimize_coefficients(b, steps).coefficients)
+        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                      secure_mode=config.secure_mode, noise="bandmf", coefficients=coefficients)
+    accountant = AccountantCallback(epsilon=config.epsilon, delta=config.delta, monte_carlo_samples=samples)
+    progress(f"Monte Carlo accounting of the planned {steps} steps (bands={b}, sigma={sigma:g}, {samples} samples "
+             "per direction) ...")
+    started = time.perf_counter()
+    eps = accountant.build_monte_carlo(spec, strategy, sigma, steps).substitution_epsilon(steps, config.delta)
+    if not eps <= config.epsilon:
+        need = samples_for_target_delta(config.delta / (1.0 + math.exp(config.epsilon / 2)))
+        raise ConfigurationError(
+            "noise_multiplier", sigma,
+            f"spends epsilon={eps:.4g} > the budget epsilon={config.epsilon:g} at delta={config.delta:g} in the "
+            f"planned {steps} steps (Monte Carlo, EVR-verified, series-level substitution; inf: no epsilon verifies "
+            f"with {samples} samples per direction): raise --noise-multiplier, lower --epochs or --batch-size, raise "
+            f"--epsilon or --delta, or raise --monte-carlo-samples (about {need} samples let a run near the budget "
+            "verify)")
+    progress(f"verified: epsilon <= {eps:.4g} at delta={config.delta:g} ({time.perf_counter() - started:.1f} s; "
+             "re-verified with fresh samples before the first step)")
+    return strategy, accountant
+
+
 def _round_up(x: float, digits: int = 4) -> str:
     """``x`` rounded *up* to ``digits`` significant digits (a threshold the user can type and that suffices)."""
     scale = 10.0 ** (math.floor(math.log10(abs(x))) - digits + 1)
@@ -701,9 +787,11 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     train_epsilon = config.epsilon - config.count_epsilon  # basic composition with the noisy clipped count
 
     def datamodule(module: Any, test_windows: int) -> StructuredSubsamplingDataModule:
+        sampling = {"top_level": config.top_level} if config.bands is None else {"top_level": "b_min_sep",
+                                                                                  "bands": config.bands}
         return StructuredSubsamplingDataModule(
             table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
-            top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
+            **sampling, bottom_level=config.bottom_level, relation=relation,
             context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
             secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
             value_column="target", drop_short_series=config.drop_short_series, test_windows=test_windows,
@@ -733,14 +821,18 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
 
     if dm.dropped_series:
         progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
-    cost = _lag_cost(spec, config.context_length or config.prediction_length, train_epsilon, config.delta,
-                     config.epochs, config.noise_multiplier)
+    cost = None if config.bands is not None else _lag_cost(  # the series-level Monte Carlo reading has no lag cost
+        spec, config.context_length or config.prediction_length, train_epsilon, config.delta, config.epochs,
+        config.noise_multiplier)
     if cost is not None:
         warnings.warn(cost, UserWarning, stacklevel=2)
         progress(f"warning: {cost}")
 
     sigma = config.noise_multiplier
-    if sigma is None:
+    bandmf = _bandmf_callbacks(config, spec, progress) if config.bands is not None else None  # checked before writing
+    if bandmf is not None:
+        assert sigma is not None
+    elif sigma is None:
         progress(f"calibrating the noise multiplier for epsilon={train_epsilon:g}, delta={config.delta:g} "
                  f"in {config.epochs} epochs ({config.epochs * spec.steps_per_epoch} steps) ...")
         try:
@@ -756,14 +848,18 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         _check_one_step(spec, sigma, train_epsilon, config.delta)
 
     out.mkdir(parents=True, exist_ok=True)
-    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
-                                  secure_mode=config.secure_mode)
-    accountant = AccountantCallback(epsilon=train_epsilon, delta=config.delta)
+    if bandmf is not None:
+        strategy, accountant = bandmf
+    else:
+        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                      secure_mode=config.secure_mode)
+        accountant = AccountantCallback(epsilon=train_epsilon, delta=config.delta)
     logger = CSVLogger(str(out), name="logs")
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
                         callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
                         log_every_n_steps=1)
-    progress("training with DP-SGD (stops before the privacy budget is exceeded) ...")
+    progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if bandmf is None else
+             f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
     trainer.fit(module, datamodule=dm)
     report_privacy = accountant.report
     assert report_privacy is not None
@@ -851,6 +947,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         "series_left_out_by_length": dropped_by_length,
         "seconds": round(time.perf_counter() - started, 1),
     }
+    if accountant.monte_carlo_report is not None:  # --bands: the Monte Carlo accountant's read-out (no randomness)
+        report["monte_carlo"] = accountant.monte_carlo_report
     if entropy.seeded:
         report["seeded_notice"] = SEEDED_NOTICE
     if config.clipping:

@@ -38,7 +38,7 @@ gradient, i.e. over the clipping norm), coefficients are the non-zero entries of
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -404,16 +404,53 @@ class BandMFMechanism:
         if direction not in ("remove", "add"):
             raise ConfigurationError("direction", direction, "must be 'remove' or 'add'")
         total = _int_at_least("num_samples", num_samples, 1)
-        chunk = max(1, _CHUNK_VALUES // (self.iterations + self.bands))
+        distribution = "P" if direction == "remove" else "Q"
+        blocked = self.sampling_prob < 1.0
+        if blocked:  # three (T + b) x m buffers, T = max(32, 2b): at most ~3 x 16 MB for large b
+            chunk = max(64, min(_CHUNK_SAMPLES, _CHUNK_VALUES // (max(32, 2 * self.bands) + self.bands)))
+        else:
+            chunk = max(1, _CHUNK_VALUES // (self.iterations + self.bands))
         out = np.empty(total)
         done = 0
         while done < total:
             k = min(chunk, total - done)
-            yt = self._outputs_time_major(rng, k, "P" if direction == "remove" else "Q")
-            llr = _log_likelihood_ratio_time_major(yt, self)
+            if blocked:
+                llr = _blocked_log_likelihood_ratio(self, k, self._sampling_fill(rng, k, distribution))
+            else:  # p = 1: the reference path (the blocked form needs q = 1 - p > 0)
+                llr = _log_likelihood_ratio_time_major(self._outputs_time_major(rng, k, distribution), self)
             out[done:done + k] = llr if direction == "remove" else -llr
             done += k
         return out
+
+    def _sampling_fill(self, rng: np.random.Generator, m: int, distribution: str
+                       ) -> Callable[[np.ndarray, int, int], None]:
+        """Row generator of y/sigma for :func:`_blocked_log_likelihood_ratio`: i.i.d. N(0, 1) rows, plus under P the
+        shift (s/sigma) C x of the participations (drawn once for the m samples, Figure 1's chain, before any noise).
+
+        The rows of one call are fresh standard normals from ``rng``; generating them in blocks backwards in time
+        does not change their joint law (all n x m values are i.i.d.), and x is independent of them, as in P.
+        """
+        b = self.bands
+        shift = (self.sensitivity / self.noise_multiplier) * np.asarray(self.coefficients)
+        if distribution == "P":
+            steps, owners = self._participation_events(rng, m)
+            order = np.argsort(steps, kind="stable")
+            steps, owners = steps[order], owners[order]
+        else:
+            steps = owners = np.zeros(0, dtype=np.int64)
+
+        def fill(out: np.ndarray, t0: int, t1: int) -> None:
+            rng.standard_normal(out=out)
+            if steps.size:
+                flat = out.reshape(-1)  # a view: the block rows are contiguous
+                for j in range(b):
+                    # entry j of the column of a participation at k lands in row k + j: k in [t0 - j, t1 - j)
+                    first, last = np.searchsorted(steps, (t0 - j, t1 - j))
+                    if first < last:
+                        # participations of one sample are >= b apart: the (row, owner) pairs of one j are distinct
+                        flat[(steps[first:last] + (j - t0)) * m + owners[first:last]] += shift[j]
+
+        return fill
 
     def max_participations(self) -> int:
         """The most participations b-min-sep allows in n steps: ceil(n / b) (also with warm start)."""
@@ -426,6 +463,123 @@ class BandMFMechanism:
         at most ||c||_2 (truncated at the end). Leaks can only remove participations, so r does not enter.
         """
         return self.sensitivity * float(np.linalg.norm(self.coefficients)) * math.sqrt(self.max_participations())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sampling pipeline: time-blocked generation and recursion (the fast path of privacy_loss_samples)
+# ---------------------------------------------------------------------------------------------------------------
+#: Samples processed side by side (the vector width of every step of the recursion: 64 KB rows of float64).
+_CHUNK_SAMPLES = 8192
+#: Rescaling bound: between two rescalings a column grows by at most exp(_GROWTH_LIMIT) (float64 overflows past 709).
+_GROWTH_LIMIT = 600.0
+
+
+def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
+                                  fill: Callable[[np.ndarray, int, int], None]) -> np.ndarray:
+    """``ln P/Q`` of m outputs whose standardised rows are produced block by block, backwards in time.
+
+    ``fill(out, t0, t1)`` writes rows t0..t1-1 of y/sigma (shape (t1 - t0, m)) into ``out``. The recursion of
+    Theorem 5.1 runs backwards, and row i of it needs only y_{i..i+b-1}; so the outputs are generated in blocks of
+    T rows from the end (the b - 1 rows after a block are kept from the previous one), and nothing of size n x m is
+    ever stored. Same algebra as :func:`log_likelihood_ratio` (which is the reference implementation), rearranged:
+
+    * with q = 1 - p and f_i = q^{n-i} h_i the recursion becomes ``h_i = h_{i+1} + g'_i h_{i+b}`` with
+      ``g'_i = p q^{-b} g_i`` and boundary ``h_{n+k} = q^k`` (k = 0..b-1): two vector operations per step;
+    * ``ln g'_i`` (Eq. 1: the Gaussian log-ratio of the column, plus ln(p q^{-b})) for a whole block is one dense
+      matrix product of the banded block of C (scaled by s/sigma) with the block of y/sigma, plus a row constant;
+    * h is non-decreasing backwards (h_i >= h_{i+1} >= 1), so it can only overflow: each column is divided by its
+      current value every K = max(8, b) steps (scale kept in log); a block in which a column could grow by more than
+      e^600 between two rescalings (some ln g'_i >= 600/K - ln 2) runs for that column in log space (logaddexp),
+      so no value ever overflows and nothing is approximated.
+    Requires p < 1 (q > 0); p = 1 is handled by the reference path.
+    """
+    n, b = mech.iterations, mech.bands
+    c = np.asarray(mech.coefficients)
+    p, sigma, s, r = mech.sampling_prob, mech.noise_multiplier, mech.sensitivity, mech.leak_probability
+    log_q = math.log1p(-p)
+    log_lead = math.log(p) - b * log_q  # ln(p q^{-b})
+    # per-row constant of the exponent: -s^2 ||c_i||^2 / (2 sigma^2) + ln(p q^{-b}) (+ ln r for leaks)
+    norm2 = np.zeros(n)
+    for j in range(min(b, n)):
+        norm2[: n - j] += c[j] ** 2
+    const = -0.5 * (s / sigma) ** 2 * norm2 + log_lead + (math.log(r) if r < 1.0 else 0.0)
+    base = (1.0 - r) * math.exp(log_lead) if r < 1.0 else 0.0  # g' = base + exp(exponent)
+    log_base = math.log1p(-r) + log_lead if r < 1.0 else -math.inf
+    every = max(8, b)
+    limit = _GROWTH_LIMIT / every - math.log(2.0)  # per-step bound on ln g' that keeps K steps below e^600
+    big_t = max(32, 2 * b)  # rows per block
+    band = np.zeros((big_t, big_t + b - 1))
+    for j in range(b):
+        band[np.arange(big_t), np.arange(big_t) + j] = (s / sigma) * c[j]
+    z = np.zeros((big_t + b - 1, m))  # y/sigma: block rows at [big_t - rows, big_t), then the b - 1 later rows
+    h = np.empty((big_t + b, m))  # h: block rows, then h_{t1 .. t1+b-1}
+    h[big_t:] = np.exp(log_q * np.arange(b))[:, None]
+    g = np.empty((big_t, m))
+    log_scale = np.zeros(m)
+    t1 = n
+    while t1 > 0:
+        rows = min(big_t, t1)
+        t0 = t1 - rows
+        lo = big_t - rows
+        fill(z[lo:big_t], t0, t1)
+        gb = g[lo:]
+        np.matmul(band[:rows, : rows + b - 1], z[lo:], out=gb)
+        gb += const[t0:t1, None]
+        peak = gb.max(axis=0)
+        if r < 1.0:
+            peak = np.maximum(peak, log_base) + math.log(2.0)
+        hard = np.flatnonzero(peak >= limit)
+        hb = h[lo:]
+        redo = _log_space_block(hb, gb, hard, rows, b, log_base) if hard.size else None
+        with np.errstate(over="ignore", invalid="ignore"):  # only in the columns `hard`, replaced below
+            np.exp(gb, out=gb)
+            if base:
+                gb += base
+            for k in range(rows - 1, -1, -1):
+                row = hb[k]
+                np.multiply(gb[k], hb[k + b], out=row)
+                row += hb[k + 1]
+                if k % every == 0:
+                    scale = row.copy()
+                    scale[hard] = 1.0
+                    hb[k:k + b] /= scale
+                    log_scale += np.log(scale)
+        if redo is not None:
+            hb[:, hard] = redo[0]
+            log_scale[hard] += redo[1]
+        if t0 > 0:  # carry the first b rows of h and the first b - 1 rows of z to the tail
+            h[big_t:] = hb[:b]
+            if b > 1:
+                z[big_t:] = z[lo:lo + b - 1]
+        t1 = t0
+    hb = h[lo:]
+    if not mech.warm_start or b == 1:
+        total = hb[0].copy()
+    else:
+        weights = p * np.exp(-log_q * np.arange(1, b))
+        total = hb[0] + weights @ hb[1:b]
+        log_scale -= math.log1p((b - 1) * p)
+    return np.log(total) + log_scale + n * log_q
+
+
+def _log_space_block(hb: np.ndarray, log_gb: np.ndarray, cols: np.ndarray, rows: int, b: int,
+                     log_base: float) -> tuple[np.ndarray, np.ndarray]:
+    """One block of the h recursion in log space (``logaddexp``) for the columns ``cols`` whose ln g' is extreme.
+
+    Reads the b tail rows ``hb[rows:]`` of those columns (h after the block, divided by the current scale) and the
+    block's exponents; returns (the rows of the block and its tail divided by the new block-start value, ln of that
+    value), which the caller writes back after the linear pass (in which these columns are ignored).
+    """
+    lh = np.empty((rows + b, cols.size))
+    with np.errstate(divide="ignore"):  # h can be 0 after an earlier log-space block (underflow of a ratio < e^-745)
+        lh[rows:] = np.log(hb[rows:, cols])
+    lg = log_gb[:, cols]
+    if math.isfinite(log_base):
+        lg = np.logaddexp(log_base, lg)
+    for k in range(rows - 1, -1, -1):
+        np.logaddexp(lh[k + 1], lg[k] + lh[k + b], out=lh[k])
+    ref = lh[0].copy()
+    return np.exp(lh - ref), ref
 
 
 def gaussian_mechanism_delta(sensitivity_over_sigma: float, epsilon: float) -> float:
@@ -588,6 +742,7 @@ class MonteCarloAccountant:
     #: Metric name for loggers: the value is an EVR-verified Monte Carlo bound, not a closed-form accountant's.
     log_name: str = field(default="epsilon_monte_carlo_upper", init=False)
     _losses: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+    _sorted: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mechanism, BandMFMechanism):
@@ -620,12 +775,27 @@ class MonteCarloAccountant:
                                                                          direction)
         return self._losses[direction]
 
+    def _sorted_losses(self, direction: str) -> np.ndarray:
+        if direction not in self._sorted:
+            self._sorted[direction] = np.sort(self.losses(direction))
+        return self._sorted[direction]
+
     def estimates(self, epsilon: float) -> dict[str, float]:
-        """``{"remove": H(P||Q), "add": H(Q||P)}`` Monte Carlo estimates at e^epsilon."""
+        """``{"remove": H(P||Q), "add": H(Q||P)}`` Monte Carlo estimates at e^epsilon.
+
+        Same value as :func:`hockey_stick_estimate` (the mean over all samples of max(0, 1 - e^{eps - L})): the
+        losses are sorted once, and only the samples with L > eps (the non-zero terms) are summed, so the many
+        read-outs of an epsilon search cost O(log s + #{L > eps}) each instead of O(s).
+        """
         eps = float(epsilon)
         if not (eps >= 0 and math.isfinite(eps)):
             raise ConfigurationError("epsilon", epsilon, "must be a finite number >= 0")
-        return {d: hockey_stick_estimate(self.losses(d), eps) for d in ("remove", "add")}
+        out = {}
+        for d in ("remove", "add"):
+            losses = self._sorted_losses(d)
+            tail = losses[np.searchsorted(losses, eps, side="right"):]
+            out[d] = float(-np.expm1(eps - tail).sum() / losses.size) + 0.0  # never -0.0
+        return out
 
     def delta_estimate(self, epsilon: float) -> float:
         """Monte Carlo estimate of max(H(P||Q), H(Q||P)) at e^epsilon (not a guarantee)."""
