@@ -1072,8 +1072,9 @@ def _levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps
 
 def format_table(report: dict[str, Any]) -> str:
     """The printed result table: metrics per model plus the spent (epsilon, delta) and the bound used."""
-    names = {"dp": "private model (DP-SGD)", "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive",
-             "autoets": "AutoETS"}
+    bands = (report.get("config") or {}).get("bands")
+    private = "private model (DP-SGD)" if bands is None else f"private model (BandMF b={bands})"
+    names = {"dp": private, "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive", "autoets": "AutoETS"}
     lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>24} {'MAE':>12} {'MASE':>8}"]
     for key, values in report["metrics"].items():
         per = values.get("crps_per_window", [])
