@@ -699,21 +699,15 @@ def _quantile_matrix(forecast: Any) -> np.ndarray:
 
 
 def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
-    """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median."""
-    import torch
+    """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median.
 
-    from lightning_dpts.metrics import DEFAULT_QUANTILES, WeightedQuantileLoss
+    One window per forecast, pooled: :func:`lightning_dpts.evaluation.score_windows` without histories.
+    """
+    from lightning_dpts.evaluation import score_windows
 
-    metric = WeightedQuantileLoss(DEFAULT_QUANTILES)
-    abs_err, count = 0.0, 0
-    for forecast, truth in zip(forecasts, labels, strict=True):
-        q = _quantile_matrix(forecast)
-        y = np.asarray(truth, dtype=float)
-        metric.update(torch.from_numpy(q)[None], torch.from_numpy(y)[None])
-        ok = np.isfinite(y)
-        abs_err += float(np.abs(q[..., DEFAULT_QUANTILES.index(0.5)] - y)[ok].sum())
-        count += int(ok.sum())
-    return {"crps": float(metric.compute()), "mae": abs_err / max(count, 1)}
+    n = len(forecasts)
+    scores = score_windows([_quantile_matrix(f) for f in forecasts], labels, [np.empty(0)] * n, [0] * n, season=1)
+    return {"crps": scores["crps"], "mae": scores["mae"]}
 
 
 def _season_length(freq: str) -> int:
