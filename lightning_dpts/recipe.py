@@ -190,7 +190,7 @@ def rdp_noise_multiplier(rate: float, steps: int, epsilon: float, delta: float) 
 
     Why not ``dp_accounting.rdp.RdpAccountant``: at these 255 orders it takes about 0.3 s per evaluation on this
     machine, and a recipe makes several hundred (34 candidates x a bisection); this vectorised sum over one
-    precomputed table of log-binomials takes about a millisecond. It is a little looser than dp_accounting's
+    precomputed table of log-binomials takes 2-3 ms. It is a little looser than dp_accounting's
     (its conversion to (epsilon, delta) is the simple one), which only matters for ranking candidates.
     """
     lo, hi = 0.05, 0.1
