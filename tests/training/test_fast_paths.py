@@ -127,19 +127,21 @@ def test_recurrence_backward_equals_autograd_float64():
     def record(h_prev, delta):
         recorded["h_prev"], recorded["delta"] = h_prev, delta
 
-    proj2 = proj.detach().requires_grad_(True)
+    # _Recurrence is time-major: projection [T, B, 4H] in, outputs [T, B, H] and records [T, B, .]
+    proj2 = proj.detach().transpose(0, 1).contiguous().requires_grad_(True)
     h02, c02 = h0.detach().requires_grad_(True), c0.detach().requires_grad_(True)
-    weights = tuple(w.detach() for w in (w_ih, w_hh, b_ih, b_hh))
-    out, hn, cn = _Recurrence.apply(proj2, h02, c02, x.detach(), weights, record)
-    loss(out, hn, cn).backward()
-    torch.testing.assert_close(out, torch.stack(hs, 1))
-    torch.testing.assert_close(proj2.grad, proj.grad)
-    torch.testing.assert_close(recorded["delta"], proj.grad)
+    out, hn, cn = _Recurrence.apply(proj2, h02, c02, w_hh.detach(), record)
+    loss(out.transpose(0, 1), hn, cn).backward()
+    torch.testing.assert_close(out.transpose(0, 1), torch.stack(hs, 1))
+    torch.testing.assert_close(hn, hh)
+    torch.testing.assert_close(cn, cc)
+    torch.testing.assert_close(proj2.grad.transpose(0, 1), proj.grad)
+    torch.testing.assert_close(recorded["delta"].transpose(0, 1), proj.grad)
     torch.testing.assert_close(h02.grad, h0.grad)
     torch.testing.assert_close(c02.grad, c0.grad)
     assert all(w.grad is None for w in (w_ih, w_hh, b_ih, b_hh))  # no autograd weight gradient: the clipper sums it
     # the weight gradient the clipper forms from the record equals autograd's
-    torch.testing.assert_close(torch.einsum("btp,bth->ph", recorded["delta"], recorded["h_prev"]), w_ref.grad)
+    torch.testing.assert_close(torch.einsum("tbp,tbh->ph", recorded["delta"], recorded["h_prev"]), w_ref.grad)
 
 
 # ---------------------------------------------------------------------------------------------------------
