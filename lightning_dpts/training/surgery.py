@@ -264,11 +264,13 @@ class _Recurrence(torch.autograd.Function):
         i, f, _, o = acts.split(hidden, dim=2)
         # per-step factors, all steps at once: delta = [dc * g i(1-i), dc * c_prev f(1-f), dc * i (1-g^2),
         # dh * tanh(c) o(1-o)], and dL/dc_t gets dh * o (1 - tanh(c)^2)
+        ds = torch.addcmul(acts, acts, acts, value=-1).view(t_len, b, 4, hidden)  # s(1-s) of every gate
         three = acts.new_empty(t_len, b, 3, hidden)
-        torch.mul(i, 1 - i, out=three[:, :, 0]).mul_(g)
-        torch.mul(f, 1 - f, out=three[:, :, 1]).mul_(cs[:-1])
+        torch.mul(ds[:, :, 0], g, out=three[:, :, 0])
+        torch.mul(ds[:, :, 1], cs[:-1], out=three[:, :, 1])
         torch.addcmul(i, i, g * g, value=-1, out=three[:, :, 2])
-        out_gate = tc * o * (1 - o)
+        out_gate = tc * ds[:, :, 3]
+        del ds
         k = torch.addcmul(o, o, tc * tc, value=-1)
         delta = acts.new_empty(t_len, b, four_h)
         d3 = delta.view(t_len, b, 4, hidden)
