@@ -176,71 +176,61 @@ def _mha_load_pre_hook(module: nn.Module, state_dict: dict, prefix: str, *args: 
 
 
 
-class _InputProjection(torch.autograd.Function):
-    """``x W_ih^T + (b_ih + b_hh)`` whose backward returns only the input gradient (the clipper sums the weights').
-
-    ``x`` is time-major ``[T, B, d]`` (any strides); the output is a contiguous ``[T, B, 4H]``.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w_ih: torch.Tensor, *biases: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(w_ih)
-        bias = None
-        if biases:
-            bias = biases[0] if len(biases) == 1 else biases[0] + biases[1]
-        return F.linear(x, w_ih, bias)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (w_ih,) = ctx.saved_tensors
-        nb = len(ctx.needs_input_grad) - 2
-        return (grad @ w_ih if ctx.needs_input_grad[0] else None), None, *([None] * nb)
-
-
 class _Recurrence(torch.autograd.Function):
-    """The LSTM recurrence of one layer and direction, with a hand-written backward (one autograd node).
+    """One LSTM layer and direction with a hand-written backward (one autograd node).
 
     Everything is time-major (``[T, B, .]``), so that the slice of one time step is a contiguous ``[B, .]``
     block: the small per-step operations then run on dense memory, which halved the backward loop on CPU
     against batch-first buffers (issue 15).
 
-    Forward: given the input projection ``p_t = x_t W_ih^T + b`` ``[T, B, 4H]`` (gate order i, f, g, o), runs
-    ``z_t = p_t + h_{t-1} W_hh^T``, ``g_t = tanh(z_t^g)`` (as ``2 sigmoid(2 z_t^g) - 1``), the sigmoid of the
-    other gates, ``c_t = f c_{t-1} + i g`` and ``h_t = o tanh(c_t)`` step by step into preallocated buffers
-    (seven small operations per step), keeping the activations, cell states and ``tanh(c_t)`` that the backward
-    needs (no recomputation). This costs about what ``nn.LSTM``'s fused CPU kernel costs for Lambda = 64
-    windows and less for larger batches (measured on the project machine, torch 2.13); the outputs equal the
-    fused kernel's to float32 rounding.
+    Forward: the input projection ``p_t = x_t W_ih^T + b_ih + b_hh`` for all steps in one product, written
+    into the buffer that then holds the activations (gate order i, f, g, o); then ``z_t = p_t + h_{t-1}
+    W_hh^T``, ``g_t = tanh(z_t^g)`` (as ``2 sigmoid(2 z_t^g) - 1``), the sigmoid of the other gates, ``c_t = f
+    c_{t-1} + i g`` and ``h_t = o tanh(c_t)`` step by step into preallocated buffers (seven small operations
+    per step), keeping the activations, cell states and ``tanh(c_t)`` that the backward needs (no
+    recomputation). This costs about what ``nn.LSTM``'s fused CPU kernel costs for Lambda = 64 windows and less
+    for larger batches (measured on the project machine, torch 2.13); the outputs equal the fused kernel's to
+    float32 rounding.
 
-    Backward runs the recursion for the gate gradients delta_t = dL/dz_t (five operations per step, the
-    per-step factors formed for all steps at once) and returns the gradient of the projection ``p_t`` (which
-    *is* delta_t), of ``h_0`` and ``c_0``, and *no* gradient for the weights: the clipper computes the clipped
-    per-window sums itself from ``delta`` and the inputs, which this function hands to ``record`` as
-    ``(h_prev, delta)``, time-major ``[T, B, H]`` and ``[T, B, 4H]``.
+    Backward runs the recursion for the gate gradients delta_t = dL/dz_t = dL/dp_t (five operations per step,
+    the per-step factors formed for all steps at once) and returns the gradients of ``x`` (``delta W_ih``),
+    ``h_0`` and ``c_0``, and *no* gradient for the weights and biases (they are inputs only so that the output
+    needs a gradient even when ``x`` does not): the clipper computes the clipped per-window sums itself from
+    ``delta`` and the inputs, which this function hands to ``record`` as ``(h_prev, delta)``, time-major
+    ``[T, B, H]`` and ``[T, B, 4H]``.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, proj: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_hh: torch.Tensor, record: Any,
+        ctx: Any, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
+        record: Any, *biases: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t_len, b, four_h = proj.shape
+        t_len, b, d = x.shape
+        four_h = w_ih.shape[0]
         hidden = four_h // 4
         # tanh(z) = 2 sigmoid(2z) - 1: one sigmoid over all four gates per step, then one cheap affine map for
         # g, instead of a separate tanh (3-10x the cost of sigmoid per element in torch's CPU kernels, measured
         # on the project machine). The g rows of the pre-activations are doubled up front: doubling is exact in
         # binary floating point, so sigmoid sees exactly 2 z_g; the affine map adds at most ~1 ulp of 1 (absolute).
-        scale = proj.new_ones(four_h)
+        scale = x.new_ones(four_h)
         scale[2 * hidden : 3 * hidden] = 2.0
-        acts = torch.mul(proj, scale, out=proj.new_empty(t_len, b, four_h))  # becomes the gates' sigmoids
+        # the input projection x W_ih^T + b_ih + b_hh for all steps at once, written where the activations go
+        acts = x.new_empty(t_len, b, four_h)
+        x_rows = x.reshape(t_len * b, d)
+        w_in = (w_ih.detach() * scale[:, None]).t()
+        if biases:
+            bias = biases[0].detach() if len(biases) == 1 else biases[0].detach() + biases[1].detach()
+            torch.addmm(bias * scale, x_rows, w_in, out=acts.view(t_len * b, four_h))
+        else:
+            torch.mm(x_rows, w_in, out=acts.view(t_len * b, four_h))
         w_t = (w_hh * scale[:, None]).t()
-        g_act = proj.new_empty(t_len, b, hidden)  # tanh of the g gate
-        cs = proj.new_empty(t_len + 1, b, hidden)  # c_0 .. c_T
-        hs = proj.new_empty(t_len + 1, b, hidden)  # h_0 .. h_T
-        tcs = proj.new_empty(t_len, b, hidden)  # tanh(c_1) .. tanh(c_T)
+        g_act = x.new_empty(t_len, b, hidden)  # tanh of the g gate
+        cs = x.new_empty(t_len + 1, b, hidden)  # c_0 .. c_T
+        hs = x.new_empty(t_len + 1, b, hidden)  # h_0 .. h_T
+        tcs = x.new_empty(t_len, b, hidden)  # tanh(c_1) .. tanh(c_T)
         cs[0] = c0
         hs[0] = h0
-        minus_one = proj.new_full((), -1.0).expand(b, hidden)
+        minus_one = x.new_full((), -1.0).expand(b, hidden)
         # per-step views, each made once (slicing inside the loop costs as much as the small operations)
         a_s, g_s, c_s, h_s, tc_s = (v.unbind(0) for v in (acts, g_act, cs, hs, tcs))
         i_s, f_s, gz_s, o_s = (acts[:, :, k * hidden : (k + 1) * hidden].unbind(0) for k in range(4))
@@ -249,7 +239,7 @@ class _Recurrence(torch.autograd.Function):
             torch.add(minus_one, gz_s[t], alpha=2, out=g_s[t])  # tanh(z_g) = 2 sigmoid(2 z_g) - 1
             torch.mul(f_s[t], c_s[t], out=c_s[t + 1]).addcmul_(i_s[t], g_s[t])
             torch.mul(o_s[t], torch.tanh(c_s[t + 1], out=tc_s[t]), out=h_s[t + 1])
-        ctx.save_for_backward(w_hh, hs, cs, acts, g_act, tcs)
+        ctx.save_for_backward(w_ih, w_hh, hs, cs, acts, g_act, tcs)
         ctx.record = record
         return hs[1:], hs[t_len].clone(), cs[t_len].clone()
 
@@ -258,7 +248,7 @@ class _Recurrence(torch.autograd.Function):
     def backward(
         ctx: Any, grad_out: torch.Tensor | None, grad_h: torch.Tensor | None, grad_c: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
-        w_hh, hs, cs, acts, g, tc = ctx.saved_tensors
+        w_ih, w_hh, hs, cs, acts, g, tc = ctx.saved_tensors
         t_len, b, four_h = acts.shape
         hidden = four_h // 4
         i, f, _, o = acts.split(hidden, dim=2)
@@ -296,8 +286,10 @@ class _Recurrence(torch.autograd.Function):
                 dh = delta_s[t] @ w_hh
         if ctx.record is not None:
             ctx.record(hs[:-1], delta)
-        return (delta, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None),
-                None, None)
+        grad_x = (delta.view(t_len * b, four_h) @ w_ih.detach()).view(t_len, b, -1) if ctx.needs_input_grad[0] else None
+        nb = len(ctx.needs_input_grad) - 6
+        return (grad_x, (dh if ctx.needs_input_grad[1] else None), (dc if ctx.needs_input_grad[2] else None),
+                None, None, None, *([None] * nb))
 
 
 class DPFastLSTM(nn.Module):
@@ -306,9 +298,9 @@ class DPFastLSTM(nn.Module):
     Parameters have ``nn.LSTM``'s names and shapes (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...), so the
     ``state_dict`` is interchangeable with the original. When a ``recorder`` is attached (by
     :class:`~lightning_dpts.training.engine.PerWindowClipper`) and the module trains with gradients enabled,
-    each layer projects the whole input sequence at once (:class:`_InputProjection`, ``x W_ih^T + b_ih +
-    b_hh``) and runs the recurrence in :class:`_Recurrence` (its own step loop forward and a hand-written
-    backward, no autograd gradient for the weights). The gradient of the loss with respect to the projection
+    each layer runs in :class:`_Recurrence` (the input projection ``x W_ih^T + b_ih + b_hh`` of the whole
+    sequence at once, its own step loop forward and a hand-written backward, no autograd gradient for the
+    weights). The gradient of the loss with respect to the projection
     is exactly the gate gradient delta_t, so for window i the gradients are ``sum_t delta_it [x_it,
     h_i,t-1]^T`` for ``[W_ih | W_hh]`` and ``sum_t delta_it`` for both biases: the backward pass hands the
     recorder ``x_t``, ``h_t-1`` and delta_t (batch-first ``[B, T, .]`` views of time-major buffers), and the
@@ -348,13 +340,13 @@ class DPFastLSTM(nn.Module):
         backward time (one call per layer and direction).
         """
         biases = weights[2:] if self.bias else ()
-        proj = _InputProjection.apply(seq, weights[0], *biases)
         x = seq.detach()
 
         def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
             self.recorder(self, x.transpose(0, 1), h_prev.transpose(0, 1), delta.transpose(0, 1), weights)
 
-        return _Recurrence.apply(proj, h0, c0, weights[1].detach(), record)
+        # W_ih and the biases are inputs (so the output needs a gradient even when seq does not), but get none
+        return _Recurrence.apply(seq, h0, c0, weights[0], weights[1].detach(), record, *biases)
 
     def forward(
         self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None

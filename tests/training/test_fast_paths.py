@@ -127,16 +127,16 @@ def test_recurrence_backward_equals_autograd_float64():
     def record(h_prev, delta):
         recorded["h_prev"], recorded["delta"] = h_prev, delta
 
-    # _Recurrence is time-major: projection [T, B, 4H] in, outputs [T, B, H] and records [T, B, .]
-    proj2 = proj.detach().transpose(0, 1).contiguous().requires_grad_(True)
+    # _Recurrence is time-major: input [T, B, d] in, outputs [T, B, H] and records [T, B, .]
+    x2 = x.detach().transpose(0, 1).requires_grad_(True)
     h02, c02 = h0.detach().requires_grad_(True), c0.detach().requires_grad_(True)
-    out, hn, cn = _Recurrence.apply(proj2, h02, c02, w_hh.detach(), record)
+    out, hn, cn = _Recurrence.apply(x2, h02, c02, w_ih, w_hh.detach(), record, b_ih, b_hh)
     loss(out.transpose(0, 1), hn, cn).backward()
     torch.testing.assert_close(out.transpose(0, 1), torch.stack(hs, 1))
     torch.testing.assert_close(hn, hh)
     torch.testing.assert_close(cn, cc)
-    torch.testing.assert_close(proj2.grad.transpose(0, 1), proj.grad)
     torch.testing.assert_close(recorded["delta"].transpose(0, 1), proj.grad)
+    torch.testing.assert_close(x2.grad.transpose(0, 1), proj.grad @ w_ih.detach())
     torch.testing.assert_close(h02.grad, h0.grad)
     torch.testing.assert_close(c02.grad, c0.grad)
     assert all(w.grad is None for w in (w_ih, w_hh, b_ih, b_hh))  # no autograd weight gradient: the clipper sums it
