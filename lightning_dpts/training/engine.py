@@ -196,12 +196,32 @@ def _flat(t: torch.Tensor, time_major: bool, weights: torch.Tensor | None = None
     return (t if weights is None else t * weights[:, None, None]).reshape(-1, t.shape[-1])
 
 
+def _step_sum(g: torch.Tensor) -> torch.Tensor:
+    """``g.sum(0)`` of output gradients ``[T, B, p]``; for contiguous ones as one matrix-vector product (2-3x
+    faster than ``sum`` over the leading axis on CPU, measured for DeepAR's LSTM records)."""
+    if g.shape[0] == 1:
+        return g[0]
+    if not g.is_contiguous():
+        return g.sum(0)
+    return (g.new_ones(1, g.shape[0]) @ g.view(g.shape[0], -1)).view(g.shape[1:])
+
+
+def _window_sum(weights: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``sum_i weights_i full_i`` ``[p, d]`` of per-window products ``[B, p, d]`` (views from
+    :func:`_squared_norms`, either orientation), as one matrix-vector product without copying ``full``."""
+    b = full.shape[0]
+    rows = full.transpose(1, 2)
+    if rows.stride(2) == 1 and rows.stride(1) == rows.shape[2]:  # [B, d, p] rows contiguous per window
+        return (weights @ rows.reshape(b, -1)).view(rows.shape[1:]).t().contiguous()
+    return (weights @ full.reshape(b, -1)).view(full.shape[1:])
+
+
 def _squared_norms(
     record: _Record, blocks: list[torch.Tensor], g: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """||g_i||^2 over the record's weights and biases, per window ``[B]``, from G ``[T, B, p]`` (unscaled) and
     the input blocks ``[T, B, d_k]``; also the per-window weight gradients ``[B, p, d_k]`` (one per weight, in
-    ``record.weights`` order) when they were formed, else ``None``.
+    ``record.weights`` order; transposed views of one ``[B, d, p]`` product) when they were formed, else ``None``.
 
     One time step: ``||a_i||^2 ||g_i||^2``. Otherwise the cheaper of the two exact forms (multiply-adds per
     window): the ghost norm ``sum_ts (A A^T)_ts (G G^T)_ts`` (``T^2 (d + p)``, memory ``B T^2``) or the
@@ -227,12 +247,23 @@ def _squared_norms(
                 gram.baddbmm_(a.transpose(0, 1), a.permute(1, 2, 0))
             out += (gram * torch.bmm(g.transpose(0, 1), g.permute(1, 2, 0))).sum((1, 2))
         else:
-            g_t = g.permute(1, 2, 0)  # [B, p, T]
-            per_window = [torch.bmm(g_t, a.transpose(0, 1)) for a in used]
-            for full in per_window:
-                out += sq(full.reshape(b, -1))
+            # one product for all blocks, with the wider of p and d as the inner (contiguous) axis of the result:
+            # for DeepAR's LSTM layers (p = 4H > d) A_i^T G_i [B, d, p] is about twice as fast on CPU as G_i^T A_i
+            # per block (measured); the per-weight results [B, p, d_k] are views of it
+            a_all = used[0] if len(used) == 1 else torch.cat(used, dim=-1)
+            bounds = [0]
+            for a in used:
+                bounds.append(bounds[-1] + a.shape[-1])
+            spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+            if p_out >= d:
+                full_t = torch.bmm(a_all.permute(1, 2, 0), g.transpose(0, 1))
+                per_window = [full_t[:, lo:hi].transpose(1, 2) for lo, hi in spans]
+            else:
+                full_t = torch.bmm(g.permute(1, 2, 0), a_all.transpose(0, 1))
+                per_window = [full_t[:, :, lo:hi] for lo, hi in spans]
+            out += sq(full_t.view(b, -1))
     if record.biases:
-        out += sq(g[0] if t == 1 else g.sum(0)) * len(record.biases)
+        out += sq(_step_sum(g)) * len(record.biases)
     return out, per_window
 
 
@@ -492,7 +523,7 @@ class PerWindowClipper:
                 weights = native_factor.to(g.dtype)
                 if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                     for (w, _), full in zip(record.weights, per_window, strict=True):
-                        grads[id(w)] = (weights @ full.reshape(b, -1)).reshape(full.shape[1:])
+                        grads[id(w)] = _window_sum(weights, full)
                 elif record.weights:
                     # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
                     # over the (window, step) rows in the order in which G is stored
@@ -507,7 +538,7 @@ class PerWindowClipper:
                         for w, k in record.weights:
                             grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
                 if record.biases:
-                    bias_sum = weights @ (g[0] if g.shape[0] == 1 else g.sum(0))
+                    bias_sum = weights @ _step_sum(g)
                     for bias in record.biases:
                         grads[id(bias)] = bias_sum
             for key, gs in samples.items():

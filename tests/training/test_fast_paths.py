@@ -23,7 +23,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import SamplingSpec
 from lightning_dpts.randomness import GaussianNoise, resolve_entropy
 from lightning_dpts.training import DPForecastStrategy
-from lightning_dpts.training.engine import _Record, _squared_norms
+from lightning_dpts.training.engine import _Record, _squared_norms, _step_sum, _window_sum
 from lightning_dpts.training.surgery import DPFastLSTM, _Recurrence
 
 from .conftest import SpecDataModule, trainer
@@ -127,25 +127,78 @@ def test_recurrence_backward_equals_autograd_float64():
     def record(h_prev, delta):
         recorded["h_prev"], recorded["delta"] = h_prev, delta
 
-    proj2 = proj.detach().requires_grad_(True)
+    # _Recurrence is time-major: input [T, B, d] in, outputs [T, B, H] and records [T, B, .]
+    x2 = x.detach().transpose(0, 1).requires_grad_(True)
     h02, c02 = h0.detach().requires_grad_(True), c0.detach().requires_grad_(True)
-    weights = tuple(w.detach() for w in (w_ih, w_hh, b_ih, b_hh))
-    out, hn, cn = _Recurrence.apply(proj2, h02, c02, x.detach(), weights, record)
-    loss(out, hn, cn).backward()
-    torch.testing.assert_close(out, torch.stack(hs, 1))
-    torch.testing.assert_close(proj2.grad, proj.grad)
-    torch.testing.assert_close(recorded["delta"], proj.grad)
+    out, hn, cn = _Recurrence.apply(x2, h02, c02, w_ih, w_hh.detach(), record, b_ih, b_hh)
+    loss(out.transpose(0, 1), hn, cn).backward()
+    torch.testing.assert_close(out.transpose(0, 1), torch.stack(hs, 1))
+    torch.testing.assert_close(hn, hh)
+    torch.testing.assert_close(cn, cc)
+    torch.testing.assert_close(recorded["delta"].transpose(0, 1), proj.grad)
+    torch.testing.assert_close(x2.grad.transpose(0, 1), proj.grad @ w_ih.detach())
     torch.testing.assert_close(h02.grad, h0.grad)
     torch.testing.assert_close(c02.grad, c0.grad)
     assert all(w.grad is None for w in (w_ih, w_hh, b_ih, b_hh))  # no autograd weight gradient: the clipper sums it
     # the weight gradient the clipper forms from the record equals autograd's
-    torch.testing.assert_close(torch.einsum("btp,bth->ph", recorded["delta"], recorded["h_prev"]), w_ref.grad)
+    torch.testing.assert_close(torch.einsum("tbp,tbh->ph", recorded["delta"], recorded["h_prev"]), w_ref.grad)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_recorded_lstm_module_equals_nn_lstm_float64(batch_first):
+    """The whole recorded DPFastLSTM (2 layers, bidirectional, given h0/c0, the first layer's reverse direction
+    frozen) against nn.LSTM in float64: outputs, final states, input and state gradients, and the weight
+    gradients formed from the records (summed over the windows) against autograd's. Per-window gradients are
+    checked window by window in test_per_sample_gradients.py."""
+    torch.manual_seed(0)
+    b, t, d, h = 3, 7, 4, 5
+    ref = nn.LSTM(d, h, num_layers=2, batch_first=batch_first, bidirectional=True).double()
+    for name in ("weight_ih_l0_reverse", "weight_hh_l0_reverse", "bias_ih_l0_reverse", "bias_hh_l0_reverse"):
+        getattr(ref, name).requires_grad_(False)
+    lstm = DPFastLSTM(ref)
+    records = []
+    lstm.recorder = lambda module, x, h_prev, delta, weights: records.append((x, h_prev, delta, weights))
+    shape = (b, t, d) if batch_first else (t, b, d)
+    x = torch.randn(*shape, dtype=torch.float64)
+    h0 = torch.randn(4, b, h, dtype=torch.float64)
+    c0 = torch.randn(4, b, h, dtype=torch.float64)
+    w_out = torch.randn(*shape[:2], 2 * h, dtype=torch.float64)
+    w_hn, w_cn = torch.randn(4, b, h, dtype=torch.float64), torch.randn(4, b, h, dtype=torch.float64)
+
+    def run(module, inputs):
+        out, (hn, cn) = module(*inputs)
+        loss = (out * w_out).sum() + (hn * w_hn).sum() + (cn * w_cn).sum()
+        return out, hn, cn, loss
+
+    got_in = [v.clone().requires_grad_(True) for v in (x, h0, c0)]
+    want_in = [v.clone().requires_grad_(True) for v in (x, h0, c0)]
+    out, hn, cn, loss = run(lstm, (got_in[0], (got_in[1], got_in[2])))
+    loss.backward()
+    r_out, r_hn, r_cn, r_loss = run(ref, (want_in[0], (want_in[1], want_in[2])))
+    r_loss.backward()
+    for a, w in zip((out, hn, cn, *[v.grad for v in got_in]), (r_out, r_hn, r_cn, *[v.grad for v in want_in]),
+                    strict=True):
+        torch.testing.assert_close(a, w)
+    assert all(p.grad is None for p in lstm.parameters())  # the clipper forms the weight gradients
+    assert len(records) == 3  # layer 0 forward, layer 1 both directions (layer 0 reverse is frozen)
+    # summed over windows, the recorded products are the weight gradients autograd gives nn.LSTM
+    names = {id(p): n for n, p in lstm.named_parameters()}  # DPFastLSTM keeps nn.LSTM's parameter names
+    for x_rec, h_prev, delta, (w_ih, w_hh, b_ih, b_hh) in records:
+        torch.testing.assert_close(torch.einsum("btp,btd->pd", delta, x_rec), getattr(ref, names[id(w_ih)]).grad)
+        torch.testing.assert_close(torch.einsum("btp,btd->pd", delta, h_prev), getattr(ref, names[id(w_hh)]).grad)
+        for bias in (b_ih, b_hh):
+            torch.testing.assert_close(delta.sum((0, 1)), getattr(ref, names[id(bias)]).grad)
+    # without a recorder (and in evaluation) it is nn.LSTM's own kernel
+    lstm.recorder = None
+    torch.testing.assert_close(lstm(x, (h0, c0))[0], ref(x, (h0, c0))[0], rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Per-window norms: both forms against materialised per-window gradients
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("t", "widths", "p"), [(1, [7], 5), (3, [20, 12], 16), (40, [3, 2], 8), (9, [6], 30)])
+@pytest.mark.parametrize(
+    ("t", "widths", "p"), [(1, [7], 5), (3, [20, 12], 16), (40, [3, 2], 8), (9, [6], 30), (40, [7, 5], 4)]
+)
 def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
     g = torch.Generator().manual_seed(t)
     b = 4
@@ -160,9 +213,13 @@ def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
         g_tm = grad.transpose(0, 1).contiguous() if layout[0].is_contiguous() else grad.transpose(0, 1)
         norms, per_window = _squared_norms(record, layout, g_tm)
         torch.testing.assert_close(norms, want)
-        if per_window is not None:  # the per-window weight gradients, when formed
+        if per_window is not None:  # the per-window weight gradients, when formed (both orientations)
+            c = torch.rand(b, generator=g, dtype=torch.float64)
             for full, a in zip(per_window, blocks, strict=True):
                 torch.testing.assert_close(full, torch.einsum("btp,btd->bpd", grad, a))
+                # the weighted sum over windows that the clipped sum takes from them
+                torch.testing.assert_close(_window_sum(c, full), torch.einsum("b,btp,btd->pd", c, grad, a))
+        torch.testing.assert_close(_step_sum(g_tm), grad.sum(1))
 
 
 # ---------------------------------------------------------------------------------------------------------
