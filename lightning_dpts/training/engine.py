@@ -236,6 +236,52 @@ def _squared_norms(
     return out, per_window
 
 
+def _noise_views(params: list[nn.Parameter], noise: NoiseSource, std: float) -> list[torch.Tensor]:
+    """One draw of N(0, std^2) for all coordinates of ``params``, split in parameter order into tensors of their
+    shapes, on their devices and in their dtypes (one transfer when they all share device and dtype)."""
+    dtype = params[0].dtype if params else torch.float32
+    flat = noise.sample(sum(p.numel() for p in params), std, dtype)
+    if params and all(p.device == params[0].device and p.dtype == dtype for p in params):
+        flat = flat.to(params[0].device)
+        return [t.view(p.shape) for t, p in zip(flat.split([p.numel() for p in params]), params, strict=True)]
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype))
+        offset += p.numel()
+    return out
+
+
+def _mm_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * a @ b`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = (a @ b) if alpha == 1.0 else (a @ b).mul_(alpha)
+    elif out.dtype != a.dtype:  # e.g. bf16 activations under autocast, float32 parameters: no fused product
+        out.add_((a @ b).view(out.shape), alpha=alpha)
+    else:
+        out.view(a.shape[0], b.shape[1]).addmm_(a, b, alpha=alpha)
+
+
+def _mv_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, v: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * a @ v``, reshaped to ``p`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = ((a @ v) if alpha == 1.0 else (a @ v).mul_(alpha)).view(p.shape)
+    elif out.dtype != a.dtype:
+        out.view(-1).add_(a @ v, alpha=alpha)
+    else:
+        out.view(-1).addmv_(a, v, alpha=alpha)
+
+
+def _add_into(grads: dict[int, torch.Tensor], p: torch.Tensor, t: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * t`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = t.mul(alpha).view(p.shape)
+    else:
+        out.view(-1).add_(t.view(-1), alpha=alpha)
+
+
 class PerWindowClipper:
     """Collects what is needed for per-window norms and clipped sums of one LightningModule.
 
@@ -431,12 +477,22 @@ class PerWindowClipper:
     ) -> list[torch.Tensor]:
         """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``.
 
+        The same result as :meth:`clipped_sums` followed by :func:`add_noise_and_average` (the same one noise
+        draw of N(0, (noise_std / Lambda)^2) for all coordinates, split in parameter order), but the clipped sums
+        are accumulated straight into the noise vector: each book-keeping product is one ``addmm_`` into the
+        parameter's slice of the noise, scaled by 1/Lambda (no separate sum tensors, no extra pass).
+        The noise is drawn after the per-window norms are checked (a non-finite norm draws none).
+
         Raises:
             NonFiniteGradientError: a window's gradient norm is not finite (NaN, inf, or a squared norm
                 beyond the float range): Algorithm 2's per-window bound C would not hold for it.
         """
-        sums = self.clipped_sums(params, max_grad_norm)
-        return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)
+
+        def draw() -> list[torch.Tensor]:
+            return _noise_views(params, noise, noise_std / expected_batch_size)
+
+        out = self._clip(params, max_grad_norm, draw, 1.0 / expected_batch_size)
+        return [g for g in out if g is not None]
 
     def clipped_sums(self, params: list[nn.Parameter], max_grad_norm: float) -> list[torch.Tensor | None]:
         """sum_i clip_C(g_i) over the recorded windows, per parameter (``None``: no window touched it).
@@ -447,6 +503,33 @@ class PerWindowClipper:
         Raises:
             NonFiniteGradientError: as :meth:`noisy_gradients`.
         """
+        return self._clip(params, max_grad_norm, None, 1.0)
+
+    def _check_sources(self, params: list[nn.Parameter], touched: set[int]) -> None:
+        """Refuse an autograd gradient that no per-window bound covers (``touched``: the parameters that get a
+        clipped sum)."""
+        for p in params:
+            if id(p) in self.gradient_free and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient from outside its layer's training forward (e.g. used directly in the "
+                    "LightningModule's training_step or by another layer, or its layer ran in eval mode during "
+                    "training); that contribution has no per-window bound. Use it only through its layer, or "
+                    + _BARE_FIX.split(", or ")[-1],
+                )
+            if id(p) not in touched and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient but no per-window gradient: it is used outside the forward of a layer the "
+                    "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
+                    + _BARE_FIX,
+                )
+
+    def _clip(
+        self, params: list[nn.Parameter], max_grad_norm: float, draw: Any, alpha: float
+    ) -> list[torch.Tensor | None]:
+        """``alpha * sum_i clip_C(g_i)`` per parameter, added into ``draw()``'s tensors (one per parameter, drawn
+        once the norms are known to be finite) or, with ``draw=None``, into new tensors (``None``: untouched)."""
         stacked = []
         for record in [*self._records.values(), *self._lstm_records.values()]:
             pair = self._stacked(record)
@@ -465,34 +548,43 @@ class PerWindowClipper:
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
                 "windows of the batch along its first dimension"
             )
+        touched = set(samples)
+        for record, _, _ in stacked:
+            touched.update(id(w) for w, _ in record.weights)
+            touched.update(id(bias) for bias in record.biases)
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
             ref = next(iter(samples.values())) if samples else stacked[0][2]
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
-            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            sq: torch.Tensor | None = None
             formed: list[list[torch.Tensor] | None] = []
             for record, blocks, g in stacked:
                 norms, per_window = _squared_norms(record, blocks, g)
-                sq += norms
+                sq = norms if sq is None else sq.add_(norms)
                 formed.append(per_window)
-            sq.mul_(scale * scale)
+            if sq is None:
+                sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            else:
+                sq.mul_(scale * scale)
             for gs in samples.values():
                 sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
-            bad = ~torch.isfinite(sq)
-            if bool(bad.any()):
-                windows = bad.nonzero().flatten().tolist()
+            if not bool(torch.isfinite(sq).all()):
+                windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
                 raise NonFiniteGradientError(
                     f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
                     "overflows); clipping cannot bound its contribution", windows,
                 )
             factor = clip_factors(sq, max_grad_norm)
+            self._check_sources(params, touched)
+            if draw is not None:
+                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
             native_factor = factor * scale
             for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
                 weights = native_factor.to(g.dtype)
                 if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                     for (w, _), full in zip(record.weights, per_window, strict=True):
-                        grads[id(w)] = (weights @ full.reshape(b, -1)).reshape(full.shape[1:])
+                        _mv_into(grads, w, full.reshape(b, -1).T, weights, alpha)
                 elif record.weights:
                     # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
                     # over the (window, step) rows in the order in which G is stored
@@ -501,31 +593,27 @@ class PerWindowClipper:
                     if d_all <= g.shape[-1]:
                         g_flat = _flat(g, time_major).T
                         for w, k in record.weights:
-                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major, weights)
+                            _mm_into(grads, w, g_flat, _flat(blocks[k], time_major, weights), alpha)
                     else:
                         g_flat = _flat(g, time_major, weights).T
                         for w, k in record.weights:
-                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
+                            _mm_into(grads, w, g_flat, _flat(blocks[k], time_major), alpha)
                 if record.biases:
-                    bias_sum = weights @ (g[0] if g.shape[0] == 1 else g.sum(0))
-                    for bias in record.biases:
-                        grads[id(bias)] = bias_sum
+                    g_sum = (g[0] if g.shape[0] == 1 else g.sum(0)).T  # [p, B]
+                    if len(record.biases) == 1:
+                        _mv_into(grads, record.biases[0], g_sum, weights, alpha)
+                    else:
+                        bias_sum = g_sum @ weights
+                        for bias in record.biases:
+                            _add_into(grads, bias, bias_sum, alpha)
             for key, gs in samples.items():
-                grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
-        for p in params:
-            if id(p) in self.gradient_free and p.grad is not None and bool(p.grad.ne(0).any()):
-                raise ConfigurationError(
-                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
-                    "gets a gradient from outside its layer's training forward (e.g. used directly in the "
-                    "LightningModule's training_step or by another layer, or its layer ran in eval mode during "
-                    "training); that contribution has no per-window bound. Use it only through its layer, or "
-                    + _BARE_FIX.split(", or ")[-1],
-                )
-            if id(p) not in grads and p.grad is not None and bool(p.grad.ne(0).any()):
-                raise ConfigurationError(
-                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
-                    "gets a gradient but no per-window gradient: it is used outside the forward of a layer the "
-                    "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
-                    + _BARE_FIX,
-                )
+                summed = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
+                if key in grads:
+                    grads[key].add_(summed, alpha=alpha)
+                else:
+                    grads[key] = summed if alpha == 1.0 else summed.mul_(alpha)
+        else:
+            self._check_sources(params, touched)
+            if draw is not None:
+                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
         return [grads.get(id(p)) for p in params]
