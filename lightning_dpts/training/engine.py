@@ -210,18 +210,23 @@ def _squared_norms(
     windows (``B p d``) instead of a second product over all rows (``B T p d``).
     """
     t, b, p_out = g.shape
-    out = torch.zeros(b, dtype=g.dtype, device=g.device)
     per_window = None
+    n_bias = len(record.biases)
 
     def sq(x: torch.Tensor) -> torch.Tensor:  # squared l2 norm of each row (one pass, no temporary)
         return torch.linalg.vector_norm(x, dim=1).square()
 
+    if t == 1:  # (sum_k ||a_i,k||^2 + number of biases) ||g_i||^2, with ||g_i||^2 computed once
+        g_sq = sq(g[0])
+        if not record.weights:
+            return g_sq.mul_(n_bias), None
+        a_sq = sum(sq(blocks[k][0]) for _, k in record.weights)
+        return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq), None
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if record.weights:
         used = [blocks[k] for _, k in record.weights]
         d = sum(a.shape[-1] for a in used)
-        if t == 1:
-            out += sum(sq(a[0]) for a in used) * sq(g[0])
-        elif t * (d + p_out) < p_out * d:  # ghost norm
+        if t * (d + p_out) < p_out * d:  # ghost norm
             gram = torch.bmm(used[0].transpose(0, 1), used[0].permute(1, 2, 0))
             for a in used[1:]:
                 gram.baddbmm_(a.transpose(0, 1), a.permute(1, 2, 0))
@@ -231,8 +236,8 @@ def _squared_norms(
             per_window = [torch.bmm(g_t, a.transpose(0, 1)) for a in used]
             for full in per_window:
                 out += sq(full.reshape(b, -1))
-    if record.biases:
-        out += sq(g[0] if t == 1 else g.sum(0)) * len(record.biases)
+    if n_bias:
+        out += sq(g.sum(0)) * n_bias
     return out, per_window
 
 
@@ -277,9 +282,65 @@ def _add_into(grads: dict[int, torch.Tensor], p: torch.Tensor, t: torch.Tensor, 
     """``grads[id(p)] += alpha * t`` (a new tensor if there is none yet)."""
     out = grads.get(id(p))
     if out is None:
-        grads[id(p)] = t.mul(alpha).view(p.shape)
+        grads[id(p)] = t.mul(alpha).reshape(p.shape)
     else:
-        out.view(-1).add_(t.view(-1), alpha=alpha)
+        out.view(-1).add_(t.reshape(-1), alpha=alpha)
+
+
+def _merge_shared_inputs(
+    stacked: list[tuple[_Record, list[torch.Tensor], torch.Tensor]],
+) -> list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]]:
+    """Merge linear layers called once on the *same* input tensor (e.g. the per-parameter projections of a
+    distribution head) into one layer whose output is their outputs side by side.
+
+    The per-window gradient of the merged layer is the per-window gradients of its members stacked, so its
+    squared norm is the sum of theirs (exact) and its clipped sum holds theirs row by row; one norm and one
+    product replace one per member. Entries are ``(record, blocks, G, members)``; ``members`` is ``None`` for an
+    unmerged layer, else the merged records in output order (``record`` is then a stand-in whose parameters
+    are meta tensors of the merged shapes).
+    """
+    by_input: dict[tuple, list[tuple[_Record, list[torch.Tensor], torch.Tensor]]] = {}
+    out: list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]] = []
+    for record, blocks, g in stacked:
+        if len(blocks) == 1 and len(record.calls) == 1 and [k for _, k in record.weights] == [0]:
+            a = blocks[0]
+            key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, a.device, g.dtype, bool(record.biases))
+            by_input.setdefault(key, []).append((record, blocks, g))
+        else:
+            out.append((record, blocks, g, None))
+    for group in by_input.values():
+        if len(group) == 1:
+            out.append((*group[0], None))
+            continue
+        a = group[0][1][0]
+        gs = [g for _, _, g in group]
+        # batch-first and contiguous, then the time-major view: the layout of a single recorded call
+        merged_g = torch.cat([g.transpose(0, 1) for g in gs], dim=-1).transpose(0, 1)
+        width = merged_g.shape[-1]
+        meta = torch.device("meta")
+        stand_in = _Record(
+            [(nn.Parameter(torch.empty(width, a.shape[-1], device=meta, dtype=a.dtype)), 0)],
+            [nn.Parameter(torch.empty(width, device=meta, dtype=a.dtype))] if group[0][0].biases else [],
+        )
+        out.append((stand_in, [a], merged_g, [r for r, _, _ in group]))
+    return out
+
+
+def _split_into(
+    grads: dict[int, torch.Tensor], members: list[_Record], merged: dict[int, torch.Tensor], stand_in: _Record,
+    alpha: float,
+) -> None:
+    """Add ``alpha`` times the merged layer's clipped sums (in ``merged``) into its members' parameters."""
+    weight_sum = merged[id(stand_in.weights[0][0])]
+    bias_sum = merged[id(stand_in.biases[0])] if stand_in.biases else None
+    offset = 0
+    for record in members:
+        weight = record.weights[0][0]
+        rows = weight.shape[0]
+        _add_into(grads, weight, weight_sum[offset : offset + rows], alpha)
+        if bias_sum is not None:
+            _add_into(grads, record.biases[0], bias_sum[offset : offset + rows], alpha)
+        offset += rows
 
 
 class PerWindowClipper:
@@ -552,6 +613,7 @@ class PerWindowClipper:
         for record, _, _ in stacked:
             touched.update(id(w) for w, _ in record.weights)
             touched.update(id(bias) for bias in record.biases)
+        groups = _merge_shared_inputs(stacked)
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
@@ -559,7 +621,7 @@ class PerWindowClipper:
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
             sq: torch.Tensor | None = None
             formed: list[list[torch.Tensor] | None] = []
-            for record, blocks, g in stacked:
+            for record, blocks, g, _ in groups:
                 norms, per_window = _squared_norms(record, blocks, g)
                 sq = norms if sq is None else sq.add_(norms)
                 formed.append(per_window)
@@ -580,11 +642,12 @@ class PerWindowClipper:
             if draw is not None:
                 grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
             native_factor = factor * scale
-            for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
+            for (record, blocks, g, members), per_window in zip(groups, formed, strict=True):
+                into, scaled = (grads, alpha) if members is None else ({}, 1.0)
                 weights = native_factor.to(g.dtype)
                 if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                     for (w, _), full in zip(record.weights, per_window, strict=True):
-                        _mv_into(grads, w, full.reshape(b, -1).T, weights, alpha)
+                        _mv_into(into, w, full.reshape(b, -1).T, weights, scaled)
                 elif record.weights:
                     # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
                     # over the (window, step) rows in the order in which G is stored
@@ -593,19 +656,21 @@ class PerWindowClipper:
                     if d_all <= g.shape[-1]:
                         g_flat = _flat(g, time_major).T
                         for w, k in record.weights:
-                            _mm_into(grads, w, g_flat, _flat(blocks[k], time_major, weights), alpha)
+                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major, weights), scaled)
                     else:
                         g_flat = _flat(g, time_major, weights).T
                         for w, k in record.weights:
-                            _mm_into(grads, w, g_flat, _flat(blocks[k], time_major), alpha)
+                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major), scaled)
                 if record.biases:
                     g_sum = (g[0] if g.shape[0] == 1 else g.sum(0)).T  # [p, B]
                     if len(record.biases) == 1:
-                        _mv_into(grads, record.biases[0], g_sum, weights, alpha)
+                        _mv_into(into, record.biases[0], g_sum, weights, scaled)
                     else:
                         bias_sum = g_sum @ weights
                         for bias in record.biases:
-                            _add_into(grads, bias, bias_sum, alpha)
+                            _add_into(into, bias, bias_sum, scaled)
+                if members is not None:  # split the merged layer's sums into its members' parameters
+                    _split_into(grads, members, into, record, alpha)
             for key, gs in samples.items():
                 summed = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
                 if key in grads:
