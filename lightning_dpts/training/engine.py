@@ -592,7 +592,13 @@ class PerWindowClipper:
         """``alpha * sum_i clip_C(g_i)`` per parameter, added into ``draw()``'s tensors (one per parameter, drawn
         once the norms are known to be finite) or, with ``draw=None``, into new tensors (``None``: untouched)."""
         stacked = []
+        flat2d: list[tuple[_Record, torch.Tensor, torch.Tensor]] = []  # one call, [B, d] -> [B, p]: fast path
         for record in [*self._records.values(), *self._lstm_records.values()]:
+            if len(record.calls) == 1 and record.calls[0][1] is not None and len(record.calls[0][0]) == 1:
+                (a,), g = record.calls[0]
+                if a.dim() == 2 and g.dim() == 2:
+                    flat2d.append((record, a, g))
+                    continue
             pair = self._stacked(record)
             if pair is not None:
                 stacked.append((record, *pair))
@@ -603,21 +609,22 @@ class PerWindowClipper:
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
             if gs is not None and id(p) not in self.native:
                 samples[id(p)] = gs
-        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for g in samples.values()}
+        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for _, _, g in flat2d}
+        sizes |= {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
             raise RuntimeError(
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
                 "windows of the batch along its first dimension"
             )
         touched = set(samples)
-        for record, _, _ in stacked:
+        for record, _, _ in [*stacked, *flat2d]:
             touched.update(id(w) for w, _ in record.weights)
             touched.update(id(bias) for bias in record.biases)
         groups = _merge_shared_inputs(stacked)
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
-            ref = next(iter(samples.values())) if samples else stacked[0][2]
+            ref = next(iter(samples.values())) if samples else (stacked or flat2d)[0][2]
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
             sq: torch.Tensor | None = None
             formed: list[list[torch.Tensor] | None] = []
@@ -625,6 +632,14 @@ class PerWindowClipper:
                 norms, per_window = _squared_norms(record, blocks, g)
                 sq = norms if sq is None else sq.add_(norms)
                 formed.append(per_window)
+            for record, a, g in flat2d:  # (||a_i||^2 [if a weight] + number of biases) ||g_i||^2
+                norms = torch.linalg.vector_norm(g, dim=1).square()
+                if record.weights:
+                    a_sq = torch.linalg.vector_norm(a, dim=1).square()
+                    norms.mul_(a_sq.add_(len(record.biases)) if record.biases else a_sq)
+                elif len(record.biases) != 1:
+                    norms.mul_(len(record.biases))
+                sq = norms if sq is None else sq.add_(norms)
             if sq is None:
                 sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             else:
@@ -671,6 +686,15 @@ class PerWindowClipper:
                             _add_into(into, bias, bias_sum, scaled)
                 if members is not None:  # split the merged layer's sums into its members' parameters
                     _split_into(grads, members, into, record, alpha)
+            for record, a, g in flat2d:  # sum_i c_i g_i a_i^T: weight the narrower of a, g; one product
+                weights = native_factor.to(g.dtype)[:, None]
+                if record.weights:
+                    if a.shape[1] <= g.shape[1]:
+                        _mm_into(grads, record.weights[0][0], g.T, a * weights, alpha)
+                    else:
+                        _mm_into(grads, record.weights[0][0], (g * weights).T, a, alpha)
+                for bias in record.biases:
+                    _mv_into(grads, bias, g.T, weights[:, 0], alpha)
             for key, gs in samples.items():
                 summed = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
                 if key in grads:
