@@ -150,7 +150,7 @@ class _Record:
 
     __slots__ = ("weights", "biases", "calls")
 
-    def __init__(self, weights: list[tuple[nn.Parameter, int]], biases: list[nn.Parameter]) -> None:
+    def __init__(self, weights: list[tuple[torch.Tensor, int]], biases: list[torch.Tensor]) -> None:
         self.weights = weights  # (parameter, input block)
         self.biases = biases
         self.calls: list[list[Any]] = []
@@ -288,7 +288,7 @@ def _add_into(grads: dict[int, torch.Tensor], p: torch.Tensor, t: torch.Tensor, 
 
 
 def _merge_shared_inputs(
-    stacked: list[tuple[_Record, list[torch.Tensor], torch.Tensor]],
+    stacked: list[tuple[_Record, list[torch.Tensor], torch.Tensor]], stand_ins: dict[tuple, _Record]
 ) -> list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]]:
     """Merge linear layers called once on the *same* input tensor (e.g. the per-parameter projections of a
     distribution head) into one layer whose output is their outputs side by side.
@@ -297,7 +297,7 @@ def _merge_shared_inputs(
     squared norm is the sum of theirs (exact) and its clipped sum holds theirs row by row; one norm and one
     product replace one per member. Entries are ``(record, blocks, G, members)``; ``members`` is ``None`` for an
     unmerged layer, else the merged records in output order (``record`` is then a stand-in whose parameters
-    are meta tensors of the merged shapes).
+    are meta tensors of the merged shapes, kept in ``stand_ins`` for the next steps).
     """
     by_input: dict[tuple, list[tuple[_Record, list[torch.Tensor], torch.Tensor]]] = {}
     out: list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]] = []
@@ -317,11 +317,14 @@ def _merge_shared_inputs(
         # batch-first and contiguous, then the time-major view: the layout of a single recorded call
         merged_g = torch.cat([g.transpose(0, 1) for g in gs], dim=-1).transpose(0, 1)
         width = merged_g.shape[-1]
-        meta = torch.device("meta")
-        stand_in = _Record(
-            [(nn.Parameter(torch.empty(width, a.shape[-1], device=meta, dtype=a.dtype)), 0)],
-            [nn.Parameter(torch.empty(width, device=meta, dtype=a.dtype))] if group[0][0].biases else [],
-        )
+        key = (*(id(r) for r, _, _ in group), width, a.shape[-1], a.dtype)
+        stand_in = stand_ins.get(key)
+        if stand_in is None:
+            meta = torch.device("meta")
+            stand_in = stand_ins[key] = _Record(
+                [(torch.empty(width, a.shape[-1], device=meta, dtype=a.dtype), 0)],
+                [torch.empty(width, device=meta, dtype=a.dtype)] if group[0][0].biases else [],
+            )
         out.append((stand_in, [a], merged_g, [r for r, _, _ in group]))
     return out
 
@@ -379,6 +382,7 @@ class PerWindowClipper:
             )
         self.native = set(owned)
         self._lstm_records: dict[tuple[int, int], _Record] = {}
+        self._stand_ins: dict[tuple, _Record] = {}  # merged layers (see _merge_shared_inputs), by their members
         self._lstm_modules = [sub for sub in module.modules() if isinstance(sub, DPFastLSTM)]
         for sub in self._lstm_modules:
             self.native.update(id(p) for p in sub.parameters() if p.requires_grad)
@@ -620,7 +624,7 @@ class PerWindowClipper:
         for record, _, _ in [*stacked, *flat2d]:
             touched.update(id(w) for w, _ in record.weights)
             touched.update(id(bias) for bias in record.biases)
-        groups = _merge_shared_inputs(stacked)
+        groups = _merge_shared_inputs(stacked, self._stand_ins)
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
