@@ -11,6 +11,12 @@ layer inputs and G_i the gradients of its outputs (time steps stacked along the 
   per-window matrices ``G_i^T A_i`` of that layer (``T p d``; then kept and reused for the clipped sum);
 * ``sum_i c_i G_i^T A_i`` is one matrix product of the c-weighted G with A ("book-keeping", Bu et al. 2023).
 
+:meth:`PerWindowClipper.noisy_gradients` accumulates these products straight into the parameter's slice of
+the step's one noise draw (``addmm_`` with alpha 1/Lambda: no separate sum tensor, no second pass). Linear layers
+called once on the same input tensor (e.g. the projections of a distribution head) are handled as one layer
+with their outputs side by side: its per-window gradient stacks theirs, so its squared norm is the sum of theirs
+and one norm and one product replace one per layer.
+
 Plain ``nn.Linear`` layers (exactly that class) are switched, for the clipper's lifetime, to a subclass whose
 training forward is one autograd function: its backward returns the input gradient and records the output
 gradient, but computes *no* weight gradient, which the clipped sum replaces anyway (DPFastLSTM does the same
