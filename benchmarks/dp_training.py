@@ -8,23 +8,22 @@ Usage::
 
 For each model and batch size Lambda, the same initial weights and the same fixed batch of Lambda windows are
 trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, in alternation,
-``--repeats`` times, in one process; a callback times every optimizer step (``on_train_batch_start`` ->
-``on_train_batch_end``: forward, backward, per-window gradients, clipping, noise, optimizer step). Reported:
-the median over all timed steps (after ``--warmup`` per run), the best run's median and the minimum over all
-timed steps (the last two: least disturbed by other processes on a shared machine), with the ratio DP / no-DP;
-the order of the configurations rotates between repeats. ``cpu`` columns are the same statistics of the
-process CPU time per step (all threads, including the noise prefetch thread: the work done, less sensitive to
-other processes than wall time); ``main cpu`` is the CPU time of the training thread alone (the critical path
-when the prefetch thread has a core of its own). The load average (``os.getloadavg``) is printed before and
-after each model and batch size.
+``--repeats`` times, in one process; callbacks time every optimizer step (from before the DP callback's
+``on_train_batch_start`` to after the accountant's ``on_train_batch_end``: forward, backward, per-window
+gradients, clipping, noise, optimizer step). Reported: the median over all timed steps (after ``--warmup`` per
+run), the best run's median and the minimum over all timed steps (the last two: least disturbed by other
+processes on a shared machine), with the ratio DP / no-DP; the order of the configurations rotates between
+repeats. ``cpu`` columns are the same statistics of the process CPU time per step (all threads, including the
+noise prefetch thread: the work done, less sensitive to other processes than wall time); ``main cpu`` is the
+CPU time of the training thread alone (the critical path when the prefetch thread has a core of its own). The
+load average (``os.getloadavg``) is printed before and after each model and batch size.
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
 grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
 allocated by torch during the step above what was allocated at its start (torch profiler memory events:
-activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; the
-step starts before the DP callback frees the previous gradients, as the plain step frees them in zero_grad;
-for DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added: the one
-drawn during the step and the one handed out as this step's gradient).
+activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; for
+DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added: the one handed
+out as this step's gradient, which stands for the plain step's gradients, and the one drawn for the next step).
 ``--threads`` sets ``torch.set_num_threads`` (default: torch's default). Targets (issue 15): <= 1.15x for
 SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
@@ -106,15 +105,24 @@ class _Fixed(L.LightningDataModule):
 
 
 class _Timer(Callback):
+    """Times each step from before every other callback's ``on_train_batch_start`` (:meth:`first`, listed first)
+    to after every other callback's ``on_train_batch_end`` (this callback, listed last)."""
+
     def __init__(self) -> None:
         self.times: list[float] = []
         self.cpu: list[float] = []
         self.main: list[float] = []
 
-    def on_train_batch_start(self, *args) -> None:
-        self._m = time.thread_time()
-        self._c = time.process_time()
-        self._t = time.perf_counter()
+    def first(self) -> Callback:
+        timer = self
+
+        class _Start(Callback):
+            def on_train_batch_start(self, *args) -> None:
+                timer._m = time.thread_time()
+                timer._c = time.process_time()
+                timer._t = time.perf_counter()
+
+        return _Start()
 
     def on_train_batch_end(self, *args) -> None:
         self.times.append(time.perf_counter() - self._t)
@@ -166,17 +174,17 @@ def time_steps(
     """Wall, process CPU and training-thread CPU seconds of every step after ``warmup``."""
     timer = _Timer()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, timer])
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[timer.first(), *extra, timer])
     trainer.fit(module, datamodule=dm)
     return timer.times[warmup:], timer.cpu[warmup:], timer.main[warmup:]
 
 
 def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> int:
     """Peak bytes allocated during step ``warmup + 1`` above its start."""
-    probe = _PeakMemory(warmup + 1)  # first: the step starts before DP frees the previous step's gradients (the
-    # plain step frees them inside the step too, in zero_grad)
+    probe = _PeakMemory(warmup + 1)
     trainer = L.Trainer(max_steps=warmup + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[probe, *extra])
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, probe])
     trainer.fit(module, datamodule=dm)
     return probe.peak
 
@@ -257,9 +265,9 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
               f"{m['dp'] / m['plain']:8.2f} {acc:10.2f} {acc / a:6.2f} {h_med:11.3f} {h_mean:7.3f}", flush=True)
     if args.memory:
         peaks = {k: peak_memory(copy.deepcopy(base), dm, args.warmup, callbacks_for(k)) for k in ("plain", "dp")}
-        # the noise vectors are allocated in the prefetch thread, which the profiler does not see: add the one
-        # drawn during the step (for the next step) and the one that becomes this step's gradient (drawn during
-        # the previous step and held through it; the plain step allocates its gradients inside the step)
+        # the profiler sees neither what the prefetch thread allocates nor frees of blocks allocated before the
+        # step, so the plain step counts its new gradients (allocated in backward) and DP counts no noise: add the
+        # vector handed out as this step's gradient (drawn during the previous step) and the one drawn for the next
         peaks["dp"] += 2 * 4 * n
         print(f"{name:8s} {size:6d} {'memory':8s} {n:8d} {peaks['plain'] / 2**20:8.1f}M {peaks['dp'] / 2**20:7.1f}M "
               f"{peaks['dp'] / max(peaks['plain'], 1):6.2f}", flush=True)
