@@ -8,18 +8,22 @@ Usage::
 
 For each model and batch size Lambda, the same initial weights and the same fixed batch of Lambda windows are
 trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, in alternation,
-``--repeats`` times, in one process; a callback times every optimizer step (``on_train_batch_start`` ->
-``on_train_batch_end``: forward, backward, per-window gradients, clipping, noise, optimizer step). Reported:
-the median over all timed steps (after ``--warmup`` per run) and the best run's median (least disturbed by
-other processes on a shared machine), with the ratio DP / no-DP; the order of the configurations rotates
-between repeats. ``cpu`` columns are the same statistics of the process CPU time per step (all threads,
-including the noise prefetch thread: the work done, less sensitive to other processes than wall time).
+``--repeats`` times, in one process; callbacks time every optimizer step (from before the DP callback's
+``on_train_batch_start`` to after the accountant's ``on_train_batch_end``: forward, backward, per-window
+gradients, clipping, noise, optimizer step). Reported: the median over all timed steps (after ``--warmup`` per
+run), the best run's median and the minimum over all timed steps (the last two: least disturbed by other
+processes on a shared machine), with the ratio DP / no-DP; the order of the configurations rotates between
+repeats. ``cpu`` columns are the same statistics of the process CPU time per step (all threads, including the
+noise prefetch thread: the work done, less sensitive to other processes than wall time); ``main cpu`` is the
+CPU time of the training thread alone (the critical path when the prefetch thread has a core of its own). The
+load average (``os.getloadavg``) is printed before and after each model and batch size.
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
 grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
 allocated by torch during the step above what was allocated at its start (torch profiler memory events:
 activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; for
-DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added).
+DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added: the one handed
+out as this step's gradient, which stands for the plain step's gradients, and the one drawn for the next step).
 ``--threads`` sets ``torch.set_num_threads`` (default: torch's default). Targets (issue 15): <= 1.15x for
 SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
@@ -30,6 +34,7 @@ import argparse
 import copy
 import logging
 import math
+import os
 import statistics
 import time
 import warnings
@@ -100,17 +105,29 @@ class _Fixed(L.LightningDataModule):
 
 
 class _Timer(Callback):
+    """Times each step from before every other callback's ``on_train_batch_start`` (:meth:`first`, listed first)
+    to after every other callback's ``on_train_batch_end`` (this callback, listed last)."""
+
     def __init__(self) -> None:
         self.times: list[float] = []
         self.cpu: list[float] = []
+        self.main: list[float] = []
 
-    def on_train_batch_start(self, *args) -> None:
-        self._c = time.process_time()
-        self._t = time.perf_counter()
+    def first(self) -> Callback:
+        timer = self
+
+        class _Start(Callback):
+            def on_train_batch_start(self, *args) -> None:
+                timer._m = time.thread_time()
+                timer._c = time.process_time()
+                timer._t = time.perf_counter()
+
+        return _Start()
 
     def on_train_batch_end(self, *args) -> None:
         self.times.append(time.perf_counter() - self._t)
         self.cpu.append(time.process_time() - self._c)
+        self.main.append(time.thread_time() - self._m)
 
 
 class _PeakMemory(Callback):
@@ -151,13 +168,16 @@ class _TimedAccountant(AccountantCallback):
         self.hook_times.append(time.perf_counter() - start)
 
 
-def time_steps(module, dm, steps: int, warmup: int, extra: list[Callback]) -> tuple[list[float], list[float]]:
-    """Wall and process CPU seconds of every step after ``warmup``."""
+def time_steps(
+    module, dm, steps: int, warmup: int, extra: list[Callback]
+) -> tuple[list[float], list[float], list[float]]:
+    """Wall, process CPU and training-thread CPU seconds of every step after ``warmup``."""
     timer = _Timer()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, timer])
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[timer.first(), *extra, timer])
     trainer.fit(module, datamodule=dm)
-    return timer.times[warmup:], timer.cpu[warmup:]
+    return timer.times[warmup:], timer.cpu[warmup:], timer.main[warmup:]
 
 
 def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> int:
@@ -188,7 +208,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch sizes {sizes}, "
           f"{args.steps - args.warmup} timed steps x {args.repeats} repeats (median)")
     print(f"{'model':8s} {'Lambda':>6s} {'stat':8s} {'params':>8s} {'no DP ms':>9s} {'DP ms':>8s} {'ratio':>6s} "
-          f"{'cpu ratio':>9s} {'DP+acc ms':>10s} {'ratio':>6s} {'acc hook ms':>11s} {'(mean)':>7s}")
+          f"{'cpu ratio':>9s} {'main cpu':>8s} {'DP+acc ms':>10s} {'ratio':>6s} {'acc hook ms':>11s} {'(mean)':>7s}")
     for name in args.models.split(","):
         for size in sizes:
             run_one(name, size, args, order)
@@ -203,7 +223,9 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
     dm = _Fixed(batch, args.steps, spec)
     runs: dict[str, list[list[float]]] = {k: [] for k in order}
     cpu: dict[str, list[list[float]]] = {k: [] for k in order}
+    main: dict[str, list[list[float]]] = {k: [] for k in order}
     hook: list[float] = []
+    print(f"# load average before {name} {size}: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
     def callbacks_for(kind: str) -> list[Callback]:
         callbacks: list[Callback] = []
@@ -217,30 +239,39 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
     for repeat in range(args.repeats):
         for kind in order[repeat % n_kinds :] + order[: repeat % n_kinds]:  # rotate: contention hits all alike
             callbacks = callbacks_for(kind)
-            wall, used = time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, callbacks)
+            wall, used, thread = time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, callbacks)
             runs[kind].append(wall)
             cpu[kind].append(used)
+            main[kind].append(thread)
             if kind == "dp_acc":
                 hook += callbacks[-1].hook_times  # type: ignore[attr-defined]
     # median step time of each run; report the median over all steps and the best run (least contention)
-    med = {k: 1e3 * statistics.median([t for run in v for t in run]) for k, v in runs.items()}
-    best = {k: 1e3 * min(statistics.median(run) for run in v) for k, v in runs.items()}
-    cpu_med = {k: 1e3 * statistics.median([t for run in v for t in run]) for k, v in cpu.items()}
-    cpu_best = {k: 1e3 * min(statistics.median(run) for run in v) for k, v in cpu.items()}
+    def stats(v: dict[str, list[list[float]]]) -> tuple[dict[str, float], ...]:
+        med = {k: 1e3 * statistics.median([t for run in r for t in run]) for k, r in v.items()}
+        best = {k: 1e3 * min(statistics.median(run) for run in r) for k, r in v.items()}
+        low = {k: 1e3 * min(t for run in r for t in run) for k, r in v.items()}
+        return med, best, low
+
+    med, best, low = stats(runs)
+    cpu_med, cpu_best, cpu_low = stats(cpu)
+    main_med, main_best, main_low = stats(main)
     n = sum(p.numel() for p in base.parameters() if p.requires_grad)
     h_med, h_mean = (1e3 * statistics.median(hook), 1e3 * statistics.mean(hook)) if hook else (math.nan, math.nan)
-    for label, t, c in (("median", med, cpu_med), ("best run", best, cpu_best)):
+    for label, t, c, m in (("median", med, cpu_med, main_med), ("best run", best, cpu_best, main_best),
+                           ("min", low, cpu_low, main_low)):
         a, b = t["plain"], t["dp"]
         acc = t.get("dp_acc", math.nan)
         print(f"{name:8s} {size:6d} {label:8s} {n:8d} {a:9.2f} {b:8.2f} {b / a:6.2f} {c['dp'] / c['plain']:9.2f} "
-              f"{acc:10.2f} {acc / a:6.2f} {h_med:11.3f} {h_mean:7.3f}", flush=True)
+              f"{m['dp'] / m['plain']:8.2f} {acc:10.2f} {acc / a:6.2f} {h_med:11.3f} {h_mean:7.3f}", flush=True)
     if args.memory:
         peaks = {k: peak_memory(copy.deepcopy(base), dm, args.warmup, callbacks_for(k)) for k in ("plain", "dp")}
-        # the noise vector that becomes the DP gradient and the one prefetched for the next step are allocated in
-        # the prefetch thread, which the profiler does not see: add both (an upper bound)
+        # the profiler sees neither what the prefetch thread allocates nor frees of blocks allocated before the
+        # step, so the plain step counts its new gradients (allocated in backward) and DP counts no noise: add the
+        # vector handed out as this step's gradient (drawn during the previous step) and the one drawn for the next
         peaks["dp"] += 2 * 4 * n
         print(f"{name:8s} {size:6d} {'memory':8s} {n:8d} {peaks['plain'] / 2**20:8.1f}M {peaks['dp'] / 2**20:7.1f}M "
               f"{peaks['dp'] / max(peaks['plain'], 1):6.2f}", flush=True)
+    print(f"# load average after {name} {size}: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ layer inputs and G_i the gradients of its outputs (time steps stacked along the 
   per-window matrices ``G_i^T A_i`` of that layer (``T p d``; then kept and reused for the clipped sum);
 * ``sum_i c_i G_i^T A_i`` is one matrix product of the c-weighted G with A ("book-keeping", Bu et al. 2023).
 
+:meth:`PerWindowClipper.noisy_gradients` accumulates these products straight into the parameter's slice of
+the step's one noise draw (``addmm_`` with alpha 1/Lambda: no separate sum tensor, no second pass). Linear layers
+called once on the same input tensor (e.g. the projections of a distribution head) are handled as one layer
+with their outputs side by side: its per-window gradient stacks theirs, so its squared norm is the sum of theirs
+and one norm and one product replace one per layer.
+
 Plain ``nn.Linear`` layers (exactly that class) are switched, for the clipper's lifetime, to a subclass whose
 training forward is one autograd function: its backward returns the input gradient and records the output
 gradient, but computes *no* weight gradient, which the clipped sum replaces anyway (DPFastLSTM does the same
@@ -150,7 +156,7 @@ class _Record:
 
     __slots__ = ("weights", "biases", "calls")
 
-    def __init__(self, weights: list[tuple[nn.Parameter, int]], biases: list[nn.Parameter]) -> None:
+    def __init__(self, weights: list[tuple[torch.Tensor, int]], biases: list[torch.Tensor]) -> None:
         self.weights = weights  # (parameter, input block)
         self.biases = biases
         self.calls: list[list[Any]] = []
@@ -230,18 +236,23 @@ def _squared_norms(
     windows (``B p d``) instead of a second product over all rows (``B T p d``).
     """
     t, b, p_out = g.shape
-    out = torch.zeros(b, dtype=g.dtype, device=g.device)
     per_window = None
+    n_bias = len(record.biases)
 
     def sq(x: torch.Tensor) -> torch.Tensor:  # squared l2 norm of each row (one pass, no temporary)
         return torch.linalg.vector_norm(x, dim=1).square()
 
+    if t == 1:  # (sum_k ||a_i,k||^2 + number of biases) ||g_i||^2, with ||g_i||^2 computed once
+        g_sq = sq(g[0])
+        if not record.weights:
+            return g_sq.mul_(n_bias), None
+        a_sq = sum(sq(blocks[k][0]) for _, k in record.weights)
+        return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq), None
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if record.weights:
         used = [blocks[k] for _, k in record.weights]
         d = sum(a.shape[-1] for a in used)
-        if t == 1:
-            out += sum(sq(a[0]) for a in used) * sq(g[0])
-        elif t * (d + p_out) < p_out * d:  # ghost norm
+        if t * (d + p_out) < p_out * d:  # ghost norm
             gram = torch.bmm(used[0].transpose(0, 1), used[0].permute(1, 2, 0))
             for a in used[1:]:
                 gram.baddbmm_(a.transpose(0, 1), a.permute(1, 2, 0))
@@ -262,9 +273,114 @@ def _squared_norms(
                 full_t = torch.bmm(g.permute(1, 2, 0), a_all.transpose(0, 1))
                 per_window = [full_t[:, :, lo:hi] for lo, hi in spans]
             out += sq(full_t.view(b, -1))
-    if record.biases:
-        out += sq(_step_sum(g)) * len(record.biases)
+    if n_bias:
+        out += sq(_step_sum(g)) * n_bias
     return out, per_window
+
+
+def _noise_views(params: list[nn.Parameter], noise: NoiseSource, std: float) -> list[torch.Tensor]:
+    """One draw of N(0, std^2) for all coordinates of ``params``, split in parameter order into tensors of their
+    shapes, on their devices and in their dtypes (one transfer when they all share device and dtype)."""
+    dtype = params[0].dtype if params else torch.float32
+    flat = noise.sample(sum(p.numel() for p in params), std, dtype)
+    if params and all(p.device == params[0].device and p.dtype == dtype for p in params):
+        flat = flat.to(params[0].device)
+        return [t.view(p.shape) for t, p in zip(flat.split([p.numel() for p in params]), params, strict=True)]
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype))
+        offset += p.numel()
+    return out
+
+
+def _mm_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * a @ b`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = (a @ b) if alpha == 1.0 else (a @ b).mul_(alpha)
+    elif out.dtype != a.dtype:  # e.g. bf16 activations under autocast, float32 parameters: no fused product
+        out.add_((a @ b).view(out.shape), alpha=alpha)
+    else:
+        out.view(a.shape[0], b.shape[1]).addmm_(a, b, alpha=alpha)
+
+
+def _mv_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, v: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * a @ v``, reshaped to ``p`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = ((a @ v) if alpha == 1.0 else (a @ v).mul_(alpha)).view(p.shape)
+    elif out.dtype != a.dtype:
+        out.view(-1).add_(a @ v, alpha=alpha)
+    else:
+        out.view(-1).addmv_(a, v, alpha=alpha)
+
+
+def _add_into(grads: dict[int, torch.Tensor], p: torch.Tensor, t: torch.Tensor, alpha: float) -> None:
+    """``grads[id(p)] += alpha * t`` (a new tensor if there is none yet)."""
+    out = grads.get(id(p))
+    if out is None:
+        grads[id(p)] = t.mul(alpha).reshape(p.shape)
+    else:
+        out.view(-1).add_(t.reshape(-1), alpha=alpha)
+
+
+def _merge_shared_inputs(
+    stacked: list[tuple[_Record, list[torch.Tensor], torch.Tensor]], stand_ins: dict[tuple, _Record]
+) -> list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]]:
+    """Merge linear layers called once on the *same* input tensor (e.g. the per-parameter projections of a
+    distribution head) into one layer whose output is their outputs side by side.
+
+    The per-window gradient of the merged layer is the per-window gradients of its members stacked, so its
+    squared norm is the sum of theirs (exact) and its clipped sum holds theirs row by row; one norm and one
+    product replace one per member. Entries are ``(record, blocks, G, members)``; ``members`` is ``None`` for an
+    unmerged layer, else the merged records in output order (``record`` is then a stand-in whose parameters
+    are meta tensors of the merged shapes, kept in ``stand_ins`` for the next steps).
+    """
+    by_input: dict[tuple, list[tuple[_Record, list[torch.Tensor], torch.Tensor]]] = {}
+    out: list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]] = []
+    for record, blocks, g in stacked:
+        if len(blocks) == 1 and len(record.calls) == 1 and [k for _, k in record.weights] == [0]:
+            a = blocks[0]
+            key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, a.device, g.dtype, bool(record.biases))
+            by_input.setdefault(key, []).append((record, blocks, g))
+        else:
+            out.append((record, blocks, g, None))
+    for group in by_input.values():
+        if len(group) == 1:
+            out.append((*group[0], None))
+            continue
+        a = group[0][1][0]
+        gs = [g for _, _, g in group]
+        # batch-first and contiguous, then the time-major view: the layout of a single recorded call
+        merged_g = torch.cat([g.transpose(0, 1) for g in gs], dim=-1).transpose(0, 1)
+        width = merged_g.shape[-1]
+        key = (*(id(r) for r, _, _ in group), width, a.shape[-1], a.dtype)
+        stand_in = stand_ins.get(key)
+        if stand_in is None:
+            meta = torch.device("meta")
+            stand_in = stand_ins[key] = _Record(
+                [(torch.empty(width, a.shape[-1], device=meta, dtype=a.dtype), 0)],
+                [torch.empty(width, device=meta, dtype=a.dtype)] if group[0][0].biases else [],
+            )
+        out.append((stand_in, [a], merged_g, [r for r, _, _ in group]))
+    return out
+
+
+def _split_into(
+    grads: dict[int, torch.Tensor], members: list[_Record], merged: dict[int, torch.Tensor], stand_in: _Record,
+    alpha: float,
+) -> None:
+    """Add ``alpha`` times the merged layer's clipped sums (in ``merged``) into its members' parameters."""
+    weight_sum = merged[id(stand_in.weights[0][0])]
+    bias_sum = merged[id(stand_in.biases[0])] if stand_in.biases else None
+    offset = 0
+    for record in members:
+        weight = record.weights[0][0]
+        rows = weight.shape[0]
+        _add_into(grads, weight, weight_sum[offset : offset + rows], alpha)
+        if bias_sum is not None:
+            _add_into(grads, record.biases[0], bias_sum[offset : offset + rows], alpha)
+        offset += rows
 
 
 class PerWindowClipper:
@@ -303,6 +419,7 @@ class PerWindowClipper:
             )
         self.native = set(owned)
         self._lstm_records: dict[tuple[int, int], _Record] = {}
+        self._stand_ins: dict[tuple, _Record] = {}  # merged layers (see _merge_shared_inputs), by their members
         self._lstm_modules = [sub for sub in module.modules() if isinstance(sub, DPFastLSTM)]
         for sub in self._lstm_modules:
             self.native.update(id(p) for p in sub.parameters() if p.requires_grad)
@@ -462,12 +579,22 @@ class PerWindowClipper:
     ) -> list[torch.Tensor]:
         """(sum_i clip_C(g_i) + N(0, noise_std^2 I)) / Lambda for every parameter in ``params``.
 
+        The same result as :meth:`clipped_sums` followed by :func:`add_noise_and_average` (the same one noise
+        draw of N(0, (noise_std / Lambda)^2) for all coordinates, split in parameter order), but the clipped sums
+        are accumulated straight into the noise vector: each book-keeping product is one ``addmm_`` into the
+        parameter's slice of the noise, scaled by 1/Lambda (no separate sum tensors, no extra pass).
+        The noise is drawn after the per-window norms are checked (a non-finite norm draws none).
+
         Raises:
             NonFiniteGradientError: a window's gradient norm is not finite (NaN, inf, or a squared norm
                 beyond the float range): Algorithm 2's per-window bound C would not hold for it.
         """
-        sums = self.clipped_sums(params, max_grad_norm)
-        return add_noise_and_average(sums, params, noise_std, expected_batch_size, noise)
+
+        def draw() -> list[torch.Tensor]:
+            return _noise_views(params, noise, noise_std / expected_batch_size)
+
+        out = self._clip(params, max_grad_norm, draw, 1.0 / expected_batch_size)
+        return [g for g in out if g is not None]
 
     def clipped_sums(self, params: list[nn.Parameter], max_grad_norm: float) -> list[torch.Tensor | None]:
         """sum_i clip_C(g_i) over the recorded windows, per parameter (``None``: no window touched it).
@@ -478,8 +605,41 @@ class PerWindowClipper:
         Raises:
             NonFiniteGradientError: as :meth:`noisy_gradients`.
         """
+        return self._clip(params, max_grad_norm, None, 1.0)
+
+    def _check_sources(self, params: list[nn.Parameter], touched: set[int]) -> None:
+        """Refuse an autograd gradient that no per-window bound covers (``touched``: the parameters that get a
+        clipped sum)."""
+        for p in params:
+            if id(p) in self.gradient_free and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient from outside its layer's training forward (e.g. used directly in the "
+                    "LightningModule's training_step or by another layer, or its layer ran in eval mode during "
+                    "training); that contribution has no per-window bound. Use it only through its layer, or "
+                    + _BARE_FIX.split(", or ")[-1],
+                )
+            if id(p) not in touched and p.grad is not None and bool(p.grad.ne(0).any()):
+                raise ConfigurationError(
+                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
+                    "gets a gradient but no per-window gradient: it is used outside the forward of a layer the "
+                    "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
+                    + _BARE_FIX,
+                )
+
+    def _clip(
+        self, params: list[nn.Parameter], max_grad_norm: float, draw: Any, alpha: float
+    ) -> list[torch.Tensor | None]:
+        """``alpha * sum_i clip_C(g_i)`` per parameter, added into ``draw()``'s tensors (one per parameter, drawn
+        once the norms are known to be finite) or, with ``draw=None``, into new tensors (``None``: untouched)."""
         stacked = []
+        flat2d: list[tuple[_Record, torch.Tensor, torch.Tensor]] = []  # one call, [B, d] -> [B, p]: fast path
         for record in [*self._records.values(), *self._lstm_records.values()]:
+            if len(record.calls) == 1 and record.calls[0][1] is not None and len(record.calls[0][0]) == 1:
+                (a,), g = record.calls[0]
+                if a.dim() == 2 and g.dim() == 2:
+                    flat2d.append((record, a, g))
+                    continue
             pair = self._stacked(record)
             if pair is not None:
                 stacked.append((record, *pair))
@@ -490,40 +650,60 @@ class PerWindowClipper:
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
             if gs is not None and id(p) not in self.native:
                 samples[id(p)] = gs
-        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for g in samples.values()}
+        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for _, _, g in flat2d}
+        sizes |= {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
             raise RuntimeError(
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
                 "windows of the batch along its first dimension"
             )
+        touched = set(samples)
+        for record, _, _ in [*stacked, *flat2d]:
+            touched.update(id(w) for w, _ in record.weights)
+            touched.update(id(bias) for bias in record.biases)
+        groups = _merge_shared_inputs(stacked, self._stand_ins)
         grads: dict[int, torch.Tensor] = {}
         if sizes:
             (b,) = sizes
-            ref = next(iter(samples.values())) if samples else stacked[0][2]
+            ref = next(iter(samples.values())) if samples else (stacked or flat2d)[0][2]
             scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
-            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            sq: torch.Tensor | None = None
             formed: list[list[torch.Tensor] | None] = []
-            for record, blocks, g in stacked:
+            for record, blocks, g, _ in groups:
                 norms, per_window = _squared_norms(record, blocks, g)
-                sq += norms
+                sq = norms if sq is None else sq.add_(norms)
                 formed.append(per_window)
-            sq.mul_(scale * scale)
+            for record, a, g in flat2d:  # (||a_i||^2 [if a weight] + number of biases) ||g_i||^2
+                norms = torch.linalg.vector_norm(g, dim=1).square()
+                if record.weights:
+                    a_sq = torch.linalg.vector_norm(a, dim=1).square()
+                    norms.mul_(a_sq.add_(len(record.biases)) if record.biases else a_sq)
+                elif len(record.biases) != 1:
+                    norms.mul_(len(record.biases))
+                sq = norms if sq is None else sq.add_(norms)
+            if sq is None:
+                sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+            else:
+                sq.mul_(scale * scale)
             for gs in samples.values():
                 sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
-            bad = ~torch.isfinite(sq)
-            if bool(bad.any()):
-                windows = bad.nonzero().flatten().tolist()
+            if not bool(torch.isfinite(sq).all()):
+                windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
                 raise NonFiniteGradientError(
                     f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
                     "overflows); clipping cannot bound its contribution", windows,
                 )
             factor = clip_factors(sq, max_grad_norm)
+            self._check_sources(params, touched)
+            if draw is not None:
+                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
             native_factor = factor * scale
-            for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
+            for (record, blocks, g, members), per_window in zip(groups, formed, strict=True):
+                into, scaled = (grads, alpha) if members is None else ({}, 1.0)
                 weights = native_factor.to(g.dtype)
                 if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                     for (w, _), full in zip(record.weights, per_window, strict=True):
-                        grads[id(w)] = _window_sum(weights, full)
+                        _add_into(into, w, _window_sum(weights, full), scaled)
                 elif record.weights:
                     # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
                     # over the (window, step) rows in the order in which G is stored
@@ -532,31 +712,38 @@ class PerWindowClipper:
                     if d_all <= g.shape[-1]:
                         g_flat = _flat(g, time_major).T
                         for w, k in record.weights:
-                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major, weights)
+                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major, weights), scaled)
                     else:
                         g_flat = _flat(g, time_major, weights).T
                         for w, k in record.weights:
-                            grads[id(w)] = g_flat @ _flat(blocks[k], time_major)
+                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major), scaled)
                 if record.biases:
-                    bias_sum = weights @ _step_sum(g)
-                    for bias in record.biases:
-                        grads[id(bias)] = bias_sum
+                    g_sum = _step_sum(g).T  # [p, B]
+                    if len(record.biases) == 1:
+                        _mv_into(into, record.biases[0], g_sum, weights, scaled)
+                    else:
+                        bias_sum = g_sum @ weights
+                        for bias in record.biases:
+                            _add_into(into, bias, bias_sum, scaled)
+                if members is not None:  # split the merged layer's sums into its members' parameters
+                    _split_into(grads, members, into, record, alpha)
+            for record, a, g in flat2d:  # sum_i c_i g_i a_i^T: weight the narrower of a, g; one product
+                weights = native_factor.to(g.dtype)[:, None]
+                if record.weights:
+                    if a.shape[1] <= g.shape[1]:
+                        _mm_into(grads, record.weights[0][0], g.T, a * weights, alpha)
+                    else:
+                        _mm_into(grads, record.weights[0][0], (g * weights).T, a, alpha)
+                for bias in record.biases:
+                    _mv_into(grads, bias, g.T, weights[:, 0], alpha)
             for key, gs in samples.items():
-                grads[key] = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
-        for p in params:
-            if id(p) in self.gradient_free and p.grad is not None and bool(p.grad.ne(0).any()):
-                raise ConfigurationError(
-                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
-                    "gets a gradient from outside its layer's training forward (e.g. used directly in the "
-                    "LightningModule's training_step or by another layer, or its layer ran in eval mode during "
-                    "training); that contribution has no per-window bound. Use it only through its layer, or "
-                    + _BARE_FIX.split(", or ")[-1],
-                )
-            if id(p) not in grads and p.grad is not None and bool(p.grad.ne(0).any()):
-                raise ConfigurationError(
-                    "model", f"parameter {self._names.get(id(p), '?')!r} of shape {tuple(p.shape)}",
-                    "gets a gradient but no per-window gradient: it is used outside the forward of a layer the "
-                    "per-window hooks see (e.g. a bare nn.Parameter used in the LightningModule's training_step); "
-                    + _BARE_FIX,
-                )
+                summed = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
+                if key in grads:
+                    grads[key].add_(summed, alpha=alpha)
+                else:
+                    grads[key] = summed if alpha == 1.0 else summed.mul_(alpha)
+        else:
+            self._check_sources(params, touched)
+            if draw is not None:
+                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
         return [grads.get(id(p)) for p in params]
