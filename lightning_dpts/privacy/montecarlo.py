@@ -482,6 +482,8 @@ _GROWTH_LIMIT = 600.0
 _SUB_BLOCK = 8
 #: Longest rescaling period (steps); shorter when the exponents are typically large (small sigma), see below.
 _MAX_RESCALE_PERIOD = 32
+#: log2(e): the blocked pipeline keeps exponents in bits and evaluates 2^x (numpy's exp2 is ~15% cheaper than exp).
+_LOG2_E = 1.0 / math.log(2.0)
 
 
 def _rescale_period(mech: BandMFMechanism) -> int:
@@ -514,9 +516,11 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
     * with q = 1 - p and f_i = q^{n-i} h_i the recursion becomes ``h_i = h_{i+1} + g'_i h_{i+b}`` with
       ``g'_i = p q^{-b} g_i`` and boundary ``h_{n+k} = q^k`` (k = 0..b-1): two vector operations per step;
     * ``ln g'_i`` (Eq. 1: the Gaussian log-ratio of the column, plus ln(p q^{-b})) is the banded block of C (scaled
-      by s/sigma) times the block of y/sigma, plus a row constant. The block is cut into sub-blocks of 8 rows, each
-      an 8 x (8 + b - 1) dense product with its (overlapping) window of y/sigma, all in one batched ``matmul``
-      (2 (8 + b - 1) flops per value instead of 2 (T + b - 1) for one dense T x (T + b - 1) product);
+      by s/sigma) times the block of y/sigma, plus a row constant; it is kept in bits (times log2 e, folded into the
+      band and the constant) and g' evaluated as 2^x (``exp2``: the same value up to rounding, and cheaper). The
+      block is cut into sub-blocks of 8 rows, each an 8 x (8 + b - 1) dense product with its (overlapping) window of
+      y/sigma, all in one batched ``matmul`` (2 (8 + b - 1) flops per value instead of 2 (T + b - 1) for one dense
+      T x (T + b - 1) product);
     * h is non-decreasing backwards (h_i >= h_{i+1} >= 1), so it can only overflow: each column is divided by its
       current value every K steps (:func:`_rescale_period`; scale kept in log); a block in which a column could grow
       by more than e^600 between two rescalings (some ln g'_i >= 600/K - ln 2) runs for that column in log space
@@ -533,16 +537,18 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
     for j in range(min(b, n)):
         norm2[: n - j] += c[j] ** 2
     const = -0.5 * (s / sigma) ** 2 * norm2 + log_lead + (math.log(r) if r < 1.0 else 0.0)
+    const *= _LOG2_E  # exponents in bits: g' = 2^(exponent), exp2 being cheaper than exp
     full_rows = n - b + 1  # rows i < n - b + 1 have the whole column (||c_i|| = ||c||): a scalar constant
-    base = (1.0 - r) * math.exp(log_lead) if r < 1.0 else 0.0  # g' = base + exp(exponent)
+    base = (1.0 - r) * math.exp(log_lead) if r < 1.0 else 0.0  # g' = base + 2^(exponent in bits)
     log_base = math.log1p(-r) + log_lead if r < 1.0 else -math.inf
     every = _rescale_period(mech)
-    limit = _GROWTH_LIMIT / every - math.log(2.0)  # per-step bound on ln g' that keeps K steps below e^600
+    # per-step bound on log2 g' that keeps K steps below e^600: (600/K - ln 2) nats
+    limit = (_GROWTH_LIMIT / every - math.log(2.0)) * _LOG2_E
     sub = _SUB_BLOCK
     big_t = sub * -(-max(32, 2 * b) // sub)  # rows per block: >= 2b, a multiple of the sub-block
     band = np.zeros((big_t, big_t + b - 1))
     for j in range(b):
-        band[np.arange(big_t), np.arange(big_t) + j] = (s / sigma) * c[j]
+        band[np.arange(big_t), np.arange(big_t) + j] = (s / sigma) * _LOG2_E * c[j]
     band_sub = np.ascontiguousarray(band[:sub, : sub + b - 1])
     z = np.zeros((big_t + b - 1, m))  # y/sigma: block rows at [big_t - rows, big_t), then the b - 1 later rows
     # sub-block k's window: rows k*sub .. k*sub + sub + b - 2 of z (overlapping views, read only)
@@ -571,12 +577,12 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
             gb += const[t0:t1, None]
         peak = gb.max(axis=0)
         if r < 1.0:
-            peak = np.maximum(peak, log_base) + math.log(2.0)
+            peak = np.maximum(peak, log_base * _LOG2_E) + 1.0  # g' <= 2 max(base, 2^exponent)
         hard = np.flatnonzero(peak >= limit)
         hb = h[lo:]
         redo = _log_space_block(hb, gb, hard, rows, b, log_base) if hard.size else None
         with np.errstate(over="ignore", invalid="ignore"):  # only in the columns `hard`, replaced below
-            np.exp(gb, out=gb)
+            np.exp2(gb, out=gb)
             if base:
                 gb += base
             for k in range(rows - 1, -1, -1):
@@ -606,18 +612,19 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
     return np.log(total) + log_scale + n * log_q
 
 
-def _log_space_block(hb: np.ndarray, log_gb: np.ndarray, cols: np.ndarray, rows: int, b: int,
+def _log_space_block(hb: np.ndarray, log2_gb: np.ndarray, cols: np.ndarray, rows: int, b: int,
                      log_base: float) -> tuple[np.ndarray, np.ndarray]:
     """One block of the h recursion in log space (``logaddexp``) for the columns ``cols`` whose ln g' is extreme.
 
     Reads the b tail rows ``hb[rows:]`` of those columns (h after the block, divided by the current scale) and the
-    block's exponents; returns (the rows of the block and its tail divided by the new block-start value, ln of that
-    value), which the caller writes back after the linear pass (in which these columns are ignored).
+    block's exponents (``log2_gb``, in bits; ``log_base`` in nats); returns (the rows of the block and its tail
+    divided by the new block-start value, ln of that value), which the caller writes back after the linear pass (in
+    which these columns are ignored).
     """
     lh = np.empty((rows + b, cols.size))
     with np.errstate(divide="ignore"):  # h can be 0 after an earlier log-space block (underflow of a ratio < e^-745)
         lh[rows:] = np.log(hb[rows:, cols])
-    lg = log_gb[:, cols]
+    lg = log2_gb[:, cols] * math.log(2.0)
     if math.isfinite(log_base):
         lg = np.logaddexp(log_base, lg)
     for k in range(rows - 1, -1, -1):
