@@ -411,11 +411,12 @@ class BandMFMechanism:
         else:
             chunk = max(1, _CHUNK_VALUES // (self.iterations + self.bands))
         out = np.empty(total)
+        workspace = np.empty(_workspace_values(self, chunk)) if blocked else None  # reused by every chunk
         done = 0
         while done < total:
             k = min(chunk, total - done)
             if blocked:
-                llr = _blocked_log_likelihood_ratio(self, k, self._sampling_fill(rng, k, distribution))
+                llr = _blocked_log_likelihood_ratio(self, k, self._sampling_fill(rng, k, distribution), workspace)
             else:  # p = 1: the reference path (the blocked form needs q = 1 - p > 0)
                 llr = _log_likelihood_ratio_time_major(self._outputs_time_major(rng, k, distribution), self)
             out[done:done + k] = llr if direction == "remove" else -llr
@@ -429,26 +430,32 @@ class BandMFMechanism:
 
         The rows of one call are fresh standard normals from ``rng``; generating them in blocks backwards in time
         does not change their joint law (all n x m values are i.i.d.), and x is independent of them, as in P.
+        The participations are sorted by step once (a linear-time radix sort of 16-bit keys when n < 2^15), so a
+        block's shifts are found by one binary search and placed by one scatter.
         """
         b = self.bands
         shift = (self.sensitivity / self.noise_multiplier) * np.asarray(self.coefficients)
         if distribution == "P":
             steps, owners = self._participation_events(rng, m)
-            order = np.argsort(steps, kind="stable")
+            keys = steps.astype(np.int16) if self.iterations <= np.iinfo(np.int16).max else steps
+            order = np.argsort(keys, kind="stable")  # numpy sorts <= 16-bit integers by radix sort
             steps, owners = steps[order], owners[order]
         else:
             steps = owners = np.zeros(0, dtype=np.int64)
+        offsets = np.arange(b)
 
         def fill(out: np.ndarray, t0: int, t1: int) -> None:
             rng.standard_normal(out=out)
             if steps.size:
-                flat = out.reshape(-1)  # a view: the block rows are contiguous
-                for j in range(b):
-                    # entry j of the column of a participation at k lands in row k + j: k in [t0 - j, t1 - j)
-                    first, last = np.searchsorted(steps, (t0 - j, t1 - j))
-                    if first < last:
-                        # participations of one sample are >= b apart: the (row, owner) pairs of one j are distinct
-                        flat[(steps[first:last] + (j - t0)) * m + owners[first:last]] += shift[j]
+                # participations at k in [t0 - b + 1, t1) reach rows k .. k + b - 1 of the block [t0, t1)
+                first, last = np.searchsorted(steps, (t0 - b + 1, t1))
+                if first < last:
+                    rows = steps[first:last, None] + offsets
+                    inside = (rows >= t0) & (rows < t1)
+                    flat = out.reshape(-1)  # a view: the block rows are contiguous
+                    # participations of one sample are >= b apart, so the (row, owner) pairs are distinct
+                    index = ((rows - t0) * m + owners[first:last, None])[inside]
+                    flat[index] += np.broadcast_to(shift, rows.shape)[inside]
 
         return fill
 
@@ -472,10 +479,44 @@ class BandMFMechanism:
 _CHUNK_SAMPLES = 8192
 #: Rescaling bound: between two rescalings a column grows by at most exp(_GROWTH_LIMIT) (float64 overflows past 709).
 _GROWTH_LIMIT = 600.0
+#: Rows per sub-block of the exponent product (one small dense product per sub-block, batched).
+_SUB_BLOCK = 8
+#: Longest rescaling period (steps); shorter when the exponents are typically large (small sigma), see below.
+_MAX_RESCALE_PERIOD = 32
+#: log2(e): the blocked pipeline keeps exponents in bits and evaluates 2^x (numpy's exp2 is ~15% cheaper than exp).
+_LOG2_E = 1.0 / math.log(2.0)
 
 
-def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
-                                  fill: Callable[[np.ndarray, int, int], None]) -> np.ndarray:
+def _rescale_period(mech: BandMFMechanism) -> int:
+    """K, the number of steps between two rescalings of h in :func:`_blocked_log_likelihood_ratio`.
+
+    Correctness holds for every K >= 1 (a column whose per-step exponent could exceed 600/K - ln 2 in a block runs
+    that block in log space); K only trades the cost of rescaling (b rows divided every K steps) against how often
+    columns need the slow log-space pass. K = max(8, b, min(32, 600 / (ln 2 + B))), where B bounds the exponent
+    ln g' = L_i + ln(p q^-b) of all but a vanishing fraction of steps: L_i = <a, y_window> - |a|^2/2 with
+    a = (s/sigma) c_i, whose mean is at most 2|a|^2 (a window overlaps the shifts of at most two participations) and
+    whose standard deviation is |a|; B = 2|a|^2 + 8|a| + ln(p q^-b), an 8-standard-deviation bound. For the usual
+    sigma (>= ~0.5 per unit column norm) K = 32; for small sigma K falls back to max(8, b).
+    """
+    b, p = mech.bands, mech.sampling_prob
+    a = (mech.sensitivity / mech.noise_multiplier) * float(np.linalg.norm(mech.coefficients))
+    typical = 2.0 * a * a + 8.0 * a + math.log(p) - b * math.log1p(-p)
+    period = int(_GROWTH_LIMIT / (math.log(2.0) + max(typical, 1.0)))
+    return max(8, b, min(_MAX_RESCALE_PERIOD, period))
+
+
+def _block_rows(bands: int) -> int:
+    """T, the rows per block of :func:`_blocked_log_likelihood_ratio`: >= max(32, 2b), a multiple of 8."""
+    return _SUB_BLOCK * -(-max(32, 2 * bands) // _SUB_BLOCK)
+
+
+def _workspace_values(mech: BandMFMechanism, m: int) -> int:
+    """float64 values of the buffers of :func:`_blocked_log_likelihood_ratio` for m samples: (3T + 2b - 1) m."""
+    return (3 * _block_rows(mech.bands) + 2 * mech.bands - 1) * m
+
+
+def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int, fill: Callable[[np.ndarray, int, int], None],
+                                  workspace: np.ndarray | None = None) -> np.ndarray:
     """``ln P/Q`` of m outputs whose standardised rows are produced block by block, backwards in time.
 
     ``fill(out, t0, t1)`` writes rows t0..t1-1 of y/sigma (shape (t1 - t0, m)) into ``out``. The recursion of
@@ -485,12 +526,16 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
 
     * with q = 1 - p and f_i = q^{n-i} h_i the recursion becomes ``h_i = h_{i+1} + g'_i h_{i+b}`` with
       ``g'_i = p q^{-b} g_i`` and boundary ``h_{n+k} = q^k`` (k = 0..b-1): two vector operations per step;
-    * ``ln g'_i`` (Eq. 1: the Gaussian log-ratio of the column, plus ln(p q^{-b})) for a whole block is one dense
-      matrix product of the banded block of C (scaled by s/sigma) with the block of y/sigma, plus a row constant;
+    * ``ln g'_i`` (Eq. 1: the Gaussian log-ratio of the column, plus ln(p q^{-b})) is the banded block of C (scaled
+      by s/sigma) times the block of y/sigma, plus a row constant; it is kept in bits (times log2 e, folded into the
+      band and the constant) and g' evaluated as 2^x (``exp2``: the same value up to rounding, and cheaper). The
+      block is cut into sub-blocks of 8 rows, each an 8 x (8 + b - 1) dense product with its (overlapping) window of
+      y/sigma, all in one batched ``matmul`` (2 (8 + b - 1) flops per value instead of 2 (T + b - 1) for one dense
+      T x (T + b - 1) product);
     * h is non-decreasing backwards (h_i >= h_{i+1} >= 1), so it can only overflow: each column is divided by its
-      current value every K = max(8, b) steps (scale kept in log); a block in which a column could grow by more than
-      e^600 between two rescalings (some ln g'_i >= 600/K - ln 2) runs for that column in log space (logaddexp),
-      so no value ever overflows and nothing is approximated.
+      current value every K steps (:func:`_rescale_period`; scale kept in log); a block in which a column could grow
+      by more than e^600 between two rescalings (some ln g'_i >= 600/K - ln 2) runs for that column in log space
+      (logaddexp), so no value ever overflows and nothing is approximated.
     Requires p < 1 (q > 0); p = 1 is handled by the reference path.
     """
     n, b = mech.iterations, mech.bands
@@ -503,18 +548,34 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
     for j in range(min(b, n)):
         norm2[: n - j] += c[j] ** 2
     const = -0.5 * (s / sigma) ** 2 * norm2 + log_lead + (math.log(r) if r < 1.0 else 0.0)
-    base = (1.0 - r) * math.exp(log_lead) if r < 1.0 else 0.0  # g' = base + exp(exponent)
+    const *= _LOG2_E  # exponents in bits: g' = 2^(exponent), exp2 being cheaper than exp
+    full_rows = n - b + 1  # rows i < n - b + 1 have the whole column (||c_i|| = ||c||): a scalar constant
+    base = (1.0 - r) * math.exp(log_lead) if r < 1.0 else 0.0  # g' = base + 2^(exponent in bits)
     log_base = math.log1p(-r) + log_lead if r < 1.0 else -math.inf
-    every = max(8, b)
-    limit = _GROWTH_LIMIT / every - math.log(2.0)  # per-step bound on ln g' that keeps K steps below e^600
-    big_t = max(32, 2 * b)  # rows per block
+    every = _rescale_period(mech)
+    # per-step bound on log2 g' that keeps K steps below e^600: (600/K - ln 2) nats
+    limit = (_GROWTH_LIMIT / every - math.log(2.0)) * _LOG2_E
+    sub = _SUB_BLOCK
+    big_t = _block_rows(b)
     band = np.zeros((big_t, big_t + b - 1))
     for j in range(b):
-        band[np.arange(big_t), np.arange(big_t) + j] = (s / sigma) * c[j]
-    z = np.zeros((big_t + b - 1, m))  # y/sigma: block rows at [big_t - rows, big_t), then the b - 1 later rows
-    h = np.empty((big_t + b, m))  # h: block rows, then h_{t1 .. t1+b-1}
+        band[np.arange(big_t), np.arange(big_t) + j] = (s / sigma) * _LOG2_E * c[j]
+    band_sub = np.ascontiguousarray(band[:sub, : sub + b - 1])
+    # buffers (carved from ``workspace`` when given: reusing memory across calls avoids page faults, ~5% at n = 500)
+    size = _workspace_values(mech, m)
+    if workspace is None or workspace.size < size:
+        workspace = np.empty(size)
+    z, h, g = np.split(workspace[:size], np.cumsum([(big_t + b - 1) * m, (big_t + b) * m]))
+    z = z.reshape(big_t + b - 1, m)  # y/sigma: block rows at [big_t - rows, big_t), then the b - 1 later rows
+    z[big_t:] = 0.0  # zero padding past n (the first block in time order is the last one, t1 = n)
+    # sub-block k's window: rows k*sub .. k*sub + sub + b - 2 of z (overlapping views, read only)
+    windows = np.lib.stride_tricks.as_strided(z, shape=(big_t // sub, sub + b - 1, m),
+                                              strides=(sub * z.strides[0], z.strides[0], z.strides[1]),
+                                              writeable=False)
+    h = h.reshape(big_t + b, m)  # h: block rows, then h_{t1 .. t1+b-1}
     h[big_t:] = np.exp(log_q * np.arange(b))[:, None]
-    g = np.empty((big_t, m))
+    g = g.reshape(big_t, m)
+    g_sub = g.reshape(big_t // sub, sub, m)
     log_scale = np.zeros(m)
     t1 = n
     while t1 > 0:
@@ -523,23 +584,29 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
         lo = big_t - rows
         fill(z[lo:big_t], t0, t1)
         gb = g[lo:]
-        np.matmul(band[:rows, : rows + b - 1], z[lo:], out=gb)
-        gb += const[t0:t1, None]
+        if rows == big_t:
+            np.matmul(band_sub, windows, out=g_sub)
+        else:  # the first block in time (only one per call): one dense product
+            np.matmul(band[:rows, : rows + b - 1], z[lo:], out=gb)
+        if t1 <= full_rows:
+            gb += const[0]
+        else:
+            gb += const[t0:t1, None]
         peak = gb.max(axis=0)
         if r < 1.0:
-            peak = np.maximum(peak, log_base) + math.log(2.0)
+            peak = np.maximum(peak, log_base * _LOG2_E) + 1.0  # g' <= 2 max(base, 2^exponent)
         hard = np.flatnonzero(peak >= limit)
         hb = h[lo:]
         redo = _log_space_block(hb, gb, hard, rows, b, log_base) if hard.size else None
         with np.errstate(over="ignore", invalid="ignore"):  # only in the columns `hard`, replaced below
-            np.exp(gb, out=gb)
+            np.exp2(gb, out=gb)
             if base:
                 gb += base
             for k in range(rows - 1, -1, -1):
                 row = hb[k]
                 np.multiply(gb[k], hb[k + b], out=row)
                 row += hb[k + 1]
-                if k % every == 0:
+                if (t0 + k) % every == 0:  # at most K steps since the last rescaling (or the boundary, h <= 1)
                     scale = row.copy()
                     scale[hard] = 1.0
                     hb[k:k + b] /= scale
@@ -562,18 +629,19 @@ def _blocked_log_likelihood_ratio(mech: BandMFMechanism, m: int,
     return np.log(total) + log_scale + n * log_q
 
 
-def _log_space_block(hb: np.ndarray, log_gb: np.ndarray, cols: np.ndarray, rows: int, b: int,
+def _log_space_block(hb: np.ndarray, log2_gb: np.ndarray, cols: np.ndarray, rows: int, b: int,
                      log_base: float) -> tuple[np.ndarray, np.ndarray]:
     """One block of the h recursion in log space (``logaddexp``) for the columns ``cols`` whose ln g' is extreme.
 
     Reads the b tail rows ``hb[rows:]`` of those columns (h after the block, divided by the current scale) and the
-    block's exponents; returns (the rows of the block and its tail divided by the new block-start value, ln of that
-    value), which the caller writes back after the linear pass (in which these columns are ignored).
+    block's exponents (``log2_gb``, in bits; ``log_base`` in nats); returns (the rows of the block and its tail
+    divided by the new block-start value, ln of that value), which the caller writes back after the linear pass (in
+    which these columns are ignored).
     """
     lh = np.empty((rows + b, cols.size))
     with np.errstate(divide="ignore"):  # h can be 0 after an earlier log-space block (underflow of a ratio < e^-745)
         lh[rows:] = np.log(hb[rows:, cols])
-    lg = log_gb[:, cols]
+    lg = log2_gb[:, cols] * math.log(2.0)
     if math.isfinite(log_base):
         lg = np.logaddexp(log_base, lg)
     for k in range(rows - 1, -1, -1):

@@ -204,3 +204,34 @@ def test_blocked_sampling_places_the_shift_of_every_participation(n, b, r):
     dense = sum(np.diag(np.full(n - j, c[j]), -j) for j in range(b))
     np.testing.assert_allclose(rows, (2.0 / 0.8) * dense @ x.T, atol=1e-12)
     assert x.sum() > m  # participations exist, many cross block boundaries
+
+
+def test_blocked_pipeline_log_space_columns_at_the_longest_rescaling_period():
+    """At moderate sigma the pipeline rescales h only every K = 32 steps (per-step exponent bound 600/32 - ln 2);
+    outputs with runs of huge values push some columns past that bound, so those blocks run in log space. The result
+    still equals the reference recursion; at small sigma K falls back to max(8, b)."""
+    from lightning_dpts.privacy.montecarlo import _blocked_log_likelihood_ratio, _column_terms, _rescale_period
+
+    n, b, p, sigma = 300, 4, 0.05, 1.0
+    c = np.linspace(1.0, 0.4, b)
+    c /= np.linalg.norm(c)
+    mech = BandMFMechanism(n, tuple(c), p, sigma)
+    assert _rescale_period(mech) == 32
+    assert _rescale_period(mech.with_noise_multiplier(0.1)) == 8
+    assert _rescale_period(BandMFMechanism(n, tuple(np.full(40, 0.1)), p, 0.1)) == 40
+    m = 200
+    y = np.random.default_rng(8).normal(0.0, sigma, size=(m, n))
+    y[:4, 40:44] += 40.0 * sigma  # one block with exponents ~ 40
+    y[4:8, 60:290] += 50.0 * sigma  # many blocks in a row: ~ e^(8 x 90) per 32 steps, overflow without the fallback
+    yt = y.T.copy()
+    log_g = _column_terms(yt, c, sigma, 1.0) + math.log(p) - b * math.log1p(-p)
+    assert np.all(log_g.max(axis=0)[:8] > 600 / 32 - math.log(2))  # the fallback is exercised
+    assert np.all(log_g.max(axis=0)[8:] < 600 / 32 - math.log(2))  # ... and the linear path for the rest
+
+    def fill(out, t0, t1):
+        out[...] = yt[t0:t1] / sigma
+
+    got = _blocked_log_likelihood_ratio(mech, m, fill)
+    want = log_likelihood_ratio(y, c, p, sigma)
+    assert np.all(np.isfinite(got)) and got[:4].min() > 50 and got[4:8].min() > 709
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
