@@ -153,6 +153,26 @@ def calibrate(p: dict[str, Any], b: int, epsilon: float, delta: float, grid: int
     return out
 
 
+def share_verification() -> None:
+    """Let every ``AccountantCallback.build_monte_carlo`` of the same mechanism and sample count return one accountant.
+
+    ``run_fit`` checks a planned BandMF run twice (before writing, and before the first step), each time with fresh
+    Monte Carlo samples; over seeds the mechanism is the same. With this, the first check of a mechanism draws its
+    samples (fresh OS entropy) and every later check of the same mechanism reads the same EVR verification, so a
+    (dataset, epsilon, b) cell is verified once instead of twice per seed. Benchmark-only (a process-wide patch).
+    """
+    from lightning_dpts.training import AccountantCallback
+
+    original = AccountantCallback.build_monte_carlo
+    cache: dict[tuple[Any, int], Any] = {}
+
+    def build(self: Any, spec: Any, strategy: Any, sigma: float, planned_steps: int) -> Any:
+        accountant = original(self, spec, strategy, sigma, planned_steps)
+        return cache.setdefault((accountant.mechanism, accountant.samples), accountant)
+
+    AccountantCallback.build_monte_carlo = build  # type: ignore[method-assign]
+
+
 def run_one(base: dict[str, Any], p: dict[str, Any], epsilon: float, delta: float, b: int, sigma: float,
             samples: int, seed: int, non_dp: bool, workdir: Path) -> dict[str, Any]:
     from lightning_dpts.fit import FitConfig, run_fit
@@ -182,6 +202,13 @@ def main() -> None:
     parser.add_argument("--m4", default=DATASETS["m4_weekly"]["data"])
     parser.add_argument("--json", metavar="PATH", help="append one JSON line per calibration and per run")
     parser.add_argument("--table", metavar="PATH", help="only print the tables of the JSON lines in PATH")
+    parser.add_argument("--calibrations", metavar="PATH",
+                        help="reuse the calibration records of these JSON lines (same dataset, epsilon, delta, steps, "
+                             "b) instead of running Algorithm 5 again")
+    parser.add_argument("--share-verification", action="store_true",
+                        help="verify each planned mechanism once (2x the calibration's samples, fresh) and let every "
+                             "seed's run_fit and both of its checks read that one verification (cheaper at large "
+                             "epsilon; the default re-verifies twice per run)")
     args = parser.parse_args()
     if args.table:
         print_tables([json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()])
@@ -193,6 +220,14 @@ def main() -> None:
     from lightning_dpts.randomness import SEEDED_NOTICE
 
     torch.set_num_threads(1)
+    if args.share_verification:
+        share_verification()
+    known: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if args.calibrations:
+        for line in Path(args.calibrations).read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("kind") == "calibration":
+                known[(r["dataset"], r["epsilon"], r["delta"], r["steps"], r["bands"])] = r
     bands = [int(b) for b in args.bands.split(",")]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     print(f"SEEDED EXPERIMENT (seeds {seeds}): {SEEDED_NOTICE}", flush=True)
@@ -220,7 +255,12 @@ def main() -> None:
                       f"{p['test_windows']} test windows", flush=True)
                 cals = {}
                 for b in bands:
-                    cals[b] = calibrate(p, b, epsilon, args.delta, args.grid_size, args.pilot_samples)
+                    reuse = known.get((name, epsilon, args.delta, p["steps"], b))
+                    if reuse is not None:
+                        cals[b] = {k: v for k, v in reuse.items() if k not in key and k not in ("kind", "bands")}
+                        print(f"  {label(b)}: calibration reused from {args.calibrations}")
+                    else:
+                        cals[b] = calibrate(p, b, epsilon, args.delta, args.grid_size, args.pilot_samples)
                     emit({"kind": "calibration", **key, "bands": b, **cals[b]})
                     extra = f", PLD sigma {cals[b]['sigma_pld']:.3f}" if b == 1 else ""
                     how = "verified" if cals[b]["verified"] else "analytic"
