@@ -2,224 +2,338 @@
 
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/bandmf_utility.py [--epsilon 4] [--delta 1e-2] [--steps 500] [--seeds 3]
-        [--optimizer adam|sgd] [--lr 5e-3] [--datasets us_employment,m4_weekly] [--grid-size 12]
-        [--pilot-samples 20000]
-        [--m4 /work/shared/data/m4_weekly.csv.gz]
+    OMP_NUM_THREADS=1 python benchmarks/bandmf_utility.py [--datasets us_employment,m4_weekly] [--epsilons 4,8]
+        [--delta 1e-2] [--seeds 3] [--steps-factor 1] [--bands 1,4,16] [--grid-size 12] [--pilot-samples 20000]
+        [--json results.jsonl] [--m4 /work/shared/data/m4_weekly.csv.gz]
+    python benchmarks/bandmf_utility.py --table results.jsonl      # the markdown tables of a (partial) run
 
-Results and commentary: docs/bandmf.md, "Utility" (about 10 minutes on 2 shared cores with the defaults).
+Results and commentary: docs/bandmf.md, "Utility: private CRPS at equal (epsilon, delta)".
 
-**Seeded experiments.** Every run here is seeded (data sampling, DP noise, initialisation, forecast samples) so the
-table is reproducible; a seeded run's guarantee does not hold against anyone who knows the seed (SEEDED_NOTICE).
-Nothing is written to disk; the seeds appear nowhere but on the command line.
+**What runs.** Every training is one call of :func:`lightning_dpts.fit.run_fit`, i.e. ``dpts fit --bands B
+--noise-multiplier SIGMA`` as it ships: the recipe's model (``seasonal_linear``), past window, clipping norm,
+learning rate, short-series threshold and rolling test windows (docs/recipe.md), chosen from public metadata. Two
+things are fixed here for all methods alike, because b-min-sep needs them: the batch (N' series per step, with
+N'/N <= 1/16 so that b = 16 is allowed: 8 of 145 series on us_employment, 16 of 293 on M4 weekly; the recipe's
+own batch is the whole dataset, which no b > 1 admits) and the number of steps (the recipe's steps for that
+batch, times ``--steps-factor``). DP-SGD is the b = 1 member of the family (``--bands 1``: Gaussian noise, C = (1),
+Poisson sampling of series at rate N'/N); BandMF b = 4 and 16 use ``optimize_coefficients(b, steps)`` (what
+``dpts fit --bands`` uses) and b-min-sep sampling with the same expected batch N'.
 
-**What is compared (one privacy unit for all methods).** Every private run is accounted by the *same* accountant in
-the *same* unit: the package's Monte Carlo accountant of b-min-sep BandMF (Dong & Ganesh 2026, Theorem 5.1, EVR
-Theorem A.1) in the series-level reading of docs/bandmf.md: add/remove of one whole series (sensitivity lambda =
-``instances_per_series`` = 1 clipped window per participation), converted to the package's substitution relation by
-group privacy (``MonteCarloAccountant.substitution_epsilon``: (eps/2, delta/(1 + e^{eps/2})) add/remove gives
-(eps, delta) substitution). DP-SGD is the b = 1 member of the family: Gaussian noise, C = (1), and b-min-sep with
-bands = 1, which is Poisson sampling of series at rate N'/N (``top_level="b_min_sep", bands=1``). BandMF b = 4 and
-b = 16 use optimised banded Toeplitz C (``optimize_coefficients(b, steps)``) with b-min-sep sampling of the same
-expected batch fraction N'/N. For every method sigma is calibrated with Algorithm 5
-(``calibrate_noise_multiplier_monte_carlo``) at (eps/2, delta/(1 + e^{eps/2})) add/remove, and the training's
-``AccountantCallback`` re-verifies the planned run (its own Monte Carlo samples) against the substitution budget
-(eps, delta) before the first step. For DP-SGD the exact PLD value (dp_accounting, Poisson subsampled Gaussian,
-add/remove, same sigma) is printed next to it: the Monte Carlo verification costs DP-SGD a little noise that an exact
-accountant would not need (the column ``sigma PLD`` is the sigma the exact accountant would calibrate).
+**Equal privacy, one unit, one kind of number.** BandMF's guarantee is series-level add/remove (docs/bandmf.md,
+"Which guarantee BandMF gives"), so every method is accounted in that unit by the same accountant: the Monte Carlo
+accountant of Dong & Ganesh (2026), Theorem 5.1, with the EVR-verified upper bound (Theorem A.1), converted to the
+package's substitution relation by group privacy (add/remove (eps/2, delta/(1 + e^{eps/2})) gives substitution
+(eps, delta)). Sigma of every method is calibrated by Algorithm 5 (``calibrate_noise_multiplier_monte_carlo``) at that
+add/remove target, and every ``run_fit`` re-verifies the planned run twice with fresh samples (before anything is
+written and before the first step; ``monte_carlo_samples`` = 2x the calibration's, so a sigma at the edge of the
+grid still verifies). For DP-SGD the exact PLD sigma (dp_accounting, Poisson-subsampled Gaussian, add/remove, same
+target) is printed next to it: the sigma an exact accountant would give DP-SGD (verification costs DP-SGD a few
+per cent of sigma, which favours BandMF in this comparison). delta = 1e-2 (substitution) by default: full EVR
+verification needs ~1/delta samples per candidate and direction (485,040 at epsilon 8), which is what 2 shared CPU
+cores allow; it is an experiment's delta, not a recommendation.
 
-Also in the table: the same model trained without DP for the same number of steps (same initialisation and batch
-size) and seasonal naive. Metric: the mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS;
-``lightning_dpts.fit.score_forecasts``) on the last ``prediction_length`` values of every series (held out), mean
-and standard deviation over the seeds.
+Also reported (from ``run_fit``'s own report): the same model trained without DP for the same steps (trained in the
+DP-SGD run of every seed), seasonal naive (deterministic), MAE, steps, sigma and the prefix-sum MSE
+sigma^2 ||c||^2 ||A C^{-1}||_F^2 / n that BandMF lowers (Section 2.3).
+
+**Seeded experiments.** Every run is seeded (``seed`` = 0, 1, ...: sampling, DP noise, initialisation, forecast
+samples, Monte Carlo samples) so that the table is reproducible; a seeded run's guarantee does not hold against
+anyone who knows the seed (SEEDED_NOTICE). Outputs go to a temporary directory that is deleted; the JSON lines
+hold numbers only (no seed-derived state).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import statistics
+import tempfile
 import time
 import warnings
+from pathlib import Path
+from typing import Any
 
-import lightning as L
-import numpy as np
-import torch
-
-from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
-from lightning_dpts.data.bminsep import sampling_prob_for_rate
-from lightning_dpts.fit import load_long_table, score_forecasts
-from lightning_dpts.privacy.montecarlo import BandMFMechanism, calibrate_noise_multiplier_monte_carlo
-from lightning_dpts.randomness import SEEDED_NOTICE
-from lightning_dpts.training import AccountantCallback, DPForecastStrategy
-from lightning_dpts.training.correlated_noise import optimize_coefficients, prefix_sum_error
-
-warnings.filterwarnings("ignore")
-logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
-
-#: name -> (data, freq, prediction length, context length, batch size N' in series)
-DATASETS = {
-    "us_employment": (None, "M", 12, 24, 8),  # 148 series: p0 = 8/148 = 0.054 <= 1/16
-    "m4_weekly": ("/work/shared/data/m4_weekly.csv.gz", "W", 13, 26, 16),  # 359 series: p0 = 0.045
+#: name -> FitConfig fields that describe the dataset (as benchmarks/utility.py) and N' (series per step)
+DATASETS: dict[str, dict[str, Any]] = {
+    "us_employment": {"data": None, "prediction_length": 12, "batch_size": 8},  # 8/145 = 0.055 <= 1/16
+    "m4_weekly": {"data": "/work/shared/data/m4_weekly.csv.gz", "id_column": "id", "time_column": "timestamp",
+                  "value_column": "value", "freq": "W", "prediction_length": 13, "batch_size": 16},  # 16/293
 }
-METHODS = {"DP-SGD (b=1)": 1, "BandMF b=4": 4, "BandMF b=16": 16}
+LABELS = {1: "DP-SGD (b=1)", 4: "BandMF b=4", 16: "BandMF b=16"}
 
 
-def load(name: str, m4_path: str):
-    if name == "us_employment":
-        return load_dataset("us_employment"), "M"
-    table, freq = load_long_table(m4_path, "id", "timestamp", "value", "W")
-    return table, freq
+def label(b: int) -> str:
+    return LABELS.get(b, f"BandMF b={b}")
 
 
-def estimator(prediction: int, context: int, lr: float):
-    from gluonts.torch.model.d_linear import DLinearEstimator
+def plan(base: dict[str, Any], epsilon: float, delta: float, factor: int, max_bands: int) -> dict[str, Any]:
+    """The run ``run_fit`` will do for ``base`` at (epsilon, delta): epochs, steps, N, N'/N (public metadata only)."""
+    from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
+    from lightning_dpts.fit import (
+        FitConfig,
+        _estimator,
+        drop_short_series,
+        fit_test_windows,
+        load_long_table,
+        resolve_with_test_windows,
+    )
+    from lightning_dpts.privacy import NeighbouringRelation
 
-    return DLinearEstimator(prediction_length=prediction, context_length=context, hidden_dimension=20, lr=lr)
+    given = FitConfig.from_mapping({**base, "epsilon": epsilon, "delta": delta})
+    if given.data is None:
+        table, freq = load_dataset("us_employment"), given.freq or "M"
+    else:
+        table, freq = load_long_table(given.data, given.id_column, given.time_column, given.value_column, given.freq)
+    lengths = table.groupby("item_id", sort=False).size().to_numpy()
+    config, _, _, planned = resolve_with_test_windows(given, lengths, freq)
+    kept, _ = drop_short_series(table, config.min_series_length)
+    module = _estimator(config, freq).create_lightning_module()
+    windows = fit_test_windows(config, planned, kept, freq, module)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dm = StructuredSubsamplingDataModule(
+            kept, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
+            top_level="b_min_sep", bands=max_bands, bottom_level=config.bottom_level,
+            relation=NeighbouringRelation(level=config.level, size=config.size), model=module, freq=freq,
+            id_column="item_id", timestamp_column="timestamp", value_column="target",
+            drop_short_series=config.drop_short_series, test_windows=windows)
+    spec = dm.sampling_spec
+    epochs = int(config.epochs) * factor
+    return {"epochs": epochs, "recipe_epochs": int(config.epochs), "steps": epochs * spec.steps_per_epoch,
+            "num_series": spec.num_series, "batch": config.batch_size, "rate": spec.top_level_rate,
+            "instances_per_series": spec.instances_per_series, "model": config.model, "test_windows": windows,
+            "context_length": spec.context_length}
 
 
-def datamodule(table, freq: str, module, batch: int, seed: int, bands: int | None):
-    kwargs = dict(top_level="b_min_sep", bands=bands) if bands is not None else {}
-    return StructuredSubsamplingDataModule(table, batch_size=batch, instances_per_series=1, model=module, freq=freq,
-                                           seed=seed, id_column="item_id", timestamp_column="timestamp",
-                                           value_column="target", drop_short_series=True, **kwargs)
+def coefficients_for(b: int, steps: int) -> tuple[float, ...]:
+    """C's first column as ``dpts fit --bands b`` builds it (``_bandmf_callbacks``)."""
+    from lightning_dpts.training.correlated_noise import optimize_coefficients
 
-
-def pld_epsilon(sigma: float, rate: float, steps: int, delta: float) -> float:
-    """Exact add/remove epsilon of Poisson-subsampled Gaussian DP-SGD (dp_accounting PLD), sensitivity 1."""
-    from dp_accounting import dp_event, pld
-
-    acc = pld.PLDAccountant(value_discretization_interval=1e-4)  # default relation: add/remove
-    acc.compose(dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)), steps)
-    return float(acc.get_epsilon(delta))
+    if b == 1:
+        return (1.0,)
+    return tuple(float(v) for v in optimize_coefficients(b, steps).coefficients)
 
 
 def pld_sigma(rate: float, steps: int, epsilon: float, delta: float) -> float:
-    lo, hi = 0.2, 20.0
+    """Exact (PLD) add/remove sigma of Poisson-subsampled Gaussian DP-SGD, sensitivity 1, to 0.1%."""
+    from dp_accounting import dp_event, pld
+
+    def eps(sigma: float) -> float:
+        acc = pld.PLDAccountant(value_discretization_interval=1e-4)  # default relation: add/remove
+        acc.compose(dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma)), steps)
+        return float(acc.get_epsilon(delta))
+
+    lo, hi = 0.1, 50.0
     while hi - lo > 1e-3 * hi:
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if pld_epsilon(mid, rate, steps, delta) > epsilon else (lo, mid)
+        lo, hi = (mid, hi) if eps(mid) > epsilon else (lo, mid)
     return hi
 
 
-def train_and_score(table, freq, cfg, steps, lr, seed, bands, sigma, coefficients, budget, mc_samples, optimizer):
-    _, _, prediction, context, batch = cfg
-    est = estimator(prediction, context, lr)
-    torch.manual_seed(seed)  # same initialisation for every method at this seed
-    module = est.create_lightning_module()
-    if optimizer == "sgd":  # plain SGD with momentum 0.9: noisy gradients enter the weights linearly (Section 2.3)
-        module.configure_optimizers = lambda: torch.optim.SGD(module.model.parameters(), lr=lr, momentum=0.9)
-    dm = datamodule(table, freq, module, batch, seed, bands)
-    callbacks = []
-    accountant = None
-    if bands is not None:
-        kind = "bandmf" if bands > 1 else "gaussian"
-        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=1.0, noise=kind, seed=seed,
-                                      coefficients=coefficients if bands > 1 else None)
-        accountant = AccountantCallback(epsilon=budget[0], delta=budget[1], monte_carlo_samples=mc_samples)
-        callbacks = [strategy, accountant]
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
-    trainer.fit(module, datamodule=dm)
-    assert trainer.global_step == steps, trainer.global_step
-    pairs = dm.gluonts_test_pairs("test")
-    inputs = [p[0] for p in pairs]
-    labels = [np.asarray(p[1]["target"], dtype=float) for p in pairs]
-    predictor = est.create_predictor(est.create_transformation(), module)
-    torch.manual_seed(seed + 1)
-    crps = score_forecasts(list(predictor.predict(inputs)), labels)["crps"]
-    eps = accountant.report.epsilon if accountant is not None else None
-    return crps, eps, (inputs, labels)
+def calibrate(p: dict[str, Any], b: int, epsilon: float, delta: float, grid: int, pilot: int) -> dict[str, Any]:
+    """Algorithm 5 at the series-level add/remove target that gives substitution (epsilon, delta)."""
+    from lightning_dpts.data.bminsep import sampling_prob_for_rate
+    from lightning_dpts.privacy.montecarlo import BandMFMechanism, calibrate_noise_multiplier_monte_carlo
+    from lightning_dpts.training.correlated_noise import prefix_sum_error
+
+    eps_ar, delta_ar = epsilon / 2, delta / (1 + math.exp(epsilon / 2))
+    c = coefficients_for(b, p["steps"])
+    mech = BandMFMechanism(p["steps"], c, sampling_prob_for_rate(p["rate"], b), 1.0,
+                           sensitivity=float(p["instances_per_series"]))
+    t0 = time.perf_counter()
+    cal = calibrate_noise_multiplier_monte_carlo(mech, eps_ar, delta_ar, seed=1234 + b, grid_size=grid,
+                                                pilot_samples=pilot)
+    out = {"sigma": cal.noise_multiplier, "verified": cal.verified, "samples": cal.samples,
+           "threshold": cal.threshold, "candidates": len(cal.candidates), "seconds": time.perf_counter() - t0,
+           "mse": cal.noise_multiplier**2 * prefix_sum_error(c, p["steps"]) * p["instances_per_series"]**2}
+    if b == 1:
+        out["sigma_pld"] = pld_sigma(p["rate"], p["steps"], eps_ar, delta_ar)
+    return out
+
+
+def share_verification() -> None:
+    """Let every ``AccountantCallback.build_monte_carlo`` of the same mechanism and sample count return one accountant.
+
+    ``run_fit`` checks a planned BandMF run twice (before writing, and before the first step), each time with fresh
+    Monte Carlo samples; over seeds the mechanism is the same. With this, the first check of a mechanism draws its
+    samples (fresh OS entropy) and every later check of the same mechanism reads the same EVR verification, so a
+    (dataset, epsilon, b) cell is verified once instead of twice per seed. Benchmark-only (a process-wide patch).
+    """
+    from lightning_dpts.training import AccountantCallback
+
+    original = AccountantCallback.build_monte_carlo
+    cache: dict[tuple[Any, int], Any] = {}
+
+    def build(self: Any, spec: Any, strategy: Any, sigma: float, planned_steps: int) -> Any:
+        accountant = original(self, spec, strategy, sigma, planned_steps)
+        return cache.setdefault((accountant.mechanism, accountant.samples), accountant)
+
+    AccountantCallback.build_monte_carlo = build  # type: ignore[method-assign]
+
+
+def run_one(base: dict[str, Any], p: dict[str, Any], epsilon: float, delta: float, b: int, sigma: float,
+            samples: int, seed: int, non_dp: bool, workdir: Path) -> dict[str, Any]:
+    from lightning_dpts.fit import FitConfig, run_fit
+
+    values = {**base, "epsilon": epsilon, "delta": delta, "epochs": p["epochs"], "bands": b,
+              "noise_multiplier": sigma, "monte_carlo_samples": samples, "seed": seed, "non_dp": non_dp,
+              "private_plots": False, "output_dir": str(workdir / f"b{b}-e{epsilon:g}-s{seed}")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = run_fit(FitConfig.from_mapping(values), progress=lambda _message: None)
+    if report["steps"] != p["steps"]:
+        raise RuntimeError(f"run_fit took {report['steps']} steps, planned {p['steps']}")
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epsilon", type=float, default=4.0, help="substitution epsilon (series level)")
-    parser.add_argument("--delta", type=float, default=1e-2)
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate (dpts fit's default)")
-    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                        help="adam: GluonTS's own (dpts fit); sgd: SGD with momentum 0.9")
     parser.add_argument("--datasets", default="us_employment,m4_weekly")
-    parser.add_argument("--m4", default=DATASETS["m4_weekly"][0])
+    parser.add_argument("--epsilons", default="4,8", help="series-level substitution epsilons")
+    parser.add_argument("--delta", type=float, default=1e-2, help="series-level substitution delta")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..n-1")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--steps-factor", type=int, default=1, help="steps = the recipe's steps x this")
+    parser.add_argument("--bands", default="1,4,16", help="methods: 1 = DP-SGD, b > 1 = BandMF b")
+    parser.add_argument("--grid-size", type=int, default=12, help="Algorithm 5 candidates")
     parser.add_argument("--pilot-samples", type=int, default=20_000, help="Algorithm 5 pilot samples per direction")
-    parser.add_argument("--grid-size", type=int, default=12,
-                        help="Algorithm 5 candidates below the analytic one (fewer: cheaper, coarser sigma)")
+    parser.add_argument("--m4", default=DATASETS["m4_weekly"]["data"])
+    parser.add_argument("--json", metavar="PATH", help="append one JSON line per calibration and per run")
+    parser.add_argument("--table", metavar="PATH", help="only print the tables of the JSON lines in PATH")
+    parser.add_argument("--calibrations", metavar="PATH",
+                        help="reuse the calibration records of these JSON lines (same dataset, epsilon, delta, steps, "
+                             "b) instead of running Algorithm 5 again")
+    parser.add_argument("--share-verification", action="store_true",
+                        help="verify each planned mechanism once (2x the calibration's samples, fresh) and let every "
+                             "seed's run_fit and both of its checks read that one verification (cheaper at large "
+                             "epsilon; the default re-verifies twice per run)")
     args = parser.parse_args()
+    if args.table:
+        print_tables([json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()])
+        return
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
+    import torch
+
+    from lightning_dpts.randomness import SEEDED_NOTICE
+
     torch.set_num_threads(1)
-    print(f"SEEDED EXPERIMENT (seeds 0..{args.seeds - 1}): {SEEDED_NOTICE}")
-    eps_ar = args.epsilon / 2
-    delta_ar = args.delta / (1 + math.exp(eps_ar))
-    print(f"budget: (eps={args.epsilon:g}, delta={args.delta:g}) series-level substitution = "
-          f"(eps={eps_ar:g}, delta={delta_ar:.3g}) series-level add/remove (group privacy); {args.steps} steps, "
-          f"DLinear, {args.optimizer} lr {args.lr:g}")
+    if args.share_verification:
+        share_verification()
+    known: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if args.calibrations:
+        for line in Path(args.calibrations).read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("kind") == "calibration":
+                known[(r["dataset"], r["epsilon"], r["delta"], r["steps"], r["bands"])] = r
+    bands = [int(b) for b in args.bands.split(",")]
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    print(f"SEEDED EXPERIMENT (seeds {seeds}): {SEEDED_NOTICE}", flush=True)
+    records: list[dict[str, Any]] = []
+
+    def emit(record: dict[str, Any]) -> None:
+        records.append(record)
+        if args.json:
+            with open(args.json, "a") as fh:
+                fh.write(json.dumps(record, default=float) + "\n")
+
     started = time.perf_counter()
-    rows = []
-    for name in args.datasets.split(","):
-        cfg = DATASETS[name]
-        table, freq = load(name, args.m4)
-        probe = datamodule(table, freq, estimator(cfg[2], cfg[3], args.lr).create_lightning_module(), cfg[4], 0, None)
-        num_series = probe.sampling_spec.num_series
-        rate = cfg[4] / num_series
-        print(f"\n{name}: {num_series} series, batch N'={cfg[4]} series (p0 = {rate:.4f}), horizon {cfg[2]}, "
-              f"context {cfg[3]}")
-        results: dict[str, list[float]] = {}
-        info: dict[str, str] = {}
-        for label, b in METHODS.items():
-            t0 = time.perf_counter()
-            coefficients = (1.0,) if b == 1 else tuple(optimize_coefficients(b, args.steps).coefficients)
-            mech = BandMFMechanism(args.steps, coefficients, sampling_prob_for_rate(rate, b), 1.0)
-            cal = calibrate_noise_multiplier_monte_carlo(mech, eps_ar, delta_ar, seed=1234 + b,
-                                                        grid_size=args.grid_size, pilot_samples=args.pilot_samples)
-            sigma = cal.noise_multiplier
-            mse = sigma**2 * prefix_sum_error(coefficients, args.steps)  # noise in the prefix sums (docs/bandmf.md)
-            note = (f"sigma {sigma:.3f} ({'verified' if cal.verified else 'analytic'}, {cal.samples} samples/dir), "
-                    f"prefix-sum MSE {mse:.0f}")
-            if b == 1:
-                note += (f"; PLD eps_add/remove at this sigma {pld_epsilon(sigma, rate, args.steps, delta_ar):.3f} "
-                         f"(budget {eps_ar:g}), sigma PLD {pld_sigma(rate, args.steps, eps_ar, delta_ar):.3f}")
-            crps, spent = [], []
-            for seed in range(args.seeds):
-                c, e, _ = train_and_score(table, freq, cfg, args.steps, args.lr, seed, b, sigma,
-                                          coefficients if b > 1 else None, (args.epsilon, args.delta),
-                                          2 * cal.samples, args.optimizer)
-                crps.append(c)
-                spent.append(e)
-            results[label] = crps
-            info[label] = f"{note}; verified eps <= {max(spent):.3f} ({time.perf_counter() - t0:.0f} s)"
-            print(f"  {label:14s} CRPS {fmt(crps)}  {info[label]}", flush=True)
-        plain, naive = [], None
-        for seed in range(args.seeds):
-            c, _, (inputs, labels) = train_and_score(table, freq, cfg, args.steps, args.lr, seed, None, None, None,
-                                                     None, None, args.optimizer)
-            plain.append(c)
-            if naive is None:
-                from gluonts.model.seasonal_naive import SeasonalNaivePredictor
-                from gluonts.time_feature import get_seasonality
-
-                naive_pred = SeasonalNaivePredictor(prediction_length=cfg[2], season_length=get_seasonality(freq))
-                naive = score_forecasts(list(naive_pred.predict(inputs)), labels)["crps"]
-        results["no DP (same steps)"] = plain
-        results["seasonal naive"] = [naive]
-        print(f"  {'no DP':14s} CRPS {fmt(plain)}", flush=True)
-        rows.append((name, results))
-    print(f"\nprivate CRPS (mean wQuantileLoss, lower is better; mean ± sd over {args.seeds} seeds), "
-          f"(eps={args.epsilon:g}, delta={args.delta:g}) series-level substitution, {args.steps} steps")
-    labels = [*METHODS, "no DP (same steps)", "seasonal naive"]
-    print("| data | " + " | ".join(labels) + " |")
-    print("|---" * (len(labels) + 1) + "|")
-    for name, results in rows:
-        print(f"| {name} | " + " | ".join(fmt(results[k]) for k in labels) + " |")
-    print(f"total {time.perf_counter() - started:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="dpts-bandmf-utility-") as tmp:
+        for name in args.datasets.split(","):
+            base = dict(DATASETS[name])
+            if name == "m4_weekly":
+                base["data"] = args.m4
+            for epsilon in [float(e) for e in args.epsilons.split(",")]:
+                p = plan(base, epsilon, args.delta, args.steps_factor, max(bands))
+                key = {"dataset": name, "epsilon": epsilon, "delta": args.delta, "steps": p["steps"],
+                       "batch": p["batch"], "num_series": p["num_series"]}
+                print(f"\n{name} eps={epsilon:g} delta={args.delta:g}: {p['model']}, {p['num_series']} series, "
+                      f"N'={p['batch']} (N'/N={p['rate']:.4f}), {p['steps']} steps ({p['epochs']} epochs = "
+                      f"{args.steps_factor} x the recipe's), past window {p['context_length']}, "
+                      f"{p['test_windows']} test windows", flush=True)
+                cals = {}
+                for b in bands:
+                    reuse = known.get((name, epsilon, args.delta, p["steps"], b))
+                    if reuse is not None:
+                        cals[b] = {k: v for k, v in reuse.items() if k not in key and k not in ("kind", "bands")}
+                        print(f"  {label(b)}: calibration reused from {args.calibrations}")
+                    else:
+                        cals[b] = calibrate(p, b, epsilon, args.delta, args.grid_size, args.pilot_samples)
+                    emit({"kind": "calibration", **key, "bands": b, **cals[b]})
+                    extra = f", PLD sigma {cals[b]['sigma_pld']:.3f}" if b == 1 else ""
+                    how = "verified" if cals[b]["verified"] else "analytic"
+                    print(f"  {label(b)}: sigma {cals[b]['sigma']:.3f} ({how}, {cals[b]['samples']} samples/dir, "
+                          f"{cals[b]['seconds']:.0f} s), prefix-sum "
+                          f"MSE {cals[b]['mse']:.1f}{extra}", flush=True)
+                for seed in seeds:
+                    for i, b in enumerate(bands):
+                        t0 = time.perf_counter()
+                        report = run_one(base, p, epsilon, args.delta, b, cals[b]["sigma"],
+                                         2 * cals[b]["samples"], seed, i == 0, Path(tmp))
+                        m = report["metrics"]
+                        rec = {"kind": "run", **key, "bands": b, "seed": seed, "sigma": cals[b]["sigma"],
+                               "epsilon_verified": report["epsilon"], "crps": m["dp"]["crps"],
+                               "mae": m["dp"]["mae"], "naive_crps": m["seasonal_naive"]["crps"],
+                               "naive_mae": m["seasonal_naive"]["mae"], "model": report["model"],
+                               "test_windows": report["evaluation"]["test_windows"],
+                               "seconds": time.perf_counter() - t0}
+                        if "non_dp" in m:
+                            rec["non_dp_crps"], rec["non_dp_mae"] = m["non_dp"]["crps"], m["non_dp"]["mae"]
+                        emit(rec)
+                        print(f"  seed {seed} {label(b):14s} CRPS {rec['crps']:.4f} MAE {rec['mae']:.1f} "
+                              f"(naive {rec['naive_crps']:.4f}"
+                              + (f", non-DP {rec['non_dp_crps']:.4f}" if "non_dp_crps" in rec else "")
+                              + f"), verified eps <= {rec['epsilon_verified']:.3f}, {rec['seconds']:.0f} s",
+                              flush=True)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    print_tables(records)
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float], digits: int = 4) -> str:
+    if not values:
+        return "-"
     if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def print_tables(records: list[dict[str, Any]]) -> None:
+    """One markdown row per (dataset, epsilon, steps): CRPS mean ± sd over seeds per method, references, sigma."""
+    cals = {(r["dataset"], r["epsilon"], r["steps"], r["bands"]): r for r in records if r["kind"] == "calibration"}
+    runs = [r for r in records if r["kind"] == "run"]
+    groups = sorted({(r["dataset"], r["epsilon"], r["steps"]) for r in runs})
+    bands = sorted({r["bands"] for r in runs})
+    print("\nCRPS (mean wQuantileLoss over the rolling test windows x kept series; mean ± sd over seeds; n = seeds)")
+    print("| data | ε | δ | steps | N'/N | " + " | ".join(label(b) for b in bands)
+          + " | no DP (same steps) | seasonal naive |")
+    print("|---|---|---|---|---|" + "---|" * (len(bands) + 2))
+    for g in groups:
+        rows = [r for r in runs if (r["dataset"], r["epsilon"], r["steps"]) == g]
+        cells = []
+        for b in bands:
+            vals = [r["crps"] for r in rows if r["bands"] == b]
+            cells.append(f"{fmt(vals)} (n={len(vals)})" if vals else "-")
+        plain = [r["non_dp_crps"] for r in rows if "non_dp_crps" in r]
+        first = rows[0]
+        print(f"| {g[0]} | {g[1]:g} | {first['delta']:g} | {g[2]} | {first['batch']}/{first['num_series']} | "
+              + " | ".join(cells) + f" | {fmt(plain)} | {first['naive_crps']:.4f} |")
+    print("\nsigma (Algorithm 5, EVR-verified), prefix-sum MSE sigma^2||c||^2||AC^-1||_F^2/n, largest verified "
+          "substitution epsilon over the runs")
+    print("| data | ε | steps | " + " | ".join(label(b) for b in bands) + " | DP-SGD σ by PLD (exact) |")
+    print("|---|---|---|" + "---|" * (len(bands) + 1))
+    for g in groups:
+        cells = []
+        for b in bands:
+            c = cals.get((*g, b))
+            spent = [r["epsilon_verified"] for r in runs if (r["dataset"], r["epsilon"], r["steps"]) == g
+                     and r["bands"] == b]
+            cells.append("-" if c is None else f"σ {c['sigma']:.3f}, MSE {c['mse']:.0f}"
+                         + (f", ε ≤ {max(spent):.2f}" if spent else ""))
+        c1 = cals.get((*g, 1))
+        pld_cell = f"{c1['sigma_pld']:.3f}" if c1 and "sigma_pld" in c1 else "-"
+        print(f"| {g[0]} | {g[1]:g} | {g[2]} | " + " | ".join(cells) + f" | {pld_cell} |")
 
 
 if __name__ == "__main__":
