@@ -87,18 +87,11 @@ def add_noise_and_average(
     for all coordinates from ``noise`` (a :class:`NoiseSource` such as
     :class:`~lightning_dpts.randomness.GaussianNoise`), split in parameter order.
     """
-    dtype = params[0].dtype if params else torch.float32
-    numel = sum(p.numel() for p in params)
     # N(0, noise_std^2) / Lambda drawn as N(0, (noise_std / Lambda)^2): one pass over the noise less
-    flat = noise.sample(numel, noise_std / expected_batch_size, dtype)
-    out = []
-    offset = 0
-    for p, g in zip(params, sums, strict=True):
-        total = flat[offset : offset + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
-        offset += p.numel()
+    out = _noise_views(params, noise, noise_std / expected_batch_size)
+    for total, g in zip(out, sums, strict=True):
         if g is not None:
-            total = total.add_(g.reshape(p.shape), alpha=1.0 / expected_batch_size)
-        out.append(total)
+            total.add_(g.reshape(total.shape), alpha=1.0 / expected_batch_size)
     return out
 
 
