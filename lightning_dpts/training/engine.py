@@ -666,13 +666,8 @@ class PerWindowClipper:
                 norms, per_window = _squared_norms(record, blocks, g)
                 sq = norms if sq is None else sq.add_(norms)
                 formed.append(per_window)
-            for record, a, g in flat2d:  # (||a_i||^2 [if a weight] + number of biases) ||g_i||^2
-                norms = torch.linalg.vector_norm(g, dim=1).square()
-                if record.weights:
-                    a_sq = torch.linalg.vector_norm(a, dim=1).square()
-                    norms.mul_(a_sq.add_(len(record.biases)) if record.biases else a_sq)
-                elif len(record.biases) != 1:
-                    norms.mul_(len(record.biases))
+            for record, a, g in flat2d:  # one time step: _squared_norms' T = 1 form on [1, B, .] views
+                norms, _ = _squared_norms(record, [a.unsqueeze(0)], g.unsqueeze(0))
                 sq = norms if sq is None else sq.add_(norms)
             if sq is None:
                 sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
