@@ -345,8 +345,9 @@ class DPFastLSTM(nn.Module):
         def record(h_prev: torch.Tensor, delta: torch.Tensor) -> None:
             self.recorder(self, x.transpose(0, 1), h_prev.transpose(0, 1), delta.transpose(0, 1), weights)
 
-        # W_ih and the biases are inputs (so the output needs a gradient even when seq does not), but get none
-        return _Recurrence.apply(seq, h0, c0, weights[0], weights[1].detach(), record, *biases)
+        # every weight and bias is an input (so the output needs a gradient whenever any of them trains, even
+        # when seq does not, e.g. only W_hh trainable in the first layer), but gets none from the backward
+        return _Recurrence.apply(seq, h0, c0, weights[0], weights[1], record, *biases)
 
     def forward(
         self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None

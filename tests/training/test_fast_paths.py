@@ -193,6 +193,25 @@ def test_recorded_lstm_module_equals_nn_lstm_float64(batch_first):
     torch.testing.assert_close(lstm(x, (h0, c0))[0], ref(x, (h0, c0))[0], rtol=0, atol=0)
 
 
+def test_a_first_layer_training_only_w_hh_is_recorded():
+    """Only W_hh of the first layer trains and the input needs no gradient: the layer must still be recorded
+    (its clipped sum formed); otherwise its update would silently be noise only."""
+    torch.manual_seed(0)
+    ref = nn.LSTM(3, 4, batch_first=True).double()
+    for name, p in ref.named_parameters():
+        p.requires_grad_(name == "weight_hh_l0")
+    lstm = DPFastLSTM(ref)
+    records = []
+    lstm.recorder = lambda module, x, h_prev, delta, weights: records.append((h_prev, delta))
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    out, _ = lstm(x)
+    assert out.requires_grad
+    out.square().sum().backward()
+    ref(x)[0].square().sum().backward()
+    (h_prev, delta), = records
+    torch.testing.assert_close(torch.einsum("btp,btd->pd", delta, h_prev), ref.weight_hh_l0.grad)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Per-window norms: both forms against materialised per-window gradients
 # ---------------------------------------------------------------------------------------------------------
