@@ -22,8 +22,8 @@ its per-step hook alone (median, and mean over all steps including the steps tha
 grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
 allocated by torch during the step above what was allocated at its start (torch profiler memory events:
 activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; for
-DP, two noise vectors drawn in the prefetch thread, which the profiler does not see, are added: the one handed
-out as this step's gradient, which stands for the plain step's gradients, and the one drawn for the next step).
+DP, the step's one noise vector, drawn in the background thread from the step's start (the profiler does not see
+that thread's allocation) and then handed out as the step's gradient, is added for the whole step).
 ``--threads`` sets ``torch.set_num_threads`` (default: torch's default). Targets (issue 15): <= 1.15x for
 SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
@@ -265,10 +265,11 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
               f"{m['dp'] / m['plain']:8.2f} {acc:10.2f} {acc / a:6.2f} {h_med:11.3f} {h_mean:7.3f}", flush=True)
     if args.memory:
         peaks = {k: peak_memory(copy.deepcopy(base), dm, args.warmup, callbacks_for(k)) for k in ("plain", "dp")}
-        # the profiler sees neither what the prefetch thread allocates nor frees of blocks allocated before the
+        # the profiler sees neither what the background thread allocates nor frees of blocks allocated before the
         # step, so the plain step counts its new gradients (allocated in backward) and DP counts no noise: add the
-        # vector handed out as this step's gradient (drawn during the previous step) and the one drawn for the next
-        peaks["dp"] += 2 * 4 * n
+        # step's noise vector (drawn from the step's start, after the previous step's gradients are released, and
+        # handed out as this step's gradient), alive for the whole step
+        peaks["dp"] += 4 * n
         print(f"{name:8s} {size:6d} {'memory':8s} {n:8d} {peaks['plain'] / 2**20:8.1f}M {peaks['dp'] / 2**20:7.1f}M "
               f"{peaks['dp'] / max(peaks['plain'], 1):6.2f}", flush=True)
     print(f"# load average after {name} {size}: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

@@ -226,6 +226,20 @@ class GaussianNoise:
             self._pending = _Draw(self._draw, numel, std, dtype)
         return out
 
+    def prepare(self, numel: int, std: float, dtype: torch.dtype | None = None) -> None:
+        """Start drawing, in the background thread, the vector that the next :meth:`sample` call hands out (if no
+        draw is pending already): DP training calls it when a step starts, once the previous step's noisy gradients
+        are released, so that the draw overlaps the forward and backward pass while only one noise vector is alive.
+
+        The sequence of vectors is that of calls to :meth:`sample` alone (same generator, same order): a prepared
+        draw is handed out once, in its own buffer, rescaled if :meth:`sample` asks for another ``std``, and dropped
+        (never handed out later) if it asks for another size or dtype.
+        """
+        import torch
+
+        if self._pending is None and numel > 0 and std > 0:
+            self._pending = _Draw(self._draw, int(numel), float(std), torch.float32 if dtype is None else dtype)
+
     def __reduce__(self) -> Any:
         raise TypeError("lightning_dpts.randomness.GaussianNoise must not be pickled (it would write the secret)")
 

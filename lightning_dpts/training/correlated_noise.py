@@ -197,6 +197,11 @@ class BandMFNoise:
         self.steps += 1
         return w * float(std) if std != 1.0 else w.clone()
 
+    def prepare(self, numel: int, std: float, dtype: torch.dtype | None = None) -> None:
+        """Start drawing the next step's z in the background (:meth:`GaussianNoise.prepare`; the band's arithmetic
+        stays in :meth:`sample`)."""
+        self._gaussian.prepare(numel, 1.0, dtype)
+
     def __reduce__(self) -> Any:
         raise TypeError("lightning_dpts BandMFNoise must not be pickled (it would write the secret noise history)")
 

@@ -112,7 +112,8 @@ class _TapLinearFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         (weight,) = ctx.saved_tensors
-        ctx.call[1] = grad
+        call, ctx.call = ctx.call, None  # the graph outlives the step (Lightning keeps the loss): let go of the record
+        call[1] = grad
         return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
 
 
@@ -271,6 +272,11 @@ def _squared_norms(
     return out, per_window
 
 
+#: ``torch._C._nn.unflatten_dense_tensors`` (views of a flat tensor in the shapes of a list of tensors, one call
+#: instead of a ``view`` per parameter); ``None`` if a torch build lacks it (then split and view)
+_unflatten = getattr(torch._C._nn, "unflatten_dense_tensors", None)
+
+
 def _noise_views(params: list[nn.Parameter], noise: NoiseSource, std: float) -> list[torch.Tensor]:
     """One draw of N(0, std^2) for all coordinates of ``params``, split in parameter order into tensors of their
     shapes, on their devices and in their dtypes (one transfer when they all share device and dtype)."""
@@ -278,6 +284,8 @@ def _noise_views(params: list[nn.Parameter], noise: NoiseSource, std: float) -> 
     flat = noise.sample(sum(p.numel() for p in params), std, dtype)
     if params and all(p.device == params[0].device and p.dtype == dtype for p in params):
         flat = flat.to(params[0].device)
+        if _unflatten is not None:  # views of ``flat`` in one call (torch's DDP bucket helper)
+            return list(_unflatten(flat, params))
         return [t.view(p.shape) for t, p in zip(flat.split([p.numel() for p in params]), params, strict=True)]
     out, offset = [], 0
     for p in params:
@@ -286,94 +294,167 @@ def _noise_views(params: list[nn.Parameter], noise: NoiseSource, std: float) -> 
     return out
 
 
-def _mm_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
-    """``grads[id(p)] += alpha * a @ b`` (a new tensor if there is none yet)."""
-    out = grads.get(id(p))
-    if out is None:
-        grads[id(p)] = (a @ b) if alpha == 1.0 else (a @ b).mul_(alpha)
-    elif out.dtype != a.dtype:  # e.g. bf16 activations under autocast, float32 parameters: no fused product
-        out.add_((a @ b).view(out.shape), alpha=alpha)
+def _addmm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """``out += alpha * a @ b`` for ``out`` of shape ``[a.shape[0], b.shape[1]]`` (one fused product)."""
+    if out.dtype == a.dtype == b.dtype:
+        out.addmm_(a, b, alpha=alpha)
+    else:  # e.g. bf16 activations under autocast, float32 parameters: no fused product
+        out.add_(a @ b, alpha=alpha)
+
+
+def _addmv(out: torch.Tensor, a: torch.Tensor, v: torch.Tensor, alpha: float) -> None:
+    """``out += alpha * a @ v`` for a 1-D ``out`` (one fused product)."""
+    if out.dtype == a.dtype == v.dtype:
+        out.addmv_(a, v, alpha=alpha)
     else:
-        out.view(a.shape[0], b.shape[1]).addmm_(a, b, alpha=alpha)
+        out.add_(a @ v, alpha=alpha)
 
 
-def _mv_into(grads: dict[int, torch.Tensor], p: torch.Tensor, a: torch.Tensor, v: torch.Tensor, alpha: float) -> None:
-    """``grads[id(p)] += alpha * a @ v``, reshaped to ``p`` (a new tensor if there is none yet)."""
-    out = grads.get(id(p))
-    if out is None:
-        grads[id(p)] = ((a @ v) if alpha == 1.0 else (a @ v).mul_(alpha)).view(p.shape)
-    elif out.dtype != a.dtype:
-        out.view(-1).add_(a @ v, alpha=alpha)
-    else:
-        out.view(-1).addmv_(a, v, alpha=alpha)
+def _vecdot(x: torch.Tensor) -> torch.Tensor:
+    """Squared l2 norm of each row of a 2-D tensor (one operation)."""
+    return torch.linalg.vecdot(x, x)
 
 
-def _add_into(grads: dict[int, torch.Tensor], p: torch.Tensor, t: torch.Tensor, alpha: float) -> None:
-    """``grads[id(p)] += alpha * t`` (a new tensor if there is none yet)."""
-    out = grads.get(id(p))
-    if out is None:
-        grads[id(p)] = t.mul(alpha).reshape(p.shape)
-    else:
-        out.view(-1).add_(t.reshape(-1), alpha=alpha)
+class _Group:
+    """Linear layers recorded once each, on one input block: one layer, or several called on the *same* input
+    tensor (e.g. the per-parameter projections of a distribution head) handled as one layer whose output is
+    theirs side by side (its per-window gradient stacks theirs: its squared norm is the sum of theirs, exactly,
+    and one norm and one product replace one per layer).
 
-
-def _merge_shared_inputs(
-    stacked: list[tuple[_Record, list[torch.Tensor], torch.Tensor]], stand_ins: dict[tuple, _Record]
-) -> list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]]:
-    """Merge linear layers called once on the *same* input tensor (e.g. the per-parameter projections of a
-    distribution head) into one layer whose output is their outputs side by side.
-
-    The per-window gradient of the merged layer is the per-window gradients of its members stacked, so its
-    squared norm is the sum of theirs (exact) and its clipped sum holds theirs row by row; one norm and one
-    product replace one per member. Entries are ``(record, blocks, G, members)``; ``members`` is ``None`` for an
-    unmerged layer, else the merged records in output order (``record`` is then a stand-in whose parameters
-    are meta tensors of the merged shapes, kept in ``stand_ins`` for the next steps).
+    ``a`` is the input ``[B, d]`` or ``[B, T, d]`` and ``g`` the output gradient ``[B, p]`` or ``[B, T, p]``
+    (unscaled; several members: concatenated along the last axis, in ``members`` order), batch first.
     """
-    by_input: dict[tuple, list[tuple[_Record, list[torch.Tensor], torch.Tensor]]] = {}
-    out: list[tuple[_Record, list[torch.Tensor], torch.Tensor, list[_Record] | None]] = []
-    for record, blocks, g in stacked:
-        if len(blocks) == 1 and len(record.calls) == 1 and [k for _, k in record.weights] == [0]:
-            a = blocks[0]
-            key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, a.device, g.dtype, bool(record.biases))
-            by_input.setdefault(key, []).append((record, blocks, g))
+
+    __slots__ = ("members", "a", "g", "per_window", "g_sum")
+
+    def __init__(self, members: list[_Record], a: torch.Tensor, g: torch.Tensor) -> None:
+        self.members = members
+        self.a, self.g = a, g
+        self.per_window: torch.Tensor | None = None  # [B, p, d] or [B, d, p] when formed for the norm
+        self.g_sum: torch.Tensor | None = None  # output gradient summed over the steps [B, p] (3-D, with a bias)
+
+    @property
+    def has_weight(self) -> bool:
+        return bool(self.members[0].weights)
+
+    @property
+    def n_bias(self) -> int:
+        return len(self.members[0].biases)
+
+    def squared_norms(self) -> torch.Tensor:
+        """||g_i||^2 over the group's weights and biases, per window ``[B]`` (unscaled G).
+
+        One step (2-D): ``(||a_i||^2 + number of biases) ||g_i||^2``. Several steps: the cheaper (multiply-adds per
+        window) of the ghost norm ``sum_ts (A_i A_i^T)_ts (G_i G_i^T)_ts`` (``T^2 (d + p)``) and the per-window
+        weight gradients ``G_i^T A_i`` (``T p d``; kept for the clipped sum), plus the bias part from the
+        step-summed G.
+        """
+        a, g, n_bias = self.a, self.g, self.n_bias
+        if a.dim() == 2:
+            g_sq = _vecdot(g)
+            if not self.has_weight:
+                return g_sq.mul_(n_bias)
+            a_sq = _vecdot(a)
+            return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq)
+        b, t, d = a.shape
+        p = g.shape[-1]
+        out = None
+        if self.has_weight:
+            if t * (d + p) < p * d:  # ghost norm
+                gram_a = torch.bmm(a, a.transpose(1, 2))
+                gram_g = torch.bmm(g, g.transpose(1, 2))
+                out = torch.linalg.vecdot(gram_a.view(b, -1), gram_g.view(b, -1))
+            else:  # per-window products, the wider of p and d as the inner (contiguous) axis
+                full = torch.bmm(a.transpose(1, 2), g) if p >= d else torch.bmm(g.transpose(1, 2), a)
+                self.per_window = full
+                out = _vecdot(full.view(b, -1))
+        if n_bias:
+            self.g_sum = g.sum(1)
+            bias_sq = _vecdot(self.g_sum)
+            out = bias_sq.mul_(n_bias) if out is None else out.add_(bias_sq, alpha=n_bias)
+        assert out is not None
+        return out
+
+    def add_clipped_sum(self, grads: dict[int, torch.Tensor], factor: torch.Tensor, alpha: float) -> None:
+        """Add ``alpha * sum_i factor_i g_i`` into ``grads`` (the members' parameters), after
+        :meth:`squared_norms`: one product for the weight (weighting the narrower of A and G, or the per-window
+        products when they were formed) and one matrix-vector product for the biases."""
+        a, g = self.a, self.g
+        members = self.members
+        merged = len(members) > 1
+        p, d = g.shape[-1], a.shape[-1]
+        if self.has_weight:
+            if merged:
+                w_out = torch.zeros(p, d, dtype=grads[id(members[0].weights[0][0])].dtype, device=g.device)
+            else:
+                w_out = grads[id(members[0].weights[0][0])]
+            w_alpha = 1.0 if merged else alpha
+            full = self.per_window
+            if full is not None:
+                if full.shape[1] == p:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
+                    _addmv(w_out.view(-1), full.view(full.shape[0], -1).T, factor, w_alpha)
+                else:  # [B, d, p]
+                    w_out.add_((factor @ full.view(full.shape[0], -1)).view(d, p).T, alpha=w_alpha)
+            elif a.dim() == 2:
+                if d <= p:
+                    _addmm(w_out, g.T, a * factor[:, None], w_alpha)
+                else:
+                    _addmm(w_out, (g * factor[:, None]).T, a, w_alpha)
+            else:  # the (window, step) rows, batch first
+                if d <= p:
+                    _addmm(w_out, g.reshape(-1, p).T, (a * factor[:, None, None]).reshape(-1, d), w_alpha)
+                else:
+                    _addmm(w_out, (g * factor[:, None, None]).reshape(-1, p).T, a.reshape(-1, d), w_alpha)
+            if merged:
+                rows = [r.weights[0][0].shape[0] for r in members]
+                torch._foreach_add_([grads[id(r.weights[0][0])] for r in members], w_out.split(rows), alpha=alpha)
+        if self.n_bias:
+            g_sum = g if a.dim() == 2 else self.g_sum
+            assert g_sum is not None
+            if merged:
+                b_sum = g_sum.T @ factor
+                rows = [r.biases[0].shape[0] for r in members]
+                torch._foreach_add_([grads[id(r.biases[0])] for r in members], b_sum.split(rows), alpha=alpha)
+            else:
+                biases = members[0].biases
+                if len(biases) == 1:
+                    _addmv(grads[id(biases[0])], g_sum.T, factor, alpha)
+                else:
+                    b_sum = g_sum.T @ factor
+                    for bias in biases:
+                        grads[id(bias)].add_(b_sum, alpha=alpha)
+
+
+def _groups(simple: list[tuple[_Record, torch.Tensor, torch.Tensor]]) -> list[_Group]:
+    """:class:`_Group` s of single-call, single-block linear records ``(record, input, output gradient)``: layers
+    with one trainable weight called on the same input tensor (same storage, shape and strides) and alike in
+    dtypes and bias are merged; 3-D and higher inputs are flattened to ``[B, T, d]``, and one step to 2-D."""
+    by_input: dict[tuple, list[tuple[_Record, torch.Tensor, torch.Tensor]]] = {}
+    out: list[_Group] = []
+    for record, a, g in simple:
+        if a.dim() > 2:
+            if a.dim() > 3:
+                b = a.shape[0]
+                a, g = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+            if a.shape[1] == 1:
+                a, g = a[:, 0], g[:, 0]
+        if len(record.weights) == 1 and len(record.biases) <= 1:
+            key = (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device, g.dtype, bool(record.biases))
+            by_input.setdefault(key, []).append((record, a, g))
         else:
-            out.append((record, blocks, g, None))
-    for group in by_input.values():
-        if len(group) == 1:
-            out.append((*group[0], None))
-            continue
-        a = group[0][1][0]
-        gs = [g for _, _, g in group]
-        # batch-first and contiguous, then the time-major view: the layout of a single recorded call
-        merged_g = torch.cat([g.transpose(0, 1) for g in gs], dim=-1).transpose(0, 1)
-        width = merged_g.shape[-1]
-        key = (*(id(r) for r, _, _ in group), width, a.shape[-1], a.dtype)
-        stand_in = stand_ins.get(key)
-        if stand_in is None:
-            meta = torch.device("meta")
-            stand_in = stand_ins[key] = _Record(
-                [(torch.empty(width, a.shape[-1], device=meta, dtype=a.dtype), 0)],
-                [torch.empty(width, device=meta, dtype=a.dtype)] if group[0][0].biases else [],
-            )
-        out.append((stand_in, [a], merged_g, [r for r, _, _ in group]))
+            out.append(_Group([record], a, g))
+    for members in by_input.values():
+        if len(members) == 1:
+            out.append(_Group([members[0][0]], members[0][1], members[0][2]))
+        else:
+            g = torch.cat([g for _, _, g in members], dim=-1)
+            out.append(_Group([r for r, _, _ in members], members[0][1], g))
     return out
 
 
-def _split_into(
-    grads: dict[int, torch.Tensor], members: list[_Record], merged: dict[int, torch.Tensor], stand_in: _Record,
-    alpha: float,
-) -> None:
-    """Add ``alpha`` times the merged layer's clipped sums (in ``merged``) into its members' parameters."""
-    weight_sum = merged[id(stand_in.weights[0][0])]
-    bias_sum = merged[id(stand_in.biases[0])] if stand_in.biases else None
-    offset = 0
-    for record in members:
-        weight = record.weights[0][0]
-        rows = weight.shape[0]
-        _add_into(grads, weight, weight_sum[offset : offset + rows], alpha)
-        if bias_sum is not None:
-            _add_into(grads, record.biases[0], bias_sum[offset : offset + rows], alpha)
-        offset += rows
+def _add_into(out: torch.Tensor, t: torch.Tensor, alpha: float) -> None:
+    """``out += alpha * t`` (``t`` of ``out``'s number of elements)."""
+    out.add_(t.view(out.shape) if t.shape != out.shape else t, alpha=alpha)
 
 
 class PerWindowClipper:
@@ -412,7 +493,6 @@ class PerWindowClipper:
             )
         self.native = set(owned)
         self._lstm_records: dict[tuple[int, int], _Record] = {}
-        self._stand_ins: dict[tuple, _Record] = {}  # merged layers (see _merge_shared_inputs), by their members
         self._lstm_modules = [sub for sub in module.modules() if isinstance(sub, DPFastLSTM)]
         for sub in self._lstm_modules:
             self.native.update(id(p) for p in sub.parameters() if p.requires_grad)
@@ -486,6 +566,8 @@ class PerWindowClipper:
     def clear(self, params: list[nn.Parameter]) -> None:
         """Forget everything recorded (also after a forward pass without backward)."""
         for record in [*self._records.values(), *self._lstm_records.values()]:
+            for call in record.calls:  # in place: a graph still alive (e.g. a forward without backward) holds it
+                call[0], call[1] = (), None
             record.calls.clear()
         for p in params:
             p.grad_sample = None
@@ -600,7 +682,7 @@ class PerWindowClipper:
         """
         return self._clip(params, max_grad_norm, None, 1.0)
 
-    def _check_sources(self, params: list[nn.Parameter], touched: set[int]) -> None:
+    def _check_sources(self, params: list[nn.Parameter], touched: dict[int, torch.Tensor]) -> None:
         """Refuse an autograd gradient that no per-window bound covers (``touched``: the parameters that get a
         clipped sum)."""
         for p in params:
@@ -624,114 +706,107 @@ class PerWindowClipper:
         self, params: list[nn.Parameter], max_grad_norm: float, draw: Any, alpha: float
     ) -> list[torch.Tensor | None]:
         """``alpha * sum_i clip_C(g_i)`` per parameter, added into ``draw()``'s tensors (one per parameter, drawn
-        once the norms are known to be finite) or, with ``draw=None``, into new tensors (``None``: untouched)."""
-        stacked = []
-        flat2d: list[tuple[_Record, torch.Tensor, torch.Tensor]] = []  # one call, [B, d] -> [B, p]: fast path
-        for record in [*self._records.values(), *self._lstm_records.values()]:
-            if len(record.calls) == 1 and record.calls[0][1] is not None and len(record.calls[0][0]) == 1:
-                (a,), g = record.calls[0]
-                if a.dim() == 2 and g.dim() == 2:
-                    flat2d.append((record, a, g))
+        once the norms are known to be finite) or, with ``draw=None``, into zeros (``None``: untouched)."""
+        simple: list[tuple[_Record, torch.Tensor, torch.Tensor]] = []  # one call, one input block: _Group
+        stacked = []  # several calls or input blocks (LSTM layers, layers called twice): time-major
+        for record in (*self._records.values(), *self._lstm_records.values()):
+            calls = record.calls
+            if len(calls) == 1:
+                blocks, g = calls[0]
+                if g is None:
+                    continue
+                if len(blocks) == 1 and g.dim() == blocks[0].dim() >= 2:
+                    simple.append((record, blocks[0], g))
                     continue
             pair = self._stacked(record)
             if pair is not None:
                 stacked.append((record, *pair))
         samples: dict[int, torch.Tensor] = {}
+        touched: dict[int, torch.Tensor] = {}  # the parameters that get a clipped sum
         for p in params:
             gs = getattr(p, "grad_sample", None)
             if isinstance(gs, list):
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
             if gs is not None and id(p) not in self.native:
                 samples[id(p)] = gs
-        sizes = {g.shape[1] for _, _, g in stacked} | {g.shape[0] for _, _, g in flat2d}
+                touched[id(p)] = p
+        sizes = {g.shape[0] for _, _, g in simple} | {g.shape[1] for _, _, g in stacked}
         sizes |= {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
             raise RuntimeError(
                 f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
                 "windows of the batch along its first dimension"
             )
-        touched = set(samples)
-        for record, _, _ in [*stacked, *flat2d]:
-            touched.update(id(w) for w, _ in record.weights)
-            touched.update(id(bias) for bias in record.biases)
-        groups = _merge_shared_inputs(stacked, self._stand_ins)
-        grads: dict[int, torch.Tensor] = {}
-        if sizes:
-            (b,) = sizes
-            ref = next(iter(samples.values())) if samples else (stacked or flat2d)[0][2]
-            scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
-            sq: torch.Tensor | None = None
-            formed: list[list[torch.Tensor] | None] = []
-            for record, blocks, g, _ in groups:
-                norms, per_window = _squared_norms(record, blocks, g)
-                sq = norms if sq is None else sq.add_(norms)
-                formed.append(per_window)
-            for record, a, g in flat2d:  # one time step: _squared_norms' T = 1 form on [1, B, .] views
-                norms, _ = _squared_norms(record, [a.unsqueeze(0)], g.unsqueeze(0))
-                sq = norms if sq is None else sq.add_(norms)
-            if sq is None:
-                sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
-            else:
-                sq.mul_(scale * scale)
-            for gs in samples.values():
-                sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
-            if not bool(torch.isfinite(sq).all()):
-                windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
-                raise NonFiniteGradientError(
-                    f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
-                    "overflows); clipping cannot bound its contribution", windows,
-                )
-            factor = clip_factors(sq, max_grad_norm)
+        for record, _, _ in (*simple, *stacked):
+            for w, _ in record.weights:
+                touched[id(w)] = w
+            for bias in record.biases:
+                touched[id(bias)] = bias
+        if not sizes:
             self._check_sources(params, touched)
-            if draw is not None:
-                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
-            native_factor = factor * scale
-            for (record, blocks, g, members), per_window in zip(groups, formed, strict=True):
-                into, scaled = (grads, alpha) if members is None else ({}, 1.0)
-                weights = native_factor.to(g.dtype)
-                if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
-                    for (w, _), full in zip(record.weights, per_window, strict=True):
-                        _add_into(into, w, _window_sum(weights, full), scaled)
-                elif record.weights:
-                    # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
-                    # over the (window, step) rows in the order in which G is stored
-                    time_major = g.is_contiguous()
-                    d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
-                    if d_all <= g.shape[-1]:
-                        g_flat = _flat(g, time_major).T
-                        for w, k in record.weights:
-                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major, weights), scaled)
-                    else:
-                        g_flat = _flat(g, time_major, weights).T
-                        for w, k in record.weights:
-                            _mm_into(into, w, g_flat, _flat(blocks[k], time_major), scaled)
-                if record.biases:
-                    g_sum = _step_sum(g).T  # [p, B]
-                    if len(record.biases) == 1:
-                        _mv_into(into, record.biases[0], g_sum, weights, scaled)
-                    else:
-                        bias_sum = g_sum @ weights
-                        for bias in record.biases:
-                            _add_into(into, bias, bias_sum, scaled)
-                if members is not None:  # split the merged layer's sums into its members' parameters
-                    _split_into(grads, members, into, record, alpha)
-            for record, a, g in flat2d:  # sum_i c_i g_i a_i^T: weight the narrower of a, g; one product
-                weights = native_factor.to(g.dtype)[:, None]
-                if record.weights:
-                    if a.shape[1] <= g.shape[1]:
-                        _mm_into(grads, record.weights[0][0], g.T, a * weights, alpha)
-                    else:
-                        _mm_into(grads, record.weights[0][0], (g * weights).T, a, alpha)
-                for bias in record.biases:
-                    _mv_into(grads, bias, g.T, weights[:, 0], alpha)
-            for key, gs in samples.items():
-                summed = torch.einsum("i,i...->...", factor.to(gs.dtype), gs)
-                if key in grads:
-                    grads[key].add_(summed, alpha=alpha)
+            grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
+            return [grads.get(id(p)) for p in params]
+        (b,) = sizes
+        groups = _groups(simple)
+        scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
+        sq: torch.Tensor | None = None
+        for group in groups:
+            norms = group.squared_norms()
+            sq = norms if sq is None else sq.add_(norms)
+        formed: list[list[torch.Tensor] | None] = []
+        for record, blocks, g in stacked:
+            norms, per_window = _squared_norms(record, blocks, g)
+            sq = norms if sq is None else sq.add_(norms)
+            formed.append(per_window)
+        if sq is None:
+            ref = next(iter(samples.values()))
+            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+        elif scale != 1.0:
+            sq.mul_(scale * scale)
+        for gs in samples.values():
+            sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
+        if not bool(torch.isfinite(sq).all()):
+            windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
+            raise NonFiniteGradientError(
+                f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
+                "overflows); clipping cannot bound its contribution", windows,
+            )
+        factor = clip_factors(sq, max_grad_norm)
+        self._check_sources(params, touched)
+        grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
+        for key, p in touched.items():  # zeros for the sums of draw=None, and of parameters not in params
+            if key not in grads:
+                grads[key] = torch.zeros_like(p)
+        native_factor = factor * scale
+        for group in groups:
+            group.add_clipped_sum(grads, native_factor.to(group.g.dtype), alpha)
+        for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
+            weights = native_factor.to(g.dtype)
+            if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
+                for (w, _), full in zip(record.weights, per_window, strict=True):
+                    _add_into(grads[id(w)], _window_sum(weights, full), alpha)
+            elif record.weights:
+                # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
+                # over the (window, step) rows in the order in which G is stored
+                time_major = g.is_contiguous()
+                d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
+                if d_all <= g.shape[-1]:
+                    g_flat = _flat(g, time_major).T
+                    for w, k in record.weights:
+                        _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat,
+                               _flat(blocks[k], time_major, weights), alpha)
                 else:
-                    grads[key] = summed if alpha == 1.0 else summed.mul_(alpha)
-        else:
-            self._check_sources(params, touched)
-            if draw is not None:
-                grads = {id(p): t for p, t in zip(params, draw(), strict=True)}
+                    g_flat = _flat(g, time_major, weights).T
+                    for w, k in record.weights:
+                        _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat, _flat(blocks[k], time_major), alpha)
+            if record.biases:
+                g_sum = _step_sum(g).T  # [p, B]
+                if len(record.biases) == 1:
+                    _addmv(grads[id(record.biases[0])].view(-1), g_sum, weights, alpha)
+                else:
+                    bias_sum = g_sum @ weights
+                    for bias in record.biases:
+                        _add_into(grads[id(bias)], bias_sum, alpha)
+        for key, gs in samples.items():
+            grads[key].add_(torch.einsum("i,i...->...", factor.to(gs.dtype), gs), alpha=alpha)
         return [grads.get(id(p)) for p in params]

@@ -278,6 +278,7 @@ class DPForecastStrategy(Callback):
                                      "must be 'disable' or 'error'")
         self.data_dependent_schedulers = data_dependent_schedulers
         self.noise: NoiseSource | None = None
+        self._noise_numel: int | None = None
         self.ledger = PrivacyLedger()
         self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
         self._restored: PrivacyLedger | None = None
@@ -316,15 +317,15 @@ class DPForecastStrategy(Callback):
         ``noise="gaussian"``: i.i.d. Gaussian noise (DP-SGD). The stream key includes the ledger's step count, so
         that even a seeded run continued from its latest checkpoint does not reuse noise (a seeded run resumed from
         an *older* checkpoint does: seeds are for experiments only). Unseeded, ``entropy`` is fresh at every fit,
-        so nothing is ever replayed. The next step's vector is drawn in a background thread while the current
-        step's forward/backward runs (``prefetch=True``: the same sequence of draws, each handed out once).
+        so nothing is ever replayed. Each step's vector is drawn in a background thread while the step's
+        forward/backward runs (:meth:`_prepare_noise`: the same sequence of draws, each handed out once).
         ``noise="bandmf"``: row i of C^{-1}Z at step i
         (:class:`~lightning_dpts.training.correlated_noise.BandMFNoise` via ``make_noise``, Section 2.3 of
         Dong & Ganesh 2026); its band state is secret, never stored, and a BandMF run is never continued.
         """
         if self.noise_kind == "bandmf":
             return make_noise("bandmf", entropy, secure=self.secure_mode, coefficients=self.coefficients)
-        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps), prefetch=True)
+        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
 
     @property
     def noise_multiplier(self) -> float:
@@ -395,6 +396,7 @@ class DPForecastStrategy(Callback):
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        self._noise_numel = None
         self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
         if not self._params:
             raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
@@ -654,8 +656,22 @@ class DPForecastStrategy(Callback):
             self._check_window_independence(pl_module, batch)
         for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
             p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
+        self._prepare_noise()
         if self._clipper is not None:
             self._clipper.enable()
+
+    def _prepare_noise(self) -> None:
+        """Start this step's noise draw in the background (:meth:`GaussianNoise.prepare`) now that the previous
+        step's noisy gradients are released: the draw overlaps the forward and backward pass, and only one noise
+        vector (the size of the gradients) is alive at a time. The vector is the one the step's
+        ``noise.sample`` call would draw anyway (same stream, same order, handed out once)."""
+        prepare = getattr(self.noise, "prepare", None)
+        if prepare is None or self.expected_batch_size is None or not self._params:
+            return
+        if self._noise_numel is None:
+            self._noise_numel = sum(p.numel() for p in self._params)
+        std = self.noise_std if self._world_size > 1 else self.noise_std / self.expected_batch_size
+        prepare(self._noise_numel, std, self._params[0].dtype)
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
@@ -832,6 +848,7 @@ class DPForecastStrategy(Callback):
             self.surgery.restore()
             self.surgery = None
         self._params = []
+        self._noise_numel = None
 
     def _clear(self) -> None:
         """Drop per-window state left from a previous step (also after a forward pass without backward)."""

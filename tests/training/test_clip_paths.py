@@ -1,9 +1,10 @@
 """The clipper's summation paths (issue 15) against explicit per-window autograd gradients (Algorithm 2).
 
-``PerWindowClipper.noisy_gradients`` adds the clipped sums straight into the noise vector, takes a direct path
-for single-call 2-D linear layers and merges linear layers called on the same input (distribution heads). Each
-path is checked against the independent computation: per-window gradients from one autograd pass per window,
-clipped with Opacus' factor min(1, C / (||g_i|| + 1e-6)), summed, plus the same seeded noise draw, over Lambda.
+``PerWindowClipper.noisy_gradients`` adds the clipped sums straight into the noise vector, takes a batch-first
+path for linear layers called once (2-D, one-step, 3-D and 4-D inputs, both norm forms) and merges linear layers
+called on the same input (distribution heads, 2-D and 3-D). Each path is checked against the independent
+computation: per-window gradients from one autograd pass per window, clipped with Opacus' factor
+min(1, C / (||g_i|| + 1e-6)), summed, plus the same seeded noise draw, over Lambda.
 float64 throughout; fixed seeds, so every outcome is deterministic.
 """
 
@@ -36,14 +37,22 @@ class _Net(nn.Module):
         self.sub = _SubLinear(4, 2)
         self.norm = nn.LayerNorm(4)  # Opacus per-sample hooks
         self.twice = nn.Linear(4, 4)  # called twice: stacked along time
+        self.pair = nn.ModuleList([nn.Linear(9, 2) for _ in range(2)])  # same 2-D input: merged
+        self.wide = nn.Linear(4, 16)  # 2 steps, strided input: ghost norm (T (d + p) < p d)
+        self.deep = nn.Linear(4, 3)  # 4-D input: flattened to [B, T, d]
+        self.single = nn.Linear(4, 2)  # [B, 1, d]: the one-step form
         self.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, 5] -> per-window loss [B]
-        h = self.l3(self.l2(torch.tanh(self.l1(x))))
+        u = torch.tanh(self.l1(x))
+        h = self.l3(self.l2(u))
         steps = torch.linspace(0.5, 1.5, T, dtype=x.dtype)
         z = self.norm(h[:, None, :] * steps[None, :, None])  # [B, T, 4]
         z = self.twice(torch.tanh(self.twice(z)))
         out = sum(head(z).square().sum((1, 2)) for head in self.heads)
+        out = out + sum(layer(u).tanh().sum(1) for layer in self.pair)
+        out = out + self.wide(z[:, 1:3]).sin().sum((1, 2)) + self.deep(z.view(-1, T, 1, 4)).cos().sum((1, 2, 3))
+        out = out + self.single(z[:, 2:3]).square().sum((1, 2))
         return out + self.no_bias(z).sin().sum((1, 2)) + self.sub(z).cos().sum((1, 2))
 
 
@@ -70,6 +79,9 @@ def test_noisy_gradients_equal_explicit_algorithm_2(c):
         net(x).sum().backward()
         sums = clipper.clipped_sums(params, c)
         for got, want, p in zip(sums, want_sums, params, strict=True):
+            torch.testing.assert_close(got, want.view(p.shape), rtol=1e-10, atol=1e-12)
+        some = params[2:]  # without l1's: its recorded layer still counts in every norm, its sum is not returned
+        for got, want, p in zip(clipper.clipped_sums(some, c), want_sums[2:], some, strict=True):
             torch.testing.assert_close(got, want.view(p.shape), rtol=1e-10, atol=1e-12)
         lam, sigma = 4, 0.7
         noisy = clipper.noisy_gradients(params, c, sigma, lam, GaussianNoise(resolve_entropy(5)))

@@ -14,6 +14,9 @@ normals, where a chance equality between independent draws has probability below
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import lightning as L
 import pytest
 import torch
@@ -93,6 +96,83 @@ def test_prefetch_errors_reach_the_caller():
     noise.sample(10, 1.0)  # returns the draw prefetched before; starts a failing one
     with pytest.raises(RuntimeError, match="draw failed"):
         noise.sample(10, 1.0)
+
+
+def test_a_prepared_draw_is_the_next_draw_of_the_stream_handed_out_once():
+    """``prepare`` only moves the next draw earlier: the vectors handed out are those of ``sample`` alone (same seed,
+    same order); preparing twice draws once; another std rescales it; another size or dtype drops it for good."""
+    plain = GaussianNoise(resolve_entropy(4))
+    fast = GaussianNoise(resolve_entropy(4))
+    f64 = torch.float64  # chance collisions between float64 normals: ~1e-10 here
+    for _ in range(3):
+        fast.prepare(700, 0.5, f64)
+        fast.prepare(700, 0.5, f64)  # already pending: no second draw
+        torch.testing.assert_close(fast.sample(700, 0.5, f64), plain.sample(700, 0.5, f64), rtol=0, atol=0)
+    fast.prepare(700, 1.0, f64)
+    torch.testing.assert_close(fast.sample(700, 2.0, f64), plain.sample(700, 1.0, f64) * 2.0, rtol=1e-15, atol=0)
+    fast.prepare(700, 1.0, f64)
+    dropped = plain.sample(700, 1.0, f64)  # what the prepared draw holds
+    later = torch.cat([fast.sample(n, 1.0, f64) for n in (300, 700, 700)])
+    assert not bool(torch.isin(dropped, later).any())
+
+
+def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monkeypatch):
+    """Each step's draw starts only once the previous step's noise (its noisy gradients) is released: one noise
+    vector alive at a time, as the plain step holds one gradient. Every draw is handed out (none wasted)."""
+    drawn: list[weakref.ref] = []
+    alive_at_draw: list[int] = []
+    calls = {"sample": 0}
+    draw, sample = GaussianNoise._draw, GaussianNoise.sample
+
+    def counting_draw(self, *args):
+        alive_at_draw.append(sum(ref() is not None for ref in drawn))
+        out = draw(self, *args)
+        drawn.append(weakref.ref(out.untyped_storage()))
+        return out
+
+    def counting_sample(self, *args):
+        calls["sample"] += 1
+        return sample(self, *args)
+
+    monkeypatch.setattr(GaussianNoise, "_draw", counting_draw)
+    monkeypatch.setattr(GaussianNoise, "sample", counting_sample)
+    g = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)} for _ in range(5)]
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
+    trainer(max_steps=5, callbacks=[DPForecastStrategy(1.0, 1.0, seed=0)]).fit(
+        _Leaky("none"), datamodule=SpecDataModule(spec, batches)
+    )
+    assert calls["sample"] == 5 and len(alive_at_draw) == 5
+    assert alive_at_draw == [0] * 5
+
+
+def test_a_recorded_step_is_released_by_clear_while_its_graph_lives():
+    """Lightning keeps the loss (and so the autograd graph) after the step: the recorded inputs and output
+    gradients must not stay alive through it (they would double the step's memory for small batches)."""
+    from lightning_dpts.training.engine import PerWindowClipper
+
+    net = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    clipper = PerWindowClipper(net)
+    params = list(net.parameters())
+    try:
+        loss = net(torch.randn(4, 3)).square().mean()
+        loss.backward()
+        recorded = [t for r in clipper._records.values() for blocks, g in r.calls for t in (*blocks, g)]
+        assert len(recorded) == 4
+        refs = [weakref.ref(t) for t in recorded]
+        del recorded
+        clipper.clear(params)
+        gc.collect()
+        assert loss.grad_fn is not None  # the graph is still referenced
+        assert all(ref() is None for ref in refs)
+        pending = net(torch.randn(4, 3)).sum()  # a forward without backward: its graph holds the records
+        refs = [weakref.ref(blocks[0]) for r in clipper._records.values() for blocks, _ in r.calls]
+        assert len(refs) == 2
+        clipper.clear(params)
+        gc.collect()
+        assert pending.grad_fn is not None and all(ref() is None for ref in refs)
+    finally:
+        clipper.remove()
 
 
 # ---------------------------------------------------------------------------------------------------------
