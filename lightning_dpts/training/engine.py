@@ -310,9 +310,10 @@ def _addmv(out: torch.Tensor, a: torch.Tensor, v: torch.Tensor, alpha: float) ->
         out.add_(a @ v, alpha=alpha)
 
 
-def _vecdot(x: torch.Tensor) -> torch.Tensor:
-    """Squared l2 norm of each row of a 2-D tensor (one operation)."""
-    return torch.linalg.vecdot(x, x)
+def _row_sq(x: torch.Tensor) -> torch.Tensor:
+    """Squared l2 norm of each row of a 2-D tensor: one fused reduction, no temporary of ``x``'s size (faster than
+    ``linalg.vecdot(x, x)``, which multiplies first, from 64 x 1536 on; measured)."""
+    return torch.linalg.vector_norm(x, dim=1).square_()
 
 
 class _Group:
@@ -351,10 +352,10 @@ class _Group:
         """
         a, g, n_bias = self.a, self.g, self.n_bias
         if a.dim() == 2:
-            g_sq = _vecdot(g)
+            g_sq = _row_sq(g)
             if not self.has_weight:
                 return g_sq.mul_(n_bias)
-            a_sq = _vecdot(a)
+            a_sq = _row_sq(a)
             return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq)
         b, t, d = a.shape
         p = g.shape[-1]
@@ -367,10 +368,10 @@ class _Group:
             else:  # per-window products, the wider of p and d as the inner (contiguous) axis
                 full = torch.bmm(a.transpose(1, 2), g) if p >= d else torch.bmm(g.transpose(1, 2), a)
                 self.per_window = full
-                out = _vecdot(full.view(b, -1))
+                out = _row_sq(full.view(b, -1))
         if n_bias:
             self.g_sum = g.sum(1)
-            bias_sq = _vecdot(self.g_sum)
+            bias_sq = _row_sq(self.g_sum)
             out = bias_sq.mul_(n_bias) if out is None else out.add_(bias_sq, alpha=n_bias)
         assert out is not None
         return out
@@ -569,17 +570,18 @@ class PerWindowClipper:
             for call in record.calls:  # in place: a graph still alive (e.g. a forward without backward) holds it
                 call[0], call[1] = (), None
             record.calls.clear()
+        if self.gsm is None:  # no Opacus hooks: nothing else was recorded
+            return
         for p in params:
             p.grad_sample = None
             if hasattr(p, "_current_grad_sample"):
                 del p._current_grad_sample
             if getattr(p, "_forward_counter", 0):
                 p._forward_counter = 0
-        if self.gsm is not None:
-            for module in self.gsm._module.modules():
-                for attr in ("activations", "max_batch_len"):
-                    if hasattr(module, attr):
-                        delattr(module, attr)
+        for module in self.gsm._module.modules():
+            for attr in ("activations", "max_batch_len"):
+                if hasattr(module, attr):
+                    delattr(module, attr)
 
     def remove(self) -> None:
         """Detach every hook (the module is then as before, apart from the surgery)."""
@@ -723,7 +725,7 @@ class PerWindowClipper:
                 stacked.append((record, *pair))
         samples: dict[int, torch.Tensor] = {}
         touched: dict[int, torch.Tensor] = {}  # the parameters that get a clipped sum
-        for p in params:
+        for p in params if self.gsm is not None else ():  # Opacus' per-window gradients (other layers)
             gs = getattr(p, "grad_sample", None)
             if isinstance(gs, list):
                 raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
