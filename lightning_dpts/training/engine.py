@@ -104,14 +104,17 @@ class _TapLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, call: list) -> torch.Tensor:
-        ctx.save_for_backward(weight)
+        # x is saved (the record holds it anyway) only for autograd's version check: an in-place change of the input
+        # after the call (e.g. ``x += layer(x)``) raises in the backward pass, as for nn.Linear, instead of
+        # silently giving the clipper the changed input
+        ctx.save_for_backward(weight, x if weight.requires_grad else None)
         ctx.call = call
         return F.linear(x, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        (weight,) = ctx.saved_tensors
+        weight, _ = ctx.saved_tensors  # unpacking checks that x was not modified in place since the forward
         call, ctx.call = ctx.call, None  # the graph outlives the step (Lightning keeps the loss): let go of the record
         call[1] = grad
         return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
@@ -391,9 +394,10 @@ class _Group:
             w_alpha = 1.0 if merged else alpha
             full = self.per_window
             if full is not None:
-                if full.shape[1] == p:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
+                # the orientation squared_norms chose (its shape cannot tell them apart when p == d)
+                if p < d:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
                     _addmv(w_out.view(-1), full.view(full.shape[0], -1).T, factor, w_alpha)
-                else:  # [B, d, p]
+                else:  # [B, d, p] (p >= d)
                     w_out.add_((factor @ full.view(full.shape[0], -1)).view(d, p).T, alpha=w_alpha)
             elif a.dim() == 2:
                 if d <= p:
