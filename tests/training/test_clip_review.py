@@ -152,37 +152,47 @@ def test_square_layers_over_steps_equal_explicit(case, c, reduction):
 # ---------------------------------------------------------------------------------------------------------
 # Merging: inputs that share storage but are not the same tensor
 # ---------------------------------------------------------------------------------------------------------
-def _two(f: Callable, g: Callable) -> Callable[[_Net, torch.Tensor], torch.Tensor]:
-    """Layer 0 on f(x), layer 1 on g(x); each output reduced to a per-window loss."""
+def _two(f: Callable, g: Callable, base: Callable = lambda x: x) -> Callable[[_Net, torch.Tensor], torch.Tensor]:
+    """Layer 0 on f(s), layer 1 on g(s) for one tensor s = base(x); each output reduced to a per-window loss."""
 
     def forward(n: _Net, x: torch.Tensor) -> torch.Tensor:
-        a, b = n.ls[0](f(x)), n.ls[1](g(x))
+        s = base(x)
+        a, b = n.ls[0](f(s)), n.ls[1](g(s))
         return a.sin().flatten(1).sum(1) + b.cos().flatten(1).sum(1)
 
     return forward
+
+
+def _same(s: torch.Tensor) -> torch.Tensor:
+    return s
 
 
 def _cube(x: torch.Tensor) -> torch.Tensor:  # [B, 3, 3], contiguous: shares data_ptr and shape with its transpose
     return _steps(x[:, :3], 3)
 
 
+def _four(x: torch.Tensor) -> torch.Tensor:
+    return _steps(x, 4)
+
+
 _MERGE_CASES: dict[str, tuple[list[tuple[int, int, bool]], Callable]] = {
-    "prefix_columns": ([(6, 3, True), (4, 3, True)], _two(lambda x: x, lambda x: x[:, :4])),
-    "every_other_column": ([(3, 2, True), (3, 2, True)], _two(lambda x: x[:, :3], lambda x: x[:, ::2])),
-    "transpose_same_shape": ([(3, 2, True), (3, 2, True)], _two(_cube, lambda x: _cube(x).transpose(1, 2))),
-    "expand_stride_0": ([(6, 5, True), (6, 2, True)], _two(lambda x: x[:, None].expand(-1, 3, -1), lambda x: x)),
-    "one_step_and_2d": ([(6, 3, True), (6, 3, True)], _two(lambda x: x[:, None], lambda x: x)),
-    "4d_and_3d": ([(6, 3, True), (6, 3, True)],
-                  _two(lambda x: _steps(x, 4).view(-1, 2, 2, 6), lambda x: _steps(x, 4).view(-1, 4, 6))),
+    "prefix_columns": ([(6, 3, True), (4, 3, True)], _two(_same, lambda s: s[:, :4])),
+    "every_other_column": ([(3, 2, True), (3, 2, True)], _two(lambda s: s[:, :3], lambda s: s[:, ::2])),
+    "transpose_same_shape": ([(3, 2, True), (3, 2, True)], _two(_same, lambda s: s.transpose(1, 2), _cube)),
+    "expand_stride_0": ([(6, 5, True), (6, 2, True)], _two(lambda s: s[:, None].expand(-1, 3, -1), _same)),
+    "expand_vs_steps": ([(6, 5, True), (6, 5, True)],
+                        _two(lambda s: s[:, :1].expand(-1, 4, -1), _same, _four)),
+    "one_step_and_2d": ([(6, 3, True), (6, 3, True)], _two(lambda s: s[:, None], _same)),
+    "4d_and_3d": ([(6, 3, True), (6, 3, True)], _two(lambda s: s.view(-1, 2, 2, 6), _same, _four)),
     "4d_transposed": ([(6, 4, True), (6, 4, True)],
-                      _two(lambda x: _steps(x, 4).view(-1, 2, 2, 6).transpose(1, 2), lambda x: _steps(x, 4))),
+                      _two(lambda s: s.view(-1, 2, 2, 6).transpose(1, 2), _same, _four)),
     "time_major_permuted": ([(6, 5, True), (6, 5, True)],
-                            _two(lambda x: _steps(x, 3).transpose(0, 1).contiguous().transpose(0, 1),
-                                 lambda x: _steps(x, 3))),
-    "no_bias_pair": ([(6, 3, False), (6, 3, False)], _two(lambda x: x, lambda x: x)),
-    "bias_and_no_bias": ([(6, 3, True), (6, 3, False)], _two(lambda x: x, lambda x: x)),
-    "out_1_pair": ([(6, 1, True), (6, 1, True)], _two(lambda x: x, lambda x: x)),
-    "in_1_out_1": ([(1, 1, True), (1, 3, True)], _two(lambda x: x[:, 2:3], lambda x: x[:, 2:3])),
+                            _two(lambda s: s.transpose(0, 1).contiguous().transpose(0, 1), _same, _four)),
+    "two_inputs_same_shape": ([(6, 3, True), (6, 3, True)], _two(_same, lambda s: s.flip(1))),
+    "no_bias_pair": ([(6, 3, False), (6, 3, False)], _two(_same, _same)),
+    "bias_and_no_bias": ([(6, 3, True), (6, 3, False)], _two(_same, _same)),
+    "out_1_pair": ([(6, 1, True), (6, 1, True)], _two(_same, _same)),
+    "in_1_out_1": ([(1, 1, True), (1, 3, True)], _two(lambda s: s[:, 2:3], lambda s: s[:, 2:3])),
 }
 
 
