@@ -15,7 +15,10 @@ storage alone:
 * an in-place change of a layer's input after the layer ran (``h += layer(h)``, or centring the batch in place):
   ``nn.Linear`` refuses it in the backward pass, and so must the tapped layer, whose record would otherwise
   hold the changed input (a per-window "gradient" that depends on the other windows: no sensitivity bound);
-* parameters passed in another order, as a subset, or one of them twice.
+* parameters passed in another order, as a subset, or one of them twice;
+* ``nn.Linear`` subclasses whose forward is not ``F.linear(input, weight, bias)`` (an activation inside, a
+  scaled input, a reparametrised weight): G_i^T A_i of the module's input and output gradient is not their
+  gradient, so they must get Opacus' per-sample gradients instead.
 
 Deterministic: fixed seeds, float64, compared with rtol 1e-10 (no statistical test, no false failures).
 """
@@ -312,3 +315,42 @@ def test_params_in_another_order_a_subset_or_repeated_get_their_own_sums():
             torch.testing.assert_close(got, noise + want[id(p)] / lam, rtol=1e-10, atol=1e-12)
     finally:
         clipper.remove()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Linear subclasses whose forward is not F.linear(input, weight, bias)
+# ---------------------------------------------------------------------------------------------------------
+class _Activated(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(super().forward(x))
+
+
+class _ScaledInput(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(3.0 * x, self.weight, self.bias)
+
+
+class _AbsWeight(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.abs(), self.bias)
+
+
+class _WithSubclass(nn.Module):
+    def __init__(self, cls: type[nn.Linear]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = cls(6, 3), nn.Linear(6, 2), _SubLinear(3, 2)
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.a(x)).sin().sum(1) + self.b(x).cos().sum(1)
+
+
+_CUSTOM = [_Activated, _ScaledInput, _AbsWeight]
+
+
+@pytest.mark.parametrize("c", BOUNDS)
+@pytest.mark.parametrize("cls", _CUSTOM, ids=lambda cls: cls.__name__)
+def test_linear_subclasses_with_their_own_forward_equal_explicit(cls, c):
+    _assert_matches(_WithSubclass(cls), _x(), c)
+
