@@ -18,7 +18,8 @@ storage alone:
 * parameters passed in another order, as a subset, or one of them twice;
 * ``nn.Linear`` subclasses whose forward is not ``F.linear(input, weight, bias)`` (an activation inside, a
   scaled input, a reparametrised weight): G_i^T A_i of the module's input and output gradient is not their
-  gradient, so they must get Opacus' per-sample gradients instead.
+  gradient, so they must get Opacus' per-sample gradients instead;
+* gradient checkpointing, reentrant or not (the checkpointed layers run a second time in the backward pass).
 
 Deterministic: fixed seeds, float64, compared with rtol 1e-10 (no statistical test, no false failures).
 """
@@ -31,6 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lightning_dpts.randomness import GaussianNoise, resolve_entropy
 from lightning_dpts.training.engine import PerWindowClipper
@@ -349,8 +351,53 @@ class _WithSubclass(nn.Module):
 _CUSTOM = [_Activated, _ScaledInput, _AbsWeight]
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("c", BOUNDS)
 @pytest.mark.parametrize("cls", _CUSTOM, ids=lambda cls: cls.__name__)
-def test_linear_subclasses_with_their_own_forward_equal_explicit(cls, c):
-    _assert_matches(_WithSubclass(cls), _x(), c)
+def test_linear_subclasses_with_their_own_forward_equal_explicit(cls, c, reduction):
+    _assert_matches(_WithSubclass(cls), _x(), c, reduction)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gradient checkpointing (the layers run again in the backward pass)
+# ---------------------------------------------------------------------------------------------------------
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.reentrant = reentrant
+        self.a, self.b, self.c = nn.Linear(6, 5), nn.Linear(5, 5), nn.Linear(5, 2)
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = checkpoint(lambda t: self.b(torch.tanh(self.a(t))), _steps(x, 4), use_reentrant=self.reentrant)
+        return self.c(h).sin().sum((1, 2))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradient_checkpointing_equal_explicit(reentrant):
+    """The reference takes each window's gradient with ``backward`` (reentrant checkpointing does not support
+    ``torch.autograd.grad``; its input must require grad for the parameters inside to get gradients)."""
+    x = _x().requires_grad_(True)
+    c = 1e-2
+    net = _Checkpointed(reentrant)
+    params = list(net.parameters())
+    rows = []
+    for i in range(B):
+        for p in params:
+            p.grad = None
+        net(x[i : i + 1]).sum().backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in params]))
+        for p in params:
+            p.grad = None
+    per_window = torch.stack(rows)
+    factor = (c / (per_window.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    want = (factor @ per_window).split([p.numel() for p in params])
+    clipper = PerWindowClipper(net, loss_reduction="sum")
+    try:
+        net(x).sum().backward()
+        for got, w, p in zip(clipper.clipped_sums(params, c), want, params, strict=True):
+            torch.testing.assert_close(got, w.view(p.shape), rtol=1e-10, atol=1e-12)
+    finally:
+        clipper.remove()
 
