@@ -117,6 +117,8 @@ class _TapLinearFunction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         weight, _ = ctx.saved_tensors  # unpacking checks that x was not modified in place since the forward
         call, ctx.call = ctx.call, None  # the graph outlives the step (Lightning keeps the loss): let go of the record
+        if call is None:  # a retained graph run backward again: this layer's G would be only one of the passes'
+            raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
         call[1] = grad
         return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
 

@@ -19,7 +19,8 @@ storage alone:
 * ``nn.Linear`` subclasses whose forward is not ``F.linear(input, weight, bias)`` (an activation inside, a
   scaled input, a reparametrised weight): G_i^T A_i of the module's input and output gradient is not their
   gradient, so they must get Opacus' per-sample gradients instead;
-* gradient checkpointing, reentrant or not (the checkpointed layers run a second time in the backward pass).
+* gradient checkpointing, reentrant or not (the checkpointed layers run a second time in the backward pass),
+  and a second backward pass through a retained graph (refused).
 
 Deterministic: fixed seeds, float64, compared with rtol 1e-10 (no statistical test, no false failures).
 """
@@ -288,6 +289,20 @@ def test_merged_layers_with_an_in_place_change_between_their_calls_are_refused()
     try:
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             net(_x()).sum().backward()
+    finally:
+        clipper.remove()
+
+
+def test_a_second_backward_pass_through_a_retained_graph_is_refused():
+    """Algorithm 2 takes one backward pass per step; a tapped layer must not keep (or silently replace) the output
+    gradient of one of several passes."""
+    net = _Net([(6, 3, True), (3, 2, True)], lambda n, x: n.ls[1](torch.tanh(n.ls[0](x))).sin().sum(1))
+    clipper = PerWindowClipper(net, loss_reduction="sum")
+    try:
+        loss = net(_x()).sum()
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="several backward passes"):
+            loss.backward()
     finally:
         clipper.remove()
 
