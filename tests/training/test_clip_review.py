@@ -155,6 +155,22 @@ def test_square_layers_over_steps_equal_explicit(case, c, reduction):
     _assert_matches(net, x, c, reduction)
 
 
+def test_attention_surgery_keeps_frozen_projections_frozen():
+    """A frozen (e.g. pretrained) attention block stays frozen after the DP surgery: no parameter of it becomes
+    trainable (it would get a clipped, noisy update and be copied back into the original at the end of fitting)."""
+    source = nn.MultiheadAttention(4, 2, batch_first=True).double()
+    source.out_proj.bias.requires_grad_(False)
+    source.in_proj_bias.requires_grad_(False)
+    for frozen_weights in (False, True):
+        source.in_proj_weight.requires_grad_(not frozen_weights)
+        source.out_proj.weight.requires_grad_(not frozen_weights)
+        swapped = DPCompatibleMultiheadAttention(source)
+        assert {n: p.requires_grad for n, p in swapped.named_parameters()} == {
+            "in_proj.weight": not frozen_weights, "in_proj.bias": False,
+            "out_proj.weight": not frozen_weights, "out_proj.bias": False,
+        }
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Merging: inputs that share storage but are not the same tensor
 # ---------------------------------------------------------------------------------------------------------
