@@ -7,8 +7,8 @@ every window and one that clips none. The cases target what the batch-first path
 storage alone:
 
 * the orientation of the per-window products ``[B, p, d]`` / ``[B, d, p]`` when the layer is square (p == d):
-  a square ``nn.Linear`` over several steps, the ``out_proj`` of DP attention, and a StudentT head of three
-  one-output projections on a 3-wide input (merged p == d == 3);
+  a square ``nn.Linear`` over several steps, the ``out_proj`` of DP attention, a StudentT head of three
+  one-output projections on a 3-wide input (merged p == d == 3), and a DPFastLSTM whose record is square;
 * merging of layers "called on the same input": views that share ``data_ptr`` but differ in shape, strides
   (transposed, every other column, stride-0 ``expand``), rank (``[B, 1, d]`` squeezed, 4-D flattened), frozen
   weights or biases, a member also called a second time, ``out_features = 1`` / ``in_features = 1``;
@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_dpts.randomness import GaussianNoise, resolve_entropy
 from lightning_dpts.training.engine import PerWindowClipper
-from lightning_dpts.training.surgery import DPCompatibleMultiheadAttention
+from lightning_dpts.training.surgery import DPCompatibleMultiheadAttention, DPFastLSTM
 
 B = 4
 BOUNDS = [1e-2, 1e3]  # every window clipped / none clipped
@@ -134,6 +134,19 @@ class _Attention(nn.Module):
         return self.attn(h, h, h, need_weights=False)[0].sin().sum((1, 2))
 
 
+class _Recurrent(nn.Module):
+    """DPFastLSTM with d = 6 + 2 = 8 = 4 H (its two-block record is square) and a square head over the steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = DPFastLSTM(nn.LSTM(6, 2, batch_first=True).double())
+        self.head = nn.Linear(2, 2).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0]).sin().sum((1, 2))
+
+
 def _square(t: int) -> _Net:  # Linear(4, 4) once over t steps: per-window products when t (4 + 4) >= 16
     return _Net([(4, 4, True)], lambda n, x: n.ls[0](_steps(x[:, :4], t)).sin().sum((1, 2)))
 
@@ -141,7 +154,7 @@ def _square(t: int) -> _Net:  # Linear(4, 4) once over t steps: per-window produ
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("c", BOUNDS)
 @pytest.mark.parametrize(
-    "case", ["square_5_steps", "square_2_steps", "square_ghost", "studentt_head", "attention"]
+    "case", ["square_5_steps", "square_2_steps", "square_ghost", "studentt_head", "attention", "lstm"]
 )
 def test_square_layers_over_steps_equal_explicit(case, c, reduction):
     seq = torch.randn(B, 5, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -151,6 +164,7 @@ def test_square_layers_over_steps_equal_explicit(case, c, reduction):
         "square_ghost": (_Net([(6, 6, False)], lambda n, x: n.ls[0](_steps(x, 2)).cos().sum((1, 2))), _x()),
         "studentt_head": (_StudentTHead(), seq),
         "attention": (_Attention(), seq),
+        "lstm": (_Recurrent(), torch.randn(B, 5, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)),
     }[case]
     _assert_matches(net, x, c, reduction)
 
