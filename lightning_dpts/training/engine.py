@@ -2,8 +2,9 @@
 
 Algorithm 2 needs, per window i, the norm ||g_i|| and then sum_i min(1, C/||g_i||) g_i. Materialising all g_i
 costs B x (number of parameters) memory and time, which dominates the step of a feed-forward forecaster. For
-linear layers (``nn.Linear`` and subclasses, and :class:`~lightning_dpts.training.surgery.DPFastLSTM`, whose
-parameters act as one linear map of ``[x_t, h_t-1]``) the gradient of window i is ``G_i^T A_i`` with A_i the
+linear layers (``nn.Linear`` and subclasses that keep its forward, and
+:class:`~lightning_dpts.training.surgery.DPFastLSTM`, whose parameters act as one linear map of ``[x_t, h_t-1]``)
+the gradient of window i is ``G_i^T A_i`` with A_i the
 layer inputs and G_i the gradients of its outputs (time steps stacked along the second axis), so
 
 * ``||G_i^T A_i||_F^2 = ||a_i||^2 ||g_i||^2`` for one time step, else the cheaper in multiply-adds of
@@ -24,9 +25,9 @@ for its weights). The backward pass then costs what the non-DP one costs minus t
 and the book-keeping product takes their place. A trainable parameter of such a layer that still receives an
 autograd gradient was used outside its layer's training forward: a :class:`ConfigurationError`.
 
-Every other layer with trainable parameters (embeddings, layer norms, Opacus RNN layers, ...) gets per-window
-gradients from Opacus' ``GradSampleModule`` hooks, restricted to those layers. The clipping factor is
-Opacus': ``min(1, C / (||g_i|| + 1e-6))``.
+Every other layer with trainable parameters (embeddings, layer norms, Opacus RNN layers, ``nn.Linear``
+subclasses with their own forward, ...) gets per-window gradients from Opacus' ``GradSampleModule`` hooks,
+restricted to those layers. The clipping factor is Opacus': ``min(1, C / (||g_i|| + 1e-6))``.
 """
 
 from __future__ import annotations
@@ -104,15 +105,20 @@ class _TapLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, call: list) -> torch.Tensor:
-        ctx.save_for_backward(weight)
+        # x is saved (the record holds it anyway) only for autograd's version check: an in-place change of the input
+        # after the call (e.g. ``x += layer(x)``) raises in the backward pass, as for nn.Linear, instead of
+        # silently giving the clipper the changed input
+        ctx.save_for_backward(weight, x if weight.requires_grad else None)
         ctx.call = call
         return F.linear(x, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        (weight,) = ctx.saved_tensors
+        weight, _ = ctx.saved_tensors  # unpacking checks that x was not modified in place since the forward
         call, ctx.call = ctx.call, None  # the graph outlives the step (Lightning keeps the loss): let go of the record
+        if call is None:  # a retained graph run backward again: this layer's G would be only one of the passes'
+            raise RuntimeError("several backward passes per optimizer step; DP training needs exactly one")
         call[1] = grad
         return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
 
@@ -158,6 +164,13 @@ class _Record:
 
 def _own_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+def _linear_map(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is ``nn.Linear``'s, ``F.linear(input, weight, bias)``: only then is its
+    per-window weight gradient G_i^T A_i of its input and output gradient. A subclass with its own forward (an
+    activation, a scaled input or a reparametrised weight inside it) is left to Opacus' per-sample gradients."""
+    return isinstance(module, nn.Linear) and type(module).forward in (nn.Linear.forward, _TappedLinear.forward)
 
 
 _BARE_FIX = (
@@ -392,9 +405,10 @@ class _Group:
             w_alpha = 1.0 if merged else alpha
             full = self.per_window
             if full is not None:
-                if full.shape[1] == p:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
+                # the orientation squared_norms chose (its shape cannot tell them apart when p == d)
+                if p < d:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
                     _addmv(w_out.view(-1), full.view(full.shape[0], -1).T, factor, w_alpha)
-                else:  # [B, d, p]
+                else:  # [B, d, p] (p >= d)
                     w_out.add_((factor @ full.view(full.shape[0], -1)).view(d, p).T, alpha=w_alpha)
             elif a.dim() == 2:
                 if d <= p:
@@ -474,7 +488,7 @@ class PerWindowClipper:
         self._tapped: list[nn.Linear] = []
         skip: set[int] = set()
         for sub in module.modules():
-            if isinstance(sub, nn.Linear) and _own_trainable(sub):
+            if _linear_map(sub) and _own_trainable(sub):
                 skip.add(id(sub))
                 weights = [(sub.weight, 0)] if sub.weight.requires_grad else []
                 biases = [sub.bias] if sub.bias is not None and sub.bias.requires_grad else []
@@ -501,7 +515,8 @@ class PerWindowClipper:
         self.gradient_free = {id(p) for sub in [*self._tapped, *self._lstm_modules] for p in sub.parameters()}
         others = [
             sub for sub in module.modules()
-            if id(sub) not in skip and _own_trainable(sub) and not isinstance(sub, (nn.Linear, DPFastLSTM, DPRNNBase))
+            if id(sub) not in skip and _own_trainable(sub) and not _linear_map(sub)
+            and not isinstance(sub, (DPFastLSTM, DPRNNBase))
         ]  # Opacus DPGRU/DPRNN re-register their RNNLinear children's parameters under nn.GRU names
         for sub in others:
             if any(id(p) in self.native for p in sub.parameters(recurse=False)):

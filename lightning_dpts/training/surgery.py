@@ -87,7 +87,12 @@ class DPCompatibleMultiheadAttention(nn.Module):
                 self.in_proj.bias.copy_(source.in_proj_bias)
             if source.out_proj.bias is not None:
                 self.out_proj.bias.copy_(source.out_proj.bias)
-        self.in_proj.weight.requires_grad_(source.in_proj_weight.requires_grad)
+        self.in_proj.weight.requires_grad_(source.in_proj_weight.requires_grad)  # frozen stays frozen, each one
+        self.out_proj.weight.requires_grad_(source.out_proj.weight.requires_grad)
+        if has_bias:
+            self.in_proj.bias.requires_grad_(source.in_proj_bias.requires_grad)
+        if source.out_proj.bias is not None:
+            self.out_proj.bias.requires_grad_(source.out_proj.bias.requires_grad)
         self.register_state_dict_post_hook(_mha_state_dict_hook)
         self.register_load_state_dict_pre_hook(_mha_load_pre_hook)
 
