@@ -279,6 +279,7 @@ class DPForecastStrategy(Callback):
         self.data_dependent_schedulers = data_dependent_schedulers
         self.noise: NoiseSource | None = None
         self._noise_numel: int | None = None
+        self._hooked_ids: set[int] | None = None
         self.ledger = PrivacyLedger()
         self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
         self._restored: PrivacyLedger | None = None
@@ -397,6 +398,7 @@ class DPForecastStrategy(Callback):
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
         self._noise_numel = None
+        self._hooked_ids = None
         self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
         if not self._params:
             raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
@@ -650,6 +652,7 @@ class DPForecastStrategy(Callback):
             )
         self._batches_since_step += 1
         self._batch = batch
+        self._check_trainable(trainer, pl_module)
         self._clear()
         if not self._probed:
             self._probed = True
@@ -659,6 +662,37 @@ class DPForecastStrategy(Callback):
         self._prepare_noise()
         if self._clipper is not None:
             self._clipper.enable()
+
+    def _check_trainable(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The trainable parameters must stay those of the fit's start (the ones with per-window hooks).
+
+        A parameter unfrozen during the fit (e.g. by a fine-tuning callback) would get its plain autograd gradient,
+        with no per-window bound and no noise, and the optimizer would apply it: a release the guarantee does not
+        cover. A hooked parameter frozen during the fit would keep receiving noisy updates. Both are refused, at
+        the step's start and again just before the noisy step (a callback may change them in between); a
+        gradient on a parameter without hooks is refused too.
+        """
+        hooked = self._hooked_ids
+        if hooked is None:
+            hooked = self._hooked_ids = {id(p) for p in self._params}
+        params = [*pl_module.parameters(), *(q for g in trainer.optimizers[0].param_groups for q in g["params"])]
+        for p in params:
+            if p.requires_grad == (id(p) in hooked) and (p.grad is None or p.requires_grad):
+                continue
+            name = next((n for n, q in pl_module.named_parameters() if q is p), f"of shape {tuple(p.shape)}")
+            if p.requires_grad or id(p) not in hooked:
+                raise ConfigurationError(
+                    "requires_grad", f"parameter {name!r}",
+                    "is not one of the parameters DP training started with but became trainable or got a gradient "
+                    "during the fit (e.g. a fine-tuning callback unfroze it): its gradient would have no per-window "
+                    "bound and no noise. Unfreeze it before the fit starts, or start a new fit after unfreezing "
+                    "(the privacy ledger continues)",
+                )
+            raise ConfigurationError(
+                "requires_grad", f"parameter {name!r}",
+                "was frozen during DP training: it would keep receiving noisy updates. Freeze it before the fit "
+                "starts, or start a new fit after freezing (the privacy ledger continues)",
+            )
 
     def _prepare_noise(self) -> None:
         """Start this step's noise draw in the background (:meth:`GaussianNoise.prepare`) now that the previous
@@ -683,6 +717,7 @@ class DPForecastStrategy(Callback):
                 "accumulate_grad_batches", self._batches_since_step,
                 "DP training needs exactly one sampled batch per optimizer step",
             )
+        self._check_trainable(trainer, pl_module)
         after = PrivacyLedger(steps=self.ledger.steps + 1, epochs=self.ledger.epochs + int(self._new_epoch))
         spec = _spec_or_none(trainer)
         if self.step_cap is not None and spec is not None and after.accounted_steps(spec) > self.step_cap:
@@ -849,6 +884,7 @@ class DPForecastStrategy(Callback):
             self.surgery = None
         self._params = []
         self._noise_numel = None
+        self._hooked_ids = None
 
     def _clear(self) -> None:
         """Drop per-window state left from a previous step (also after a forward pass without backward)."""

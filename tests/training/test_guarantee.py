@@ -294,3 +294,81 @@ def test_weights_copied_by_hand_get_their_ledger_with_attach_ledger(tmp_path):
     attach_ledger(module, path)  # ... until the ledger is attached
     t, _, strategy, _, _ = _run(module=module)
     assert t.global_step == 2 and strategy.ledger.steps == 8
+
+
+class _TwoLayers(L.LightningModule):
+    """``b`` is frozen at the fit's start; a callback may unfreeze it (or freeze ``a.bias``) mid-fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(3, 4)
+        self.b = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 1))
+        self.b.requires_grad_(False)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.b(torch.tanh(self.a(batch["x"]))).squeeze(-1) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)  # every parameter, frozen ones included
+
+
+class _Toggle(Callback):
+    """At the second step, after DPForecastStrategy's own batch-start hook: unfreeze ``b`` or freeze ``a.bias``."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 1:
+            (pl_module.b if self.action == "unfreeze" else pl_module.a.bias).requires_grad_(self.action == "unfreeze")
+
+
+@pytest.mark.parametrize("action", ["unfreeze", "freeze"])
+def test_a_parameter_unfrozen_or_frozen_mid_fit_is_refused_before_any_update(action):
+    """Attacker: a layer unfrozen mid-fit (a fine-tuning callback) would get its plain gradient - no per-window
+    bound, no noise - and SGD over all parameters would apply it, so its released weights would move by the
+    raw gradient of one batch. The step must be refused before the optimizer touches it; the frozen layer's
+    weights stay bit for bit those of the start. Freezing a hooked layer mid-fit is refused too (it would keep
+    receiving noisy updates)."""
+    g = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)} for _ in range(3)]
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
+    module = _TwoLayers()
+    frozen = [p.detach().clone() for p in module.b.parameters()]
+    strategy = DPForecastStrategy(1.0, 1.0, seed=0, check_independence=False)
+    with pytest.raises(ConfigurationError, match="requires_grad") as info:
+        trainer(max_steps=3, callbacks=[strategy, _Toggle(action)]).fit(
+            module, datamodule=SpecDataModule(spec, batches)
+        )
+    assert ("became trainable" in str(info.value)) == (action == "unfreeze")
+    assert strategy.ledger.steps == 1  # the second step was refused before its update
+    for before, p in zip(frozen, module.b.parameters(), strict=True):
+        assert torch.equal(before, p.detach())
+
+
+def test_lightning_base_finetuning_unfreezing_is_refused():
+    from lightning.pytorch.callbacks import BaseFinetuning
+
+    class _Unfreeze(BaseFinetuning):
+        def freeze_before_training(self, pl_module):
+            self.freeze(pl_module.b)
+
+        def finetune_function(self, pl_module, current_epoch, optimizer):
+            if current_epoch == 1:
+                self.unfreeze_and_add_param_group(pl_module.b, optimizer)
+
+    class _Module(_TwoLayers):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.a.parameters(), lr=0.5)
+
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)} for _ in range(2)]
+    spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
+    module = _Module()
+    frozen = [p.detach().clone() for p in module.b.parameters()]
+    with pytest.raises(ConfigurationError, match="became trainable"):
+        trainer(max_epochs=3, callbacks=[DPForecastStrategy(1.0, 1.0, seed=0, check_independence=False),
+                                         _Unfreeze()]).fit(module, datamodule=SpecDataModule(spec, batches))
+    for before, p in zip(frozen, module.b.parameters(), strict=True):
+        assert torch.equal(before, p.detach())
