@@ -116,9 +116,17 @@ def test_a_prepared_draw_is_the_next_draw_of_the_stream_handed_out_once():
     assert not bool(torch.isin(dropped, later).any())
 
 
-def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monkeypatch):
+@pytest.mark.parametrize("spare_core", [True, False])
+def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monkeypatch, spare_core):
     """Each step's draw starts only once the previous step's noise (its noisy gradients) is released: one noise
-    vector alive at a time, as the plain step holds one gradient. Every draw is handed out (none wasted)."""
+    vector alive at a time, as the plain step holds one gradient. Every draw is handed out (none wasted). With a
+    spare core the draw runs in the background from the step's start, else at the optimizer step."""
+    from lightning_dpts.training import strategy as strategy_module
+
+    monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
+    prepared = []
+    prepare = GaussianNoise.prepare
+    monkeypatch.setattr(GaussianNoise, "prepare", lambda self, *a: prepared.append(a) or prepare(self, *a))
     drawn: list[weakref.ref] = []
     alive_at_draw: list[int] = []
     calls = {"sample": 0}
@@ -139,11 +147,11 @@ def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monke
     g = torch.Generator().manual_seed(0)
     batches = [{"x": torch.randn(4, 3, generator=g), "y": torch.randn(4, generator=g)} for _ in range(5)]
     spec = SamplingSpec(num_series=8, min_length=20, context_length=3, prediction_length=1, batch_size=4)
-    trainer(max_steps=5, callbacks=[DPForecastStrategy(1.0, 1.0, seed=0)]).fit(
-        _Leaky("none"), datamodule=SpecDataModule(spec, batches)
-    )
+    strategy = DPForecastStrategy(1.0, 1.0, seed=0)
+    trainer(max_steps=5, callbacks=[strategy]).fit(_Leaky("none"), datamodule=SpecDataModule(spec, batches))
     assert calls["sample"] == 5 and len(alive_at_draw) == 5
     assert alive_at_draw == [0] * 5
+    assert len(prepared) == (5 if spare_core else 0)
 
 
 def test_a_recorded_step_is_released_by_clear_while_its_graph_lives():
