@@ -487,7 +487,20 @@ class PerWindowClipper:
         self._handles: list[Any] = []
         self._tapped: list[nn.Linear] = []
         skip: set[int] = set()
+        names = {id(sub): name for name, sub in module.named_modules()}
         for sub in module.modules():
+            computed = torch.nn.utils.parametrize.is_parametrized(sub) or (
+                isinstance(sub, nn.Linear) and not isinstance(sub.weight, nn.Parameter)
+            )
+            if computed and any(p.requires_grad for p in sub.parameters()):
+                raise ConfigurationError(
+                    "model", f"layer {names.get(id(sub), '?')!r} ({type(sub).__name__})",
+                    "computes its weight from other parameters (a torch.nn.utils.parametrize parametrization such "
+                    "as weight_norm, spectral_norm or orthogonal, or the older torch.nn.utils.weight_norm hook): its "
+                    "per-window gradients are not supported. Remove the parametrization before DP training "
+                    "(torch.nn.utils.parametrize.remove_parametrizations, torch.nn.utils.remove_weight_norm) or "
+                    "freeze the layer",
+                )
             if _linear_map(sub) and _own_trainable(sub):
                 skip.add(id(sub))
                 weights = [(sub.weight, 0)] if sub.weight.requires_grad else []

@@ -101,3 +101,28 @@ def test_the_suggested_fix_trains():
     before = net.scale.weight.detach().clone()
     _trainer().fit(net, datamodule=_dm(context_length=8, prediction_length=4))
     assert not torch.equal(before, net.scale.weight.detach())
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        nn.utils.parametrizations.weight_norm,
+        nn.utils.parametrizations.spectral_norm,
+        nn.utils.weight_norm,  # the older hook-based form: weight is a plain tensor recomputed before forward
+    ],
+)
+def test_a_linear_layer_with_a_computed_weight_is_refused_by_name(wrap):
+    """Its trainable parameters (e.g. weight_g, weight_v) get no per-window gradient through the linear shortcut:
+    the hook-based form used to leave them with noise-only updates and the parametrized one failed with an error
+    naming an internal parameter."""
+    import warnings
+
+    from lightning_dpts.training.engine import PerWindowClipper
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.nn.utils.weight_norm is deprecated
+        net = nn.Sequential(nn.Linear(2, 3), wrap(nn.Linear(3, 4)), nn.Linear(4, 1))
+    with pytest.raises(ConfigurationError, match=r"layer '1'.*computes its weight"):
+        PerWindowClipper(net)
+    net[1].requires_grad_(False)  # a frozen one is fine
+    PerWindowClipper(net).remove()
