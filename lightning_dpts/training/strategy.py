@@ -298,6 +298,8 @@ class DPForecastStrategy(Callback):
         self.surgery: Surgery | None = None
         self._clipper: PerWindowClipper | None = None
         self._params: list[nn.Parameter] = []
+        self._setup_param_ids: list[int] = []  # every parameter of the module at setup, trainable or not
+        self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
 
@@ -402,6 +404,8 @@ class DPForecastStrategy(Callback):
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        self._setup_param_ids = [id(p) for p in pl_module.parameters()]
+        self._setup_module_ids = [id(m) for m in pl_module.modules()]
         self._noise_numel = None
         self._hooked_ids = None
         self.background_noise = None
@@ -460,9 +464,21 @@ class DPForecastStrategy(Callback):
         callback's ``setup``: the LightningModule's own ``setup`` hook, ``configure_model`` and callbacks listed after
         this one run later and may freeze or unfreeze layers (e.g. ``BaseFinetuning.freeze_before_training``).
         The per-window hooks are attached again for the new set; from here on the set is fixed for the fit
-        (:meth:`_check_trainable`).
+        (:meth:`_check_trainable`). Only ``requires_grad`` may have changed: parameters created after ``setup`` (e.g.
+        layers built in ``configure_model``) missed the layer swaps and the model checks, and stay refused.
         """
         assert self._clipper is not None
+        added = [
+            f"{name or type(pl_module).__name__} ({type(m).__name__})" for name, m in pl_module.named_modules()
+            if id(m) not in set(self._setup_module_ids)
+        ]
+        if added or [id(p) for p in pl_module.parameters()] != self._setup_param_ids:
+            raise ConfigurationError(
+                "model", ", ".join(added) or "parameters replaced after setup",
+                "were created after DPForecastStrategy's setup (in the LightningModule's setup or configure_model "
+                "hook, or by a callback listed after it): they missed the layer swaps, the BatchNorm refusal and the "
+                "per-window hooks. Build every layer in __init__ (or before trainer.fit)",
+            )
         if [id(p) for p in pl_module.parameters() if p.requires_grad] == [id(p) for p in self._params]:
             return
         self._clipper.remove()

@@ -254,3 +254,65 @@ def test_background_noise_is_the_inline_noise_draw_for_draw(monkeypatch):
     empty_step_noise = background[1]  # the noise-only step: its gradient is the draw / Lambda itself
     for i in (0, 2, 3):
         assert not bool(torch.isin(empty_step_noise, background[i]).any())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding 4 (Security, pre-existing): layers created after the strategy's setup escaped the model checks
+# --------------------------------------------------------------------------------------------------------------
+class _LateBatchNorm(_TwoLayers):
+    """Builds a BatchNorm without parameters in ``configure_model`` (Lightning's hook for deferred layers), after the
+    strategy's setup refused BatchNorm: its running statistics are updated from the private windows, without noise,
+    and written into every checkpoint."""
+
+    def configure_model(self):
+        if not hasattr(self, "bn"):
+            self.bn = torch.nn.BatchNorm1d(4, affine=False)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.b(self.bn(torch.tanh(self.a(batch["x"])))).squeeze(-1) - batch["y"]) ** 2).mean()
+
+
+def test_a_layer_created_after_setup_is_refused_before_any_step(draws):
+    module = _LateBatchNorm()
+    with pytest.raises(ConfigurationError, match="bn .BatchNorm1d.") as info:
+        trainer(max_steps=2, callbacks=[_strategy()]).fit(module, datamodule=SpecDataModule(SPEC, _batches(2)))
+    assert info.value.parameter == "model" and draws == []
+    assert torch.equal(module.bn.running_mean, torch.zeros(4))  # no private statistic was recorded
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hooks that run around the strategy's checks (passing: the checks hold)
+# --------------------------------------------------------------------------------------------------------------
+class _GradOnFrozen(_TwoLayers):
+    """``on_after_backward`` writes a data-dependent gradient into the frozen layer (e.g. a hand-made update)."""
+
+    def __init__(self) -> None:
+        super().__init__(freeze_b=True)
+
+    def on_after_backward(self):
+        self.b[1].weight.grad = self.a.weight.detach()[:, 0].reshape(1, 4) * 100.0
+
+
+class _UnfreezeAfterTheCheck(Callback):
+    """Listed after the strategy: unfreezes ``b`` in ``on_before_optimizer_step`` of the first step, after the
+    strategy's last check of that step."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == 0:
+            pl_module.b.requires_grad_(True)
+
+
+@pytest.mark.parametrize("case", ["grad_written_on_frozen", "unfrozen_after_the_check"])
+def test_no_update_reaches_a_frozen_layer_through_hooks_around_the_checks(case):
+    """A frozen layer's gradient written in ``on_after_backward`` is refused before the noisy step; a layer unfrozen
+    after the last check has no ``.grad`` that step (so SGD skips it) and is refused at the next step's start. Either
+    way its weights stay bit for bit (removing both checks lets SGD apply the written gradient, or the plain one)."""
+    module = _GradOnFrozen() if case == "grad_written_on_frozen" else _TwoLayers(freeze_b=True)
+    callbacks = [_strategy()] + ([_UnfreezeAfterTheCheck()] if case == "unfrozen_after_the_check" else [])
+    frozen = [p.detach().clone() for p in module.b.parameters()]
+    strategy = callbacks[0]
+    with pytest.raises(ConfigurationError, match="requires_grad"):
+        trainer(max_steps=3, callbacks=callbacks).fit(module, datamodule=SpecDataModule(SPEC, _batches(3)))
+    assert strategy.ledger.steps == (0 if case == "grad_written_on_frozen" else 1)
+    for b, p in zip(frozen, module.b.parameters(), strict=True):
+        assert torch.equal(b, p.detach())
