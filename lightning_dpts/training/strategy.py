@@ -138,7 +138,10 @@ class DPForecastStrategy(Callback):
     ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
     more than one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on
     DDP, BandMF noise, b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm,
-    trainable parameters in the optimizer that the hooks do not cover, a ``forward`` that mixes windows (the
+    trainable parameters in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit (checked
+    at every step; changes before the first step, e.g. in the module's ``setup``, are taken at ``on_fit_start``),
+    layers created after this callback's ``setup`` (``configure_model``), Lightning's ``LearningRateFinder`` and
+    ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward`` that mixes windows (the
     probe at the first step), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
 
