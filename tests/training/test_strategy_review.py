@@ -316,3 +316,28 @@ def test_no_update_reaches_a_frozen_layer_through_hooks_around_the_checks(case):
     assert strategy.ledger.steps == (0 if case == "grad_written_on_frozen" else 1)
     for b, p in zip(frozen, module.b.parameters(), strict=True):
         assert torch.equal(b, p.detach())
+
+
+def test_bandmf_background_noise_is_the_inline_noise_draw_for_draw(monkeypatch):
+    """BandMF (``noise="bandmf"``): its ``prepare`` starts the next z of its Gaussian at unit std; the band arithmetic
+    stays in ``sample``. Seeded runs with and without the background draw give bit-identical noisy gradients, so
+    no z is handed out twice, skipped, or drawn at another scale (the band would then carry it into later rows)."""
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+
+    from .conftest import make_module
+
+    def run(spare_core: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
+        module = make_module("dlinear")
+        dm = StructuredSubsamplingDataModule("us_employment", batch_size=16, model=module, seed=1,
+                                             top_level="b_min_sep", bands=2)
+        rec = _Recorder()
+        trainer(max_steps=4, callbacks=[DPForecastStrategy(2.0, 0.5, seed=0, noise="bandmf", bands=2), rec]).fit(
+            module, datamodule=dm
+        )
+        return rec.grads
+
+    inline, background = run(False), run(True)
+    assert len(inline) == len(background) == 4
+    for a, b in zip(inline, background, strict=True):
+        assert torch.equal(a, b)
