@@ -468,12 +468,15 @@ class DPForecastStrategy(Callback):
         this one run later and may freeze or unfreeze layers (e.g. ``BaseFinetuning.freeze_before_training``).
         The per-window hooks are attached again for the new set; from here on the set is fixed for the fit
         (:meth:`_check_trainable`). Only ``requires_grad`` may have changed: parameters created after ``setup`` (e.g.
-        layers built in ``configure_model``) missed the layer swaps and the model checks, and stay refused.
+        layers built in ``configure_model``) missed the layer swaps and the model checks: a new module with
+        parameters or buffers is refused (one without, e.g. a torchmetrics metric built in ``setup``, is not).
         """
         assert self._clipper is not None
-        added = [
+        known = set(self._setup_module_ids)
+        added = [  # modules without parameters or buffers (activations, torchmetrics metrics) are harmless
             f"{name or type(pl_module).__name__} ({type(m).__name__})" for name, m in pl_module.named_modules()
-            if id(m) not in set(self._setup_module_ids)
+            if id(m) not in known and (any(True for _ in m.parameters(recurse=False))
+                                       or any(True for _ in m.buffers(recurse=False)))
         ]
         if added or [id(p) for p in pl_module.parameters()] != self._setup_param_ids:
             raise ConfigurationError(

@@ -370,3 +370,16 @@ def test_gluonts_models_with_frozen_parts_fit_twice_with_a_summary_and_from_a_ch
     assert strategy.ledger.steps == 4
     for k, v in getattr(again.model, frozen_part).state_dict().items():
         assert torch.equal(frozen[k], v), k
+
+
+def test_a_metric_built_in_setup_is_not_refused(draws):
+    """torchmetrics metrics (modules without parameters or buffers) are often built in ``setup``: not a layer."""
+    import torchmetrics
+
+    class _WithMetric(_TwoLayers):
+        def setup(self, stage):
+            self.train_mae = torchmetrics.MeanAbsoluteError()
+            self.act = torch.nn.Tanh()
+
+    trainer(max_steps=2, callbacks=[_strategy()]).fit(_WithMetric(), datamodule=SpecDataModule(SPEC, _batches(2)))
+    assert draws == [A_NUMEL + B_NUMEL] * 2
