@@ -138,7 +138,10 @@ class DPForecastStrategy(Callback):
     ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
     more than one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on
     DDP, BandMF noise, b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm,
-    trainable parameters in the optimizer that the hooks do not cover, a ``forward`` that mixes windows (the
+    trainable parameters in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit (checked
+    at every step; changes before the first step, e.g. in the module's ``setup``, are taken at ``on_fit_start``),
+    layers created after this callback's ``setup`` (``configure_model``), Lightning's ``LearningRateFinder`` and
+    ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward`` that mixes windows (the
     probe at the first step), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
 
@@ -290,6 +293,7 @@ class DPForecastStrategy(Callback):
         self._begun = False
         self._new_epoch = True
         self._batches_since_step = 0
+        self._batch_used = False  # whether the current batch reached the (wrapped) training_step
         self._probed = False
         self._batch: Any = None
         self._original_training_step: Callable[..., Any] | None = None
@@ -297,6 +301,8 @@ class DPForecastStrategy(Callback):
         self.surgery: Surgery | None = None
         self._clipper: PerWindowClipper | None = None
         self._params: list[nn.Parameter] = []
+        self._setup_param_ids: list[int] = []  # every parameter of the module at setup, trainable or not
+        self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
 
@@ -401,6 +407,8 @@ class DPForecastStrategy(Callback):
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        self._setup_param_ids = [id(p) for p in pl_module.parameters()]
+        self._setup_module_ids = [id(m) for m in pl_module.modules()]
         self._noise_numel = None
         self._hooked_ids = None
         self.background_noise = None
@@ -420,6 +428,7 @@ class DPForecastStrategy(Callback):
 
         @functools.wraps(original)
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            self._batch_used = True
             if _num_windows(batch) == 0:
                 if self._world_size > 1:  # Lightning refuses a skipped step under DDP; a zero loss touches no
                     return self._params[0].new_zeros(()).requires_grad_()  # parameter: this rank adds zero
@@ -439,6 +448,7 @@ class DPForecastStrategy(Callback):
                 "configure_optimizers", f"{len(trainer.optimizers)} optimizers",
                 "DP training supports exactly one optimizer (each step releases one noisy gradient)",
             )
+        self._refresh_trainable(pl_module)
         hooked = {id(p) for p in self._params}
         for group in trainer.optimizers[0].param_groups:
             for p in group["params"]:
@@ -451,6 +461,40 @@ class DPForecastStrategy(Callback):
         self._check_schedulers(trainer)
         if self._world_size > 1:
             self._detach_ddp_averaging(trainer)
+
+    def _refresh_trainable(self, pl_module: L.LightningModule) -> None:
+        """Take the trainable parameters again at ``on_fit_start``, before any step, if they changed since this
+        callback's ``setup``: the LightningModule's own ``setup`` hook, ``configure_model`` and callbacks listed after
+        this one run later and may freeze or unfreeze layers (e.g. ``BaseFinetuning.freeze_before_training``).
+        The per-window hooks are attached again for the new set; from here on the set is fixed for the fit
+        (:meth:`_check_trainable`). Only ``requires_grad`` may have changed: parameters created after ``setup`` (e.g.
+        layers built in ``configure_model``) missed the layer swaps and the model checks: a new module with
+        parameters or buffers is refused (one without, e.g. a torchmetrics metric built in ``setup``, is not).
+        """
+        assert self._clipper is not None
+        known = set(self._setup_module_ids)
+        added = [  # modules without parameters or buffers (activations, torchmetrics metrics) are harmless
+            f"{name or type(pl_module).__name__} ({type(m).__name__})" for name, m in pl_module.named_modules()
+            if id(m) not in known and (any(True for _ in m.parameters(recurse=False))
+                                       or any(True for _ in m.buffers(recurse=False)))
+        ]
+        if added or [id(p) for p in pl_module.parameters()] != self._setup_param_ids:
+            raise ConfigurationError(
+                "model", ", ".join(added) or "parameters replaced after setup",
+                "were created after DPForecastStrategy's setup (in the LightningModule's setup or configure_model "
+                "hook, or by a callback listed after it): they missed the layer swaps, the BatchNorm refusal and the "
+                "per-window hooks. Build every layer in __init__ (or before trainer.fit)",
+            )
+        if [id(p) for p in pl_module.parameters() if p.requires_grad] == [id(p) for p in self._params]:
+            return
+        self._clipper.remove()
+        self._clipper = None
+        self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        if not self._params:
+            raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
+        self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
+        self._hooked_ids = None
+        self._noise_numel = None
 
     def _check_distributed(self, trainer: L.Trainer) -> None:
         """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
@@ -648,6 +692,11 @@ class DPForecastStrategy(Callback):
         if self._world_size > 1:  # keep DDP's own gradient averaging off (Lightning's no_sync restores the flag)
             self._ddp.require_backward_grad_sync = False
             self._ddp.require_forward_param_sync = False
+        if self._batches_since_step >= 1 and not self._batch_used:
+            # the previous batch never reached training_step (the module's on_train_batch_start returned -1 to
+            # skip the rest of the epoch, or its optimizer_step did not run the closure): nothing of it reached a
+            # gradient (this hook clears them below) and no step was taken or accounted for it
+            self._batches_since_step = 0
         if self._batches_since_step >= 1:
             raise ConfigurationError(
                 "accumulate_grad_batches", self._batches_since_step + 1,
@@ -656,6 +705,7 @@ class DPForecastStrategy(Callback):
                 "optimizer step; raise the datamodule's batch_size instead",
             )
         self._batches_since_step += 1
+        self._batch_used = False
         self._batch = batch
         self._check_trainable(trainer, pl_module)
         self._clear()
@@ -1037,6 +1087,19 @@ def _spec_or_none(trainer: L.Trainer) -> SamplingSpec | None:
 
 
 def _check_trainer(trainer: L.Trainer) -> None:
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+    for cb in trainer.callbacks:
+        if isinstance(cb, (LearningRateFinder, BatchSizeFinder)):
+            raise ConfigurationError(
+                "callbacks", type(cb).__name__,
+                "must not be used with DPForecastStrategy (Tuner.lr_find / Tuner.scale_batch_size add it): its "
+                "trial steps run with every other callback removed, so they train on the private data without "
+                "per-window clipping or noise and are not accounted, and it then restores a checkpoint that "
+                "rewinds the privacy ledger; the learning rate it suggests is chosen from those noiseless "
+                "training losses (PRIVACY-NOTES trap 5). Tune on public or synthetic data without "
+                "DPForecastStrategy, then pass the values to the DP fit",
+            )
     if trainer.gradient_clip_val not in (None, 0, 0.0):
         raise ConfigurationError(
             "gradient_clip_val", trainer.gradient_clip_val,
