@@ -219,14 +219,17 @@ def _step_sum(g: torch.Tensor) -> torch.Tensor:
     return (g.new_ones(1, g.shape[0]) @ g.view(g.shape[0], -1)).view(g.shape[1:])
 
 
-def _window_sum(weights: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """``sum_i weights_i full_i`` ``[p, d]`` of per-window products ``[B, p, d]`` (views from
-    :func:`_squared_norms`, either orientation), as one matrix-vector product without copying ``full``."""
+def _add_window_sum(out: torch.Tensor, weights: torch.Tensor, full: torch.Tensor, alpha: float) -> None:
+    """``out += alpha * sum_i weights_i full_i`` for per-window products ``full`` ``[B, p, d]`` and a contiguous
+    ``out`` ``[p, d]``, as one matrix-vector product without copying ``full``. ``full`` may be the transposed view
+    of ``[B, d, p]`` products (the wider axis inner, see :func:`_squared_norms`): its memory order is read from
+    its strides, never guessed from its shape (``p == d`` looks the same either way)."""
     b = full.shape[0]
     rows = full.transpose(1, 2)
     if rows.stride(2) == 1 and rows.stride(1) == rows.shape[2]:  # [B, d, p] rows contiguous per window
-        return (weights @ rows.reshape(b, -1)).view(rows.shape[1:]).t().contiguous()
-    return (weights @ full.reshape(b, -1)).view(full.shape[1:])
+        out.add_((weights @ rows.reshape(b, -1)).view(rows.shape[1:]).t(), alpha=alpha)
+    else:
+        _addmv(out.view(-1), full.reshape(b, -1).T, weights, alpha)
 
 
 def _squared_norms(
@@ -246,14 +249,11 @@ def _squared_norms(
     per_window = None
     n_bias = len(record.biases)
 
-    def sq(x: torch.Tensor) -> torch.Tensor:  # squared l2 norm of each row (one pass, no temporary)
-        return torch.linalg.vector_norm(x, dim=1).square()
-
     if t == 1:  # (sum_k ||a_i,k||^2 + number of biases) ||g_i||^2, with ||g_i||^2 computed once
-        g_sq = sq(g[0])
+        g_sq = _row_sq(g[0])
         if not record.weights:
             return g_sq.mul_(n_bias), None
-        a_sq = sum(sq(blocks[k][0]) for _, k in record.weights)
+        a_sq = sum(_row_sq(blocks[k][0]) for _, k in record.weights)
         return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq), None
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if record.weights:
@@ -279,9 +279,9 @@ def _squared_norms(
             else:
                 full_t = torch.bmm(g.permute(1, 2, 0), a_all.transpose(0, 1))
                 per_window = [full_t[:, :, lo:hi] for lo, hi in spans]
-            out += sq(full_t.view(b, -1))
+            out += _row_sq(full_t.view(b, -1))
     if n_bias:
-        out += sq(_step_sum(g)) * n_bias
+        out += _row_sq(_step_sum(g)) * n_bias
     return out, per_window
 
 
@@ -344,7 +344,7 @@ class _Group:
     def __init__(self, members: list[_Record], a: torch.Tensor, g: torch.Tensor) -> None:
         self.members = members
         self.a, self.g = a, g
-        self.per_window: torch.Tensor | None = None  # [B, p, d] or [B, d, p] when formed for the norm
+        self.per_window: torch.Tensor | None = None  # G_i^T A_i [B, p, d] when formed for the norm
         self.g_sum: torch.Tensor | None = None  # output gradient summed over the steps [B, p] (3-D, with a bias)
 
     @property
@@ -378,9 +378,9 @@ class _Group:
                 gram_a = torch.bmm(a, a.transpose(1, 2))
                 gram_g = torch.bmm(g, g.transpose(1, 2))
                 out = torch.linalg.vecdot(gram_a.view(b, -1), gram_g.view(b, -1))
-            else:  # per-window products, the wider of p and d as the inner (contiguous) axis
+            else:  # per-window products G_i^T A_i [B, p, d], the wider of p and d as the inner (contiguous) axis
                 full = torch.bmm(a.transpose(1, 2), g) if p >= d else torch.bmm(g.transpose(1, 2), a)
-                self.per_window = full
+                self.per_window = full.transpose(1, 2) if p >= d else full
                 out = _row_sq(full.view(b, -1))
         if n_bias:
             self.g_sum = g.sum(1)
@@ -403,13 +403,8 @@ class _Group:
             else:
                 w_out = grads[id(members[0].weights[0][0])]
             w_alpha = 1.0 if merged else alpha
-            full = self.per_window
-            if full is not None:
-                # the orientation squared_norms chose (its shape cannot tell them apart when p == d)
-                if p < d:  # [B, p, d]: one matrix-vector product straight into the [p, d] sum
-                    _addmv(w_out.view(-1), full.view(full.shape[0], -1).T, factor, w_alpha)
-                else:  # [B, d, p] (p >= d)
-                    w_out.add_((factor @ full.view(full.shape[0], -1)).view(d, p).T, alpha=w_alpha)
+            if self.per_window is not None:
+                _add_window_sum(w_out, factor, self.per_window, w_alpha)
             elif a.dim() == 2:
                 if d <= p:
                     _addmm(w_out, g.T, a * factor[:, None], w_alpha)
@@ -465,11 +460,6 @@ def _groups(simple: list[tuple[_Record, torch.Tensor, torch.Tensor]]) -> list[_G
             g = torch.cat([g for _, _, g in members], dim=-1)
             out.append(_Group([r for r, _, _ in members], members[0][1], g))
     return out
-
-
-def _add_into(out: torch.Tensor, t: torch.Tensor, alpha: float) -> None:
-    """``out += alpha * t`` (``t`` of ``out``'s number of elements)."""
-    out.add_(t.view(out.shape) if t.shape != out.shape else t, alpha=alpha)
 
 
 class PerWindowClipper:
@@ -814,7 +804,7 @@ class PerWindowClipper:
             weights = native_factor.to(g.dtype)
             if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                 for (w, _), full in zip(record.weights, per_window, strict=True):
-                    _add_into(grads[id(w)], _window_sum(weights, full), alpha)
+                    _add_window_sum(grads[id(w)], weights, full, alpha)
             elif record.weights:
                 # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
                 # over the (window, step) rows in the order in which G is stored
@@ -836,7 +826,7 @@ class PerWindowClipper:
                 else:
                     bias_sum = g_sum @ weights
                     for bias in record.biases:
-                        _add_into(grads[id(bias)], bias_sum, alpha)
+                        grads[id(bias)].add_(bias_sum, alpha=alpha)
         for key, gs in samples.items():
             grads[key].add_(torch.einsum("i,i...->...", factor.to(gs.dtype), gs), alpha=alpha)
         return [grads.get(id(p)) for p in params]

@@ -26,7 +26,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import SamplingSpec
 from lightning_dpts.randomness import GaussianNoise, resolve_entropy
 from lightning_dpts.training import DPForecastStrategy
-from lightning_dpts.training.engine import _Record, _squared_norms, _step_sum, _window_sum
+from lightning_dpts.training.engine import _add_window_sum, _Record, _squared_norms, _step_sum
 from lightning_dpts.training.surgery import DPFastLSTM, _Recurrence
 
 from .conftest import SpecDataModule, trainer
@@ -325,7 +325,9 @@ def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
             for full, a in zip(per_window, blocks, strict=True):
                 torch.testing.assert_close(full, torch.einsum("btp,btd->bpd", grad, a))
                 # the weighted sum over windows that the clipped sum takes from them
-                torch.testing.assert_close(_window_sum(c, full), torch.einsum("b,btp,btd->pd", c, grad, a))
+                summed = torch.ones(p, a.shape[-1], dtype=torch.float64)
+                _add_window_sum(summed, c, full, 0.5)
+                torch.testing.assert_close(summed, 1.0 + 0.5 * torch.einsum("b,btp,btd->pd", c, grad, a))
         torch.testing.assert_close(_step_sum(g_tm), grad.sum(1))
 
 
