@@ -138,11 +138,11 @@ class DPForecastStrategy(Callback):
     ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
     more than one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on
     DDP, BandMF noise, b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm,
-    trainable parameters in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit (checked
-    at every step; changes before the first step, e.g. in the module's ``setup``, are taken at ``on_fit_start``),
-    layers created after this callback's ``setup`` (``configure_model``), Lightning's ``LearningRateFinder`` and
-    ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward`` that mixes windows (the
-    probe at the first step), and continuing a model whose ledger is not empty without an
+    trainable parameters in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit
+    (checked before every noisy step; changes before the first step, e.g. in the module's ``setup``, are taken at
+    ``on_fit_start``), layers created after this callback's ``setup`` (``configure_model``), Lightning's
+    ``LearningRateFinder`` and ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward``
+    that mixes windows (the probe at the first step), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
 
     Privacy ledger: every noisy step is counted in ``self.ledger`` (a
@@ -282,8 +282,6 @@ class DPForecastStrategy(Callback):
                                      "must be 'disable' or 'error'")
         self.data_dependent_schedulers = data_dependent_schedulers
         self.noise: NoiseSource | None = None
-        self._noise_numel: int | None = None
-        self._hooked_ids: set[int] | None = None
         #: whether each step's noise is drawn in a background thread (decided at the first step, see
         #: :meth:`_prepare_noise`); ``None`` until then
         self.background_noise: bool | None = None
@@ -300,7 +298,9 @@ class DPForecastStrategy(Callback):
         self.expected_batch_size: int | None = None
         self.surgery: Surgery | None = None
         self._clipper: PerWindowClipper | None = None
-        self._params: list[nn.Parameter] = []
+        self._params: list[nn.Parameter] = []  # set with _use_params, with what follows from it:
+        self._hooked_ids: set[int] = set()  # their ids
+        self._noise_numel = 0  # their number of coordinates (the size of the step's noise vector)
         self._setup_param_ids: list[int] = []  # every parameter of the module at setup, trainable or not
         self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
@@ -406,11 +406,9 @@ class DPForecastStrategy(Callback):
         self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
-        self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        self._use_params([p for p in pl_module.parameters() if p.requires_grad])
         self._setup_param_ids = [id(p) for p in pl_module.parameters()]
         self._setup_module_ids = [id(m) for m in pl_module.modules()]
-        self._noise_numel = None
-        self._hooked_ids = None
         self.background_noise = None
         self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
         if not self._params:
@@ -449,10 +447,9 @@ class DPForecastStrategy(Callback):
                 "DP training supports exactly one optimizer (each step releases one noisy gradient)",
             )
         self._refresh_trainable(pl_module)
-        hooked = {id(p) for p in self._params}
         for group in trainer.optimizers[0].param_groups:
             for p in group["params"]:
-                if p.requires_grad and id(p) not in hooked:
+                if p.requires_grad and id(p) not in self._hooked_ids:
                     raise ConfigurationError(
                         "configure_optimizers", f"parameter of shape {tuple(p.shape)}",
                         "every trainable parameter the optimizer updates must belong to the LightningModule "
@@ -489,12 +486,10 @@ class DPForecastStrategy(Callback):
             return
         self._clipper.remove()
         self._clipper = None
-        self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        self._use_params([p for p in pl_module.parameters() if p.requires_grad])
         if not self._params:
             raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
         self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
-        self._hooked_ids = None
-        self._noise_numel = None
 
     def _check_distributed(self, trainer: L.Trainer) -> None:
         """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
@@ -707,7 +702,6 @@ class DPForecastStrategy(Callback):
         self._batches_since_step += 1
         self._batch_used = False
         self._batch = batch
-        self._check_trainable(trainer, pl_module)
         self._clear()
         if not self._probed:
             self._probed = True
@@ -718,18 +712,22 @@ class DPForecastStrategy(Callback):
         if self._clipper is not None:
             self._clipper.enable()
 
+    def _use_params(self, params: list[nn.Parameter]) -> None:
+        """The parameters DP training updates (trainable when the per-window hooks were attached)."""
+        self._params = params
+        self._hooked_ids = {id(p) for p in params}
+        self._noise_numel = sum(p.numel() for p in params)
+
     def _check_trainable(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The trainable parameters must stay those of the fit's start (the ones with per-window hooks).
 
         A parameter unfrozen during the fit (e.g. by a fine-tuning callback) would get its plain autograd gradient,
         with no per-window bound and no noise, and the optimizer would apply it: a release the guarantee does not
-        cover. A hooked parameter frozen during the fit would keep receiving noisy updates. Both are refused, at
-        the step's start and again just before the noisy step (a callback may change them in between); a
-        gradient on a parameter without hooks is refused too.
+        cover. A hooked parameter frozen during the fit would keep receiving noisy updates. Both are refused just
+        before the noisy step, after every hook that could change them and before any update; a gradient on a
+        parameter without hooks is refused too.
         """
         hooked = self._hooked_ids
-        if hooked is None:
-            hooked = self._hooked_ids = {id(p) for p in self._params}
         params = [*pl_module.parameters(), *(q for g in trainer.optimizers[0].param_groups for q in g["params"])]
         for p in params:
             if p.requires_grad == (id(p) in hooked) and (p.grad is None or p.requires_grad):
@@ -768,8 +766,6 @@ class DPForecastStrategy(Callback):
             self.background_noise = self._params[0].device.type != "cpu" or _spare_core()
         if not self.background_noise:
             return
-        if self._noise_numel is None:
-            self._noise_numel = sum(p.numel() for p in self._params)
         std = self.noise_std if self._world_size > 1 else self.noise_std / self.expected_batch_size
         prepare(self._noise_numel, std, self._params[0].dtype)
 
@@ -948,9 +944,7 @@ class DPForecastStrategy(Callback):
         if self.surgery is not None:
             self.surgery.restore()
             self.surgery = None
-        self._params = []
-        self._noise_numel = None
-        self._hooked_ids = None
+        self._use_params([])
         self.background_noise = None
 
     def _clear(self) -> None:
