@@ -14,8 +14,8 @@ gradients, clipping, noise, optimizer step). Reported: the median over all timed
 run), the best run's median and the minimum over all timed steps (the last two: least disturbed by other
 processes on a shared machine), with the ratio DP / no-DP; the order of the configurations rotates between
 repeats. ``cpu`` columns are the same statistics of the process CPU time per step (all threads, including the
-noise prefetch thread: the work done, less sensitive to other processes than wall time); ``main cpu`` is the
-CPU time of the training thread alone (the critical path when the prefetch thread has a core of its own). The
+background noise thread: the work done, less sensitive to other processes than wall time); ``main cpu`` is the
+CPU time of the training thread alone (the critical path when the noise thread has a core of its own). The
 load average (``os.getloadavg``) is printed before and after each model and batch size.
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon

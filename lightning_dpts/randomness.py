@@ -173,18 +173,14 @@ class GaussianNoise:
             :func:`secure_standard_normal` (Opacus ``secure_mode``'s threat model; ignores a seed, so a seeded
             secure run is refused). Its cost is measured by ``benchmarks/randomness.py``.
         stream: stream key under ``entropy`` (keeps noise independent from the sampling streams).
-        prefetch: draw the *next* vector in a background thread as soon as one is handed out, so that the draw
-            overlaps the caller's other work (DP training: the next step's forward and backward pass; the noise
-            does not depend on the data). The sequence of vectors is exactly that of ``prefetch=False`` (same
-            generator, same order, one draw per :meth:`sample`): a draw is handed out at most once, a fresh
-            buffer is allocated for every draw, and a prefetched draw whose size or dtype does not match the
-            next call is discarded (never handed out later). Costs one extra vector of memory.
 
-    The object has no ``state_dict``: a resumed run builds a new one from fresh entropy, so no noise is replayed.
+    :meth:`prepare` starts the next draw in a background thread (the noise does not depend on the data, so DP
+    training draws it while the step's forward and backward pass run). The object has no ``state_dict``: a resumed
+    run builds a new one from fresh entropy, so no noise is replayed.
     """
 
     def __init__(
-        self, entropy: Entropy, *, secure: bool = False, stream: tuple[int, ...] = (7,), prefetch: bool = False
+        self, entropy: Entropy, *, secure: bool = False, stream: tuple[int, ...] = (7,)
     ) -> None:
         if secure and entropy.seeded:
             raise ConfigurationError(
@@ -192,7 +188,6 @@ class GaussianNoise:
             )
         self.secure = bool(secure)
         self.seeded = entropy.seeded
-        self.prefetch = bool(prefetch)
         self._generator = None if secure else torch_generator(entropy, *stream)
         self._pending: _Draw | None = None
 
@@ -222,8 +217,6 @@ class GaussianNoise:
             del drawn  # a mismatching draw is dropped here, never handed out
         if out is None:
             out = self._draw(numel, std, dtype)
-        if self.prefetch and numel > 0 and std > 0:
-            self._pending = _Draw(self._draw, numel, std, dtype)
         return out
 
     def prepare(self, numel: int, std: float, dtype: torch.dtype | None = None) -> None:
@@ -248,7 +241,7 @@ _EXECUTOR: Any = None
 
 
 def _executor() -> Any:
-    """One worker thread for every prefetching :class:`GaussianNoise` of the process (created on first use).
+    """One worker thread for every :class:`GaussianNoise` of the process that prepares draws (created on first use).
 
     Each task uses only its own object's generator, and :meth:`GaussianNoise.sample` waits for that object's
     pending task before touching the generator, so no generator is ever used by two threads at once.
@@ -257,7 +250,7 @@ def _executor() -> Any:
     if _EXECUTOR is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise-prefetch")
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise")
     return _EXECUTOR
 
 
@@ -270,7 +263,7 @@ os.register_at_fork(after_in_child=_forget_executor_in_child)
 
 
 class _Draw:
-    """One noise vector drawn by the prefetch worker thread (torch, numpy and os.urandom release the GIL)."""
+    """One noise vector drawn by the worker thread (torch, numpy and os.urandom release the GIL)."""
 
     __slots__ = ("std", "_future")
 

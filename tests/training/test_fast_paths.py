@@ -1,7 +1,7 @@
-"""The fast paths of issue 15 against independent computations, and the attacker's view of the prefetched noise.
+"""The fast paths of issue 15 against independent computations, and the attacker's view of the noise drawn ahead.
 
-* :class:`GaussianNoise` with ``prefetch=True`` hands out exactly the draws of ``prefetch=False`` (same seed, same
-  order, one per call), each in its own buffer, and never a discarded draw.
+* A draw started ahead by :meth:`GaussianNoise.prepare` is exactly the next draw of ``sample`` alone (same seed,
+  same order, one per call), each in its own buffer, and a discarded draw is never handed out.
 * The hand-written LSTM backward (``_Recurrence``) equals autograd through the unrolled recurrence (float64).
 * Both per-window norm forms (ghost norm and per-window products) equal the norms of materialised per-window
   gradients, for one and several input blocks.
@@ -33,24 +33,15 @@ from .conftest import SpecDataModule, trainer
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Prefetched noise
+# Noise drawn ahead (GaussianNoise.prepare)
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_prefetched_noise_is_the_same_stream_one_draw_per_call(dtype):
-    plain = GaussianNoise(resolve_entropy(11), stream=(7, 3))
-    fast = GaussianNoise(resolve_entropy(11), stream=(7, 3), prefetch=True)
-    for _ in range(6):
-        want = plain.sample(1000, 0.5, dtype)
-        got = fast.sample(1000, 0.5, dtype)
-        assert got.dtype == dtype and torch.equal(got, want)
-
-
-def test_prefetched_noise_is_never_handed_out_twice_nor_shared():
+def test_prepared_noise_is_never_handed_out_twice_nor_shared():
     """Attacker: the caller adds the noise in place (p.grad); a reused buffer or a reused draw would let one
     released gradient cancel the noise of another. No two draws may share a value or a buffer."""
-    noise = GaussianNoise(resolve_entropy(5), prefetch=True)
+    noise = GaussianNoise(resolve_entropy(5))
     held, snapshots = [], []
     for k in range(8):
+        noise.prepare(4096, 1.0, torch.float64)
         x = noise.sample(4096, 1.0, torch.float64)  # float64: chance collisions ~1e-8
         assert x.abs().max() < 10  # not a buffer an earlier caller modified
         snapshots.append(x.clone())
@@ -64,50 +55,30 @@ def test_prefetched_noise_is_never_handed_out_twice_nor_shared():
             assert not bool(torch.isin(snapshots[i], b).any()), "a noise value reappears in another draw"
 
 
-def test_a_discarded_prefetched_draw_never_reappears():
-    """A size change (or an aborted step) between two calls: the draw made for the old size is dropped."""
-    seeded = GaussianNoise(resolve_entropy(9), prefetch=True)
-    reference = GaussianNoise(resolve_entropy(9))
-    f64 = torch.float64  # chance collisions between float64 normals: ~1e-10 here
-    first = seeded.sample(500, 1.0, f64)
-    torch.testing.assert_close(first, reference.sample(500, 1.0, f64), rtol=0, atol=0)
-    dropped = reference.sample(500, 1.0, f64)  # what the prefetch drew for the next call of size 500
-    later = torch.cat([seeded.sample(n, 1.0, f64) for n in [300] * 5 + [500] * 3])
-    assert not bool(torch.isin(dropped, later).any())
-    assert not bool(torch.isin(first, later).any())
-
-
-def test_prefetched_noise_rescales_to_a_new_std():
-    plain = GaussianNoise(resolve_entropy(2))
-    fast = GaussianNoise(resolve_entropy(2), prefetch=True)
-    fast.sample(100, 1.0)
-    plain.sample(100, 1.0)
-    torch.testing.assert_close(fast.sample(100, 3.0), plain.sample(100, 1.0) * 3.0)
-
-
-def test_prefetch_errors_reach_the_caller():
-    noise = GaussianNoise(resolve_entropy(1), prefetch=True)
-    noise.sample(10, 1.0)
+def test_prepared_draw_errors_reach_the_caller():
+    noise = GaussianNoise(resolve_entropy(1))
 
     def broken(*args):
         raise RuntimeError("draw failed")
 
-    noise._draw = broken  # the next background draw fails; the failure must not be swallowed
-    noise.sample(10, 1.0)  # returns the draw prefetched before; starts a failing one
+    noise._draw = broken  # the background draw fails; the failure must not be swallowed
+    noise.prepare(10, 1.0)
     with pytest.raises(RuntimeError, match="draw failed"):
         noise.sample(10, 1.0)
 
 
-def test_a_prepared_draw_is_the_next_draw_of_the_stream_handed_out_once():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_prepared_draw_is_the_next_draw_of_the_stream_handed_out_once(dtype):
     """``prepare`` only moves the next draw earlier: the vectors handed out are those of ``sample`` alone (same seed,
     same order); preparing twice draws once; another std rescales it; another size or dtype drops it for good."""
     plain = GaussianNoise(resolve_entropy(4))
     fast = GaussianNoise(resolve_entropy(4))
-    f64 = torch.float64  # chance collisions between float64 normals: ~1e-10 here
     for _ in range(3):
-        fast.prepare(700, 0.5, f64)
-        fast.prepare(700, 0.5, f64)  # already pending: no second draw
-        torch.testing.assert_close(fast.sample(700, 0.5, f64), plain.sample(700, 0.5, f64), rtol=0, atol=0)
+        fast.prepare(700, 0.5, dtype)
+        fast.prepare(700, 0.5, dtype)  # already pending: no second draw
+        got = fast.sample(700, 0.5, dtype)
+        assert got.dtype == dtype and torch.equal(got, plain.sample(700, 0.5, dtype))
+    f64 = torch.float64  # chance collisions between float64 normals: ~1e-10 here
     fast.prepare(700, 1.0, f64)
     torch.testing.assert_close(fast.sample(700, 2.0, f64), plain.sample(700, 1.0, f64) * 2.0, rtol=1e-15, atol=0)
     fast.prepare(700, 1.0, f64)
