@@ -292,6 +292,16 @@ class _Residual(nn.Module):
         return self.b(h).sin().sum(1)
 
 
+def _assert_backward_refused(net: nn.Module, match: str) -> None:
+    """The backward pass of ``net`` under a clipper raises a ``RuntimeError`` matching ``match``."""
+    clipper = PerWindowClipper(net, loss_reduction="sum")
+    try:
+        with pytest.raises(RuntimeError, match=match):
+            net(_x()).sum().backward()
+    finally:
+        clipper.remove()
+
+
 @pytest.mark.parametrize("centre", [False, True])
 @pytest.mark.parametrize("cls", [nn.Linear, _SubLinear])
 def test_an_input_changed_in_place_after_its_layer_ran_is_refused(cls, centre):
@@ -299,12 +309,7 @@ def test_an_input_changed_in_place_after_its_layer_ran_is_refused(cls, centre):
     net = _Residual(cls, centre)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         net(_x()).sum().backward()  # plain nn.Linear (no clipper)
-    clipper = PerWindowClipper(net, loss_reduction="sum")
-    try:
-        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            net(_x()).sum().backward()
-    finally:
-        clipper.remove()
+    _assert_backward_refused(net, "modified by an inplace operation")
 
 
 def test_merged_layers_with_an_in_place_change_between_their_calls_are_refused():
@@ -315,12 +320,7 @@ def test_merged_layers_with_an_in_place_change_between_their_calls_are_refused()
         return (y + n.ls[1](h)).sin().sum(1)
 
     net = _Net([(6, 3, True), (6, 3, True)], forward)
-    clipper = PerWindowClipper(net, loss_reduction="sum")
-    try:
-        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            net(_x()).sum().backward()
-    finally:
-        clipper.remove()
+    _assert_backward_refused(net, "modified by an inplace operation")
 
 
 def test_a_second_backward_pass_through_a_retained_graph_is_refused():
