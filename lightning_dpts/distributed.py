@@ -105,8 +105,9 @@ def all_reduce_noisy_sum(
     rank ``sum_ranks sum_i clip_C(g_i) + N(0, noise_std^2 I)``, which is divided by the global ``Lambda``.
 
     Args:
-        failed: this rank's clipping failed (a non-finite per-window gradient; pass ``sums`` of ``None``). One
-            extra element of the same all-reduce counts the failed ranks, so every rank learns it at once.
+        failed: this rank cannot contribute (its clipping failed, e.g. a non-finite per-window gradient, or its
+            step was refused before clipping; pass ``sums`` of ``None``). One extra element of the same all-reduce
+            counts the failed ranks, so every rank learns it at once.
 
     Returns:
         The noisy averaged gradient of every parameter (views of one flat tensor), identical on every rank, and

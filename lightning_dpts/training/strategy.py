@@ -779,7 +779,13 @@ class DPForecastStrategy(Callback):
                 "accumulate_grad_batches", self._batches_since_step,
                 "DP training needs exactly one sampled batch per optimizer step",
             )
-        self._check_trainable(trainer, pl_module)
+        refused: ConfigurationError | None = None
+        try:
+            self._check_trainable(trainer, pl_module)
+        except ConfigurationError as err:
+            if self._world_size == 1:
+                raise
+            refused = err  # raised after the step's all-reduce, so that no other rank is left waiting in it
         after = PrivacyLedger(steps=self.ledger.steps + 1, epochs=self.ledger.epochs + int(self._new_epoch))
         spec = _spec_or_none(trainer)
         if self.step_cap is not None and spec is not None and after.accounted_steps(spec) > self.step_cap:
@@ -788,7 +794,7 @@ class DPForecastStrategy(Callback):
                 f"the {self.step_cap} the privacy budget allows"
             )
         if self._world_size > 1:
-            noisy = self._distributed_step(trainer, after.steps)
+            noisy = self._distributed_step(trainer, after.steps, refused)
         else:
             assert self.noise is not None
             try:
@@ -805,20 +811,25 @@ class DPForecastStrategy(Callback):
         self._new_epoch = False
         self._batches_since_step = 0
 
-    def _distributed_step(self, trainer: L.Trainer, step: int) -> list[torch.Tensor]:
+    def _distributed_step(
+        self, trainer: L.Trainer, step: int, refused: Exception | None = None
+    ) -> list[torch.Tensor]:
         """Algorithm 2 on the global batch: local clipped sums, one all-reduce with rank 0's one noise draw.
 
-        A rank that cannot clip (a non-finite per-window gradient, a parameter without per-window gradients)
-        contributes a failure flag to the same all-reduce, so every rank raises at this step (that rank its own
-        error, the others a ``RuntimeError`` pointing to it) and none is left waiting in a collective.
+        A rank that cannot clip (a non-finite per-window gradient, a parameter without per-window gradients) or
+        whose step was ``refused`` before clipping (its trainable parameters changed during the fit:
+        :meth:`_check_trainable`) contributes a failure flag to the same all-reduce, so every rank raises at this
+        step (that rank its own error, the others a ``RuntimeError`` pointing to it) instead of failing inside the
+        collective with a transport error that names nothing. No noisy gradient is applied on any rank.
         """
         assert self._clipper is not None and self.expected_batch_size is not None
-        failed: Exception | None = None
-        try:
-            sums = self._clipper.clipped_sums(self._params, self.max_grad_norm)
-        except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
-            failed = err
-            sums = [None] * len(self._params)
+        failed: Exception | None = refused
+        sums: list[torch.Tensor | None] = [None] * len(self._params)
+        if failed is None:
+            try:
+                sums = list(self._clipper.clipped_sums(self._params, self.max_grad_norm))
+            except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
+                failed = err
         noisy, failures = all_reduce_noisy_sum(
             sums, self._params, self.noise_std, self.expected_batch_size, self.noise, failed=failed is not None
         )
@@ -830,8 +841,9 @@ class DPForecastStrategy(Callback):
             raise failed
         if failures:
             raise RuntimeError(
-                f"noisy step {step}: {failures} other rank(s) could not clip their windows' gradients (see their "
-                "error, e.g. NonFiniteGradientError); no step is taken"
+                f"noisy step {step}: {failures} other rank(s) could not clip their windows' gradients or refused the "
+                "step (see their error, e.g. NonFiniteGradientError, or a ConfigurationError on requires_grad); no "
+                "step is taken"
             )
         check_identical(noisy, step)
         return noisy

@@ -13,6 +13,11 @@ what it observed to ``<out>/rank<r>.json``; the test reads both files. Phases:
 3. ``sampler``: the training loader alone over many passes from fresh per-rank entropy (the broadcast must make
    the shares one global sample), and rank 0's single-process reference batches from the shared entropy.
 4. ``nan``: windows of series 3 have a NaN gradient; every rank must raise at the same step, none hang.
+
+``ddp_worker.py <out> freeze`` runs one other fit instead (its own launch: an exception may tear the process group
+down): rank 1 alone freezes a trainable layer at step 3; every rank must raise at that step (rank 1 its own
+refusal, rank 0 the error that points to the other rank, not a transport error), and no weight changes at that
+step. Written to ``<out>/freeze<r>.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import time
 import types
 import warnings
 from datetime import timedelta
@@ -87,6 +93,19 @@ class NanOnSeries3(Tiny):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         scale = torch.where(batch["series_index"] == 3, float("nan"), 1.0)[:, None]
         return (self.net(batch["past_target"]) * scale - batch["future_target"]).square().mean()
+
+
+class FreezeOnRank1(Callback):
+    """Rank 1 alone freezes the forecaster's weight when step ``at`` starts; records the weights at every step."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.weights: list[list[float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.weights.append(weights(pl_module))
+        if trainer.global_rank == 1 and trainer.global_step == self.at:
+            pl_module.net.weight.requires_grad_(False)
 
 
 class Recorder(Callback):
@@ -205,5 +224,25 @@ def main(out: Path) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
+def freeze(out: Path) -> None:
+    rank = int(os.environ["RANK"])
+    model, dm = Tiny(), datamodule()
+    strategy, watcher = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP), FreezeOnRank1(at=3)
+    t = trainer(out, [strategy, watcher], max_steps=20, logger=False, enable_checkpointing=False)
+    result: dict = {"rank": rank}
+    start = time.monotonic()
+    try:
+        t.fit(model, datamodule=dm)
+        result["error"] = None
+    except Exception as err:  # recorded for the test
+        result.update(error=type(err).__name__, message=str(err)[:400])
+    result.update(seconds=time.monotonic() - start, ledger_steps=strategy.ledger.steps,
+                  weights_seen=watcher.weights, weights_after=weights(model))
+    (out / f"freeze{rank}.json").write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:] == ["freeze"]:
+        freeze(Path(sys.argv[1]))
+    else:
+        main(Path(sys.argv[1]))

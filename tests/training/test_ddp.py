@@ -71,13 +71,18 @@ def _one_process_fit(max_steps: int, budget: tuple[float, float], ckpt_path: str
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp")
     _one_process_fit(5, worker.BUDGET, save=out / "one.ckpt")
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(WORKER), str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    _launch(out)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return {"out": out, "ranks": ranks}
+
+
+def _launch(out: Path, *args: str) -> None:
+    """``ddp_worker.py out *args`` on 2 processes (torchrun); both must exit 0 (errors are recorded, not raised)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(WORKER), str(out), *args]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 def _chi2_accepts(values: np.ndarray, std: float, alpha: float = 1e-7) -> tuple[bool, float]:
@@ -185,6 +190,27 @@ def test_a_non_finite_gradient_on_one_rank_stops_every_rank_at_the_same_step(run
     assert "NonFiniteGradientError" in {n["error"] for n in nan}
     assert any("'3'" in n["message"] or "#3" in n["message"] for n in nan if n["error"] == "NonFiniteGradientError")
     assert nan[0]["ledger_steps"] == nan[1]["ledger_steps"]
+
+
+def test_a_layer_frozen_on_one_rank_stops_every_rank_at_that_step_without_waiting(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Rank 1 alone freezes a trainable layer at step 3 (e.g. a callback that runs on one rank). Its refusal (the
+    trainable set is fixed for the fit) used to be raised before the gradient all-reduce, which rank 0 had already
+    entered: rank 0 then failed inside it with gloo's transport error ("Connection closed by peer"), which names
+    neither the rank nor the cause. Now the refusal rides on the all-reduce's failure flag: both ranks raise at
+    step 3 within seconds (the collective timeout is 60 s), rank 0 with the error that points to the other rank's
+    refusal, and no weight moves at that step on either rank."""
+    out = tmp_path_factory.mktemp("ddp_freeze")
+    _launch(out, "freeze")
+    ranks = [json.loads((out / f"freeze{r}.json").read_text()) for r in range(2)]
+    assert ranks[1]["error"] == "ConfigurationError" and "frozen during DP training" in ranks[1]["message"]
+    assert ranks[0]["error"] == "RuntimeError" and "other rank(s)" in ranks[0]["message"]
+    assert [r["ledger_steps"] for r in ranks] == [3, 3]  # steps 0-2 taken, step 3 refused on both ranks
+    for r in ranks:  # the collective's timeout is 60 s; the failure flag answers at once
+        assert r["seconds"] < 45, r["seconds"]
+        assert r["weights_after"] == r["weights_seen"][-1]  # the refused step changed no weight
+    assert ranks[0]["weights_after"] == ranks[1]["weights_after"]
 
 
 def test_sampling_entropy_never_reaches_an_artifact(run: dict) -> None:
