@@ -7,8 +7,15 @@ Usage::
         [--batch-sizes 64,256,1024] [--threads 1] [--kinds plain,dp,dp_acc] [--memory]
 
 For each model and batch size Lambda, the same initial weights and the same fixed batch of Lambda windows are
-trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, in alternation,
-``--repeats`` times, in one process; callbacks time every optimizer step (from before the DP callback's
+trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, ``--repeats`` times,
+in one process. By default (``--interleave step``) the configurations take turns step by step: each Trainer runs
+in a thread of its own, exactly one of them runs at any time, and step i of every configuration is timed within
+milliseconds of step i of the others, so that the slow changes of a shared machine's speed (other processes, a
+virtual machine's CPU steal) hit them alike; ``paired`` is then the median of the per-step ratios DP / no-DP,
+with the range of each repeat's median. ``--interleave run`` alternates whole runs instead (the method of the
+figures before 2026-11-21). ``--kinds plain,dp,plain_b`` adds a second non-DP run, ``plain_b``: its paired ratio
+is the A/A control, which shows the resolution of the measurement on the machine at hand. Callbacks time every
+optimizer step (from before the DP callback's
 ``on_train_batch_start`` to after the accountant's ``on_train_batch_end``: forward, backward, per-window
 gradients, clipping, noise, optimizer step). Reported: the median over all timed steps (after ``--warmup`` per
 run), the best run's median and the minimum over all timed steps (the last two: least disturbed by other
@@ -37,6 +44,7 @@ import logging
 import math
 import os
 import statistics
+import threading
 import time
 import warnings
 
@@ -183,6 +191,102 @@ def time_steps(
     return timer.times[warmup:], timer.cpu[warmup:], timer.main[warmup:]
 
 
+class _Turns:
+    """Runs several Trainers in threads that take turns step by step: exactly one of them runs at any time, and
+    each trains one step (timed by its :class:`_Timer`; the first after the Trainer's set-up, also in its turn)
+    before handing over to the next, so step i of every
+    configuration is measured within a few milliseconds of step i of the others and slow changes of the
+    machine's speed (other processes, the host's CPU steal) hit them alike. Between two of its steps a Trainer
+    waits inside ``on_train_batch_end`` (after the timer), so its own loop overhead (fetching the next batch)
+    never overlaps another's timed step."""
+
+    def __init__(self, kinds: list[str], steps: int) -> None:
+        self.kinds, self.steps = kinds, steps
+        self.done = dict.fromkeys(kinds, 0)
+        self.turn = 0
+        self.failed = False
+        self.cond = threading.Condition()
+
+    def _wait(self, kind: str) -> None:  # with self.cond held
+        me = self.kinds.index(kind)
+        while self.kinds[self.turn] != kind and not self.failed:
+            if not self.cond.wait(timeout=600):
+                raise RuntimeError(f"{kind}: no turn within 600 s")
+        if self.failed:
+            raise RuntimeError("another configuration failed")
+        assert self.turn == me
+
+    def _hand_over(self) -> None:  # with self.cond held: next configuration with steps left (or any, at the end)
+        for k in range(1, len(self.kinds) + 1):
+            nxt = (self.turn + k) % len(self.kinds)
+            if self.done[self.kinds[nxt]] < self.steps:
+                self.turn = nxt
+                break
+        self.cond.notify_all()
+
+    def callbacks(self, kind: str) -> tuple[Callback, Callback]:
+        """The callback to list first (waits for the first turn, before the timer starts) and the one to list
+        last (after the timer stops: hands over and waits for the next turn)."""
+        turns = self
+
+        class _First(Callback):
+            def on_train_batch_start(self, *args) -> None:
+                with turns.cond:
+                    turns._wait(kind)
+
+        class _Last(Callback):
+            def on_train_batch_end(self, *args) -> None:
+                with turns.cond:
+                    turns.done[kind] += 1
+                    turns._hand_over()
+                    if turns.done[kind] < turns.steps:
+                        turns._wait(kind)
+                    else:  # last step: tear down only once every configuration has taken its last step
+                        turns.cond.wait_for(lambda: turns.failed or min(turns.done.values()) >= turns.steps, 600)
+
+        return _First(), _Last()
+
+    def fail(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+
+def time_interleaved(
+    modules: dict[str, L.LightningModule], dms: dict[str, L.LightningDataModule], steps: int, warmup: int,
+    extra: dict[str, list[Callback]],
+) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """:func:`time_steps` for every configuration at once, alternating step by step (:class:`_Turns`)."""
+    kinds = list(modules)
+    turns = _Turns(kinds, steps)
+    timers = {k: _Timer() for k in kinds}
+    errors: list[BaseException] = []
+    threads_wanted = torch.get_num_threads()
+
+    def run(kind: str) -> None:
+        try:
+            torch.set_num_threads(threads_wanted)
+            with turns.cond:  # the Trainer's set-up takes its turn too (it may use torch's process-wide RNG,
+                turns._wait(kind)  # which the DP strategy's window-independence probe seeds for its two passes)
+            first, last = turns.callbacks(kind)
+            trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False,
+                                callbacks=[first, timers[kind].first(), *extra[kind], timers[kind], last])
+            trainer.fit(modules[kind], datamodule=dms[kind])
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(err)
+            turns.fail()
+
+    workers = [threading.Thread(target=run, args=(k,), name=f"bench-{k}") for k in kinds]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return {k: (t.times[warmup:], t.cpu[warmup:], t.main[warmup:]) for k, t in timers.items()}
+
+
 def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> tuple[int, bool]:
     """Peak bytes allocated during step ``warmup + 1`` above its start, and whether DP drew that step's noise in
     the background thread."""
@@ -201,9 +305,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="sff,dlinear,deepar")
-    parser.add_argument("--kinds", default="plain,dp,dp_acc", help="plain,dp[,dp_acc]")
+    parser.add_argument("--kinds", default="plain,dp,dp_acc",
+                        help="plain,dp[,dp_acc][,plain_b] (plain_b: a second non-DP run, the A/A control of the "
+                             "paired ratios)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one step")
+    parser.add_argument("--interleave", choices=("step", "run"), default="step",
+                        help="step (default): the configurations take turns step by step (one thread each, one "
+                             "running at a time); run: one whole run after the other")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -233,7 +342,7 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
 
     def callbacks_for(kind: str) -> list[Callback]:
         callbacks: list[Callback] = []
-        if kind != "plain":
+        if kind.startswith("dp"):
             callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0))
         if kind == "dp_acc":
             callbacks.append(_TimedAccountant(8.0, 1e-6))
@@ -241,14 +350,20 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
 
     n_kinds = len(order)
     for repeat in range(args.repeats):
-        for kind in order[repeat % n_kinds :] + order[: repeat % n_kinds]:  # rotate: contention hits all alike
-            callbacks = callbacks_for(kind)
-            wall, used, thread = time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, callbacks)
+        rotated = order[repeat % n_kinds :] + order[: repeat % n_kinds]  # rotate: contention hits all alike
+        extra = {kind: callbacks_for(kind) for kind in rotated}
+        if args.interleave == "step":
+            measured = time_interleaved({k: copy.deepcopy(base) for k in rotated},
+                                        {k: _Fixed(batch, args.steps, spec) for k in rotated},
+                                        args.steps, args.warmup, extra)
+        else:
+            measured = {k: time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, extra[k]) for k in rotated}
+        for kind, (wall, used, thread) in measured.items():
             runs[kind].append(wall)
             cpu[kind].append(used)
             main[kind].append(thread)
             if kind == "dp_acc":
-                hook += callbacks[-1].hook_times  # type: ignore[attr-defined]
+                hook += extra[kind][-1].hook_times  # type: ignore[attr-defined]
     # median step time of each run; report the median over all steps and the best run (least contention)
     def stats(v: dict[str, list[list[float]]]) -> tuple[dict[str, float], ...]:
         med = {k: 1e3 * statistics.median([t for run in r for t in run]) for k, r in v.items()}
@@ -256,6 +371,14 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
         low = {k: 1e3 * min(t for run in r for t in run) for k, r in v.items()}
         return med, best, low
 
+    if args.interleave == "step":  # step i of each configuration ran right after step i of the others
+        for kind in [k for k in order if k != "plain"]:
+            per_repeat = [[d / p for d, p in zip(rd, rp, strict=True)] for rd, rp in zip(runs[kind], runs["plain"],
+                                                                                          strict=True)]
+            every = statistics.median([r for rep in per_repeat for r in rep])
+            spread = [statistics.median(rep) for rep in per_repeat]
+            print(f"{name:8s} {size:6d} {'paired':8s} {kind}: median of the per-step ratios {every:.3f} (median of "
+                  f"each repeat {min(spread):.3f} - {max(spread):.3f})", flush=True)
     med, best, low = stats(runs)
     cpu_med, cpu_best, cpu_low = stats(cpu)
     main_med, main_best, main_low = stats(main)
