@@ -244,6 +244,14 @@ class _Turns:
                     else:  # last step: tear down only once every configuration has taken its last step
                         turns.cond.wait_for(lambda: turns.failed or min(turns.done.values()) >= turns.steps, 600)
 
+            def on_train_end(self, *args) -> None:  # a run that stops early (e.g. a budget) leaves the turns
+                with turns.cond:
+                    if turns.done[kind] < turns.steps:
+                        turns.done[kind] = turns.steps
+                        if turns.kinds[turns.turn] == kind:
+                            turns._hand_over()
+                        turns.cond.notify_all()
+
         return _First(), _Last()
 
     def fail(self) -> None:
@@ -373,8 +381,8 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
 
     if args.interleave == "step":  # step i of each configuration ran right after step i of the others
         for kind in [k for k in order if k != "plain"]:
-            per_repeat = [[d / p for d, p in zip(rd, rp, strict=True)] for rd, rp in zip(runs[kind], runs["plain"],
-                                                                                          strict=True)]
+            per_repeat = [[d / p for d, p in zip(rd, rp, strict=False)]  # a run stopped early pairs its steps
+                          for rd, rp in zip(runs[kind], runs["plain"], strict=True)]
             every = statistics.median([r for rep in per_repeat for r in rep])
             spread = [statistics.median(rep) for rep in per_repeat]
             print(f"{name:8s} {size:6d} {'paired':8s} {kind}: median of the per-step ratios {every:.3f} (median of "
