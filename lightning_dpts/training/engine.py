@@ -762,7 +762,7 @@ class PerWindowClipper:
                 touched[id(w)] = w
             for bias in record.biases:
                 touched[id(bias)] = bias
-        if not sizes:
+        if not sizes or sizes == {0}:  # no window reached a parameter (no record, or a batch of 0 windows)
             self._check_sources(params, touched)
             grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
             return [grads.get(id(p)) for p in params]

@@ -446,3 +446,29 @@ def test_gradient_checkpointing_equal_explicit(reentrant):
     finally:
         clipper.remove()
 
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (0, 1, 4), (0, 5, 4), (0, 2, 3, 4)], ids=["2d", "one-step", "3d", "4d"])
+def test_a_batch_of_no_windows_gives_the_noise_alone(shape: tuple[int, ...]) -> None:
+    """A recorded forward of 0 windows (2-D, one-step, 3-D, 4-D inputs; a squared layer and a merged pair on the same
+    input): no window contributes, so ``clipped_sums`` is ``None`` (nothing to add) and ``noisy_gradients`` is the
+    step's noise draw alone, exactly the draw a second generator with the same seed makes. (It used to raise
+    "cannot reshape tensor of 0 elements" from the 3-D and 4-D paths.)"""
+    torch.manual_seed(0)
+    first, square = nn.Linear(4, 3).double(), nn.Linear(3, 3).double()
+    heads = nn.ModuleList([nn.Linear(3, 1).double() for _ in range(2)])
+    model = nn.ModuleList([first, square, heads])
+    params = list(model.parameters())
+    clipper = PerWindowClipper(model)
+    clipper.enable()
+    h = torch.relu(first(torch.randn(*shape, dtype=torch.float64)))
+    h = square(h)
+    loss = sum(head(h).sum() for head in heads)
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    assert clipper.clipped_sums(params, 1.0) == [None] * len(params)
+    noisy = clipper.noisy_gradients(params, 1.0, 0.7, 8, GaussianNoise(resolve_entropy(3)))
+    reference = GaussianNoise(resolve_entropy(3)).sample(sum(p.numel() for p in params), 0.7 / 8, torch.float64)
+    assert [g.shape for g in noisy] == [p.shape for p in params]
+    assert torch.equal(torch.cat([g.reshape(-1) for g in noisy]), reference)
+    clipper.remove()
