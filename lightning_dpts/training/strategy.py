@@ -406,13 +406,10 @@ class DPForecastStrategy(Callback):
         self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
-        self._use_params([p for p in pl_module.parameters() if p.requires_grad])
         self._setup_param_ids = [id(p) for p in pl_module.parameters()]
         self._setup_module_ids = [id(m) for m in pl_module.modules()]
         self.background_noise = None
-        self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
-        if not self._params:
-            raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
+        self._hook_trainable(pl_module)
         self._wrap_training_step(pl_module)
         self._begun = False
 
@@ -486,6 +483,11 @@ class DPForecastStrategy(Callback):
             return
         self._clipper.remove()
         self._clipper = None
+        self._hook_trainable(pl_module)
+
+    def _hook_trainable(self, pl_module: L.LightningModule) -> None:
+        """Take the module's trainable parameters as those DP training updates, and attach the per-window hooks
+        (:class:`PerWindowClipper`) for them."""
         self._use_params([p for p in pl_module.parameters() if p.requires_grad])
         if not self._params:
             raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")

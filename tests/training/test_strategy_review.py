@@ -383,3 +383,22 @@ def test_a_metric_built_in_setup_is_not_refused(draws):
 
     trainer(max_steps=2, callbacks=[_strategy()]).fit(_WithMetric(), datamodule=SpecDataModule(SPEC, _batches(2)))
     assert draws == [A_NUMEL + B_NUMEL] * 2
+
+
+class _FreezeAllInSetup(_TwoLayers):
+    def setup(self, stage):  # runs after the strategy's setup, which took a trainable set
+        self.requires_grad_(False)
+
+
+@pytest.mark.parametrize("module", [_TwoLayers, _FreezeAllInSetup], ids=["frozen-before-fit", "frozen-in-setup"])
+def test_a_model_with_nothing_trainable_is_refused_before_any_step(module, draws):
+    """Nothing trainable, whether frozen before the fit (the strategy's setup) or only by the module's own setup
+    hook (taken again at on_fit_start): a ConfigurationError naming the model, no step, no noise drawn."""
+    model = module()
+    if module is _TwoLayers:
+        model.requires_grad_(False)
+    t = trainer(max_steps=2, callbacks=[_strategy()])
+    with pytest.raises(ConfigurationError, match="has no trainable parameters") as info:
+        t.fit(model, datamodule=SpecDataModule(SPEC, _batches(2)))
+    assert info.value.parameter == "model"
+    assert draws == [] and t.global_step == 0
