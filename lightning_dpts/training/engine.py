@@ -336,7 +336,8 @@ class _Group:
     and one norm and one product replace one per layer).
 
     ``a`` is the input ``[B, d]`` or ``[B, T, d]`` and ``g`` the output gradient ``[B, p]`` or ``[B, T, p]``
-    (unscaled; several members: concatenated along the last axis, in ``members`` order), batch first.
+    (unscaled; several members: concatenated along the last axis, in ``members`` order), batch first. Members
+    are linear layers (tapped or hooked ``nn.Linear``): one weight, at most one bias each.
     """
 
     __slots__ = ("members", "a", "g", "per_window", "g_sum")
@@ -426,13 +427,7 @@ class _Group:
                 rows = [r.biases[0].shape[0] for r in members]
                 torch._foreach_add_([grads[id(r.biases[0])] for r in members], b_sum.split(rows), alpha=alpha)
             else:
-                biases = members[0].biases
-                if len(biases) == 1:
-                    _addmv(grads[id(biases[0])], g_sum.T, factor, alpha)
-                else:
-                    b_sum = g_sum.T @ factor
-                    for bias in biases:
-                        grads[id(bias)].add_(b_sum, alpha=alpha)
+                _addmv(grads[id(members[0].biases[0])], g_sum.T, factor, alpha)
 
 
 def _groups(simple: list[tuple[_Record, torch.Tensor, torch.Tensor]]) -> list[_Group]:
