@@ -113,6 +113,21 @@ class _Fixed(L.LightningDataModule):
         return DataLoader([self.batch] * self.steps, batch_size=None)
 
 
+def fixed_data(module: L.LightningModule, size: int, steps: int) -> _Fixed:
+    """``steps`` copies of one batch of ``size`` windows for ``module``, with a sampling spec of 100 x ``size``
+    series long enough for the model's past window (what the strategy and the accountant read)."""
+    past = int(getattr(module.model, "_past_length", CONTEXT))
+    spec = SamplingSpec(num_series=100 * size, min_length=10 * (past + PREDICTION), context_length=past,
+                        prediction_length=PREDICTION, batch_size=size)
+    return _Fixed(batch_for(module, size), steps, spec)
+
+
+def _trainer(max_steps: int, callbacks: list[Callback]) -> L.Trainer:
+    """A quiet CPU Trainer (no logger, checkpoints, progress bar or summary)."""
+    return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+
+
 class _Timer(Callback):
     """Times each step from before every other callback's ``on_train_batch_start`` (:meth:`first`, listed first)
     to after every other callback's ``on_train_batch_end`` (this callback, listed last)."""
@@ -184,10 +199,7 @@ def time_steps(
 ) -> tuple[list[float], list[float], list[float]]:
     """Wall, process CPU and training-thread CPU seconds of every step after ``warmup``."""
     timer = _Timer()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[timer.first(), *extra, timer])
-    trainer.fit(module, datamodule=dm)
+    _trainer(steps, [timer.first(), *extra, timer]).fit(module, datamodule=dm)
     return timer.times[warmup:], timer.cpu[warmup:], timer.main[warmup:]
 
 
@@ -277,10 +289,8 @@ def time_interleaved(
             with turns.cond:  # the Trainer's set-up takes its turn too (it may use torch's process-wide RNG,
                 turns._wait(kind)  # which the DP strategy's window-independence probe seeds for its two passes)
             first, last = turns.callbacks(kind)
-            trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False,
-                                callbacks=[first, timers[kind].first(), *extra[kind], timers[kind], last])
-            trainer.fit(modules[kind], datamodule=dms[kind])
+            callbacks = [first, timers[kind].first(), *extra[kind], timers[kind], last]
+            _trainer(steps, callbacks).fit(modules[kind], datamodule=dms[kind])
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
             errors.append(err)
             turns.fail()
@@ -299,8 +309,7 @@ def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> tuple[int, bo
     """Peak bytes allocated during step ``warmup + 1`` above its start, and whether DP drew that step's noise in
     the background thread."""
     probe = _PeakMemory(warmup + 1)
-    trainer = L.Trainer(max_steps=warmup + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*extra, probe])
+    trainer = _trainer(warmup + 1, [*extra, probe])
     trainer.fit(module, datamodule=dm)
     return probe.peak, probe.background
 
@@ -337,11 +346,7 @@ def main() -> None:
 
 def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) -> None:
     base = build(name)
-    batch = batch_for(base, size)
-    past = int(getattr(base.model, "_past_length", CONTEXT))
-    spec = SamplingSpec(num_series=100 * size, min_length=10 * (past + PREDICTION),
-                        context_length=past, prediction_length=PREDICTION, batch_size=size)
-    dm = _Fixed(batch, args.steps, spec)
+    dm = fixed_data(base, size, args.steps)
     runs: dict[str, list[list[float]]] = {k: [] for k in order}
     cpu: dict[str, list[list[float]]] = {k: [] for k in order}
     main: dict[str, list[list[float]]] = {k: [] for k in order}
@@ -362,7 +367,7 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
         extra = {kind: callbacks_for(kind) for kind in rotated}
         if args.interleave == "step":
             measured = time_interleaved({k: copy.deepcopy(base) for k in rotated},
-                                        {k: _Fixed(batch, args.steps, spec) for k in rotated},
+                                        {k: fixed_data(base, size, args.steps) for k in rotated},
                                         args.steps, args.warmup, extra)
         else:
             measured = {k: time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, extra[k]) for k in rotated}

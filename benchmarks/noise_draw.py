@@ -21,9 +21,8 @@ import copy
 import statistics
 
 import torch
-from dp_training import PREDICTION, _Fixed, batch_for, build, time_steps
+from dp_training import build, fixed_data, time_steps
 
-from lightning_dpts.privacy import SamplingSpec
 from lightning_dpts.training import DPForecastStrategy, strategy
 
 
@@ -47,10 +46,7 @@ def main() -> None:
         for name in args.models.split(","):
             for size in (int(b) for b in args.batch_sizes.split(",")):
                 base = build(name)
-                past = int(getattr(base.model, "_past_length", 96))
-                spec = SamplingSpec(num_series=100 * size, min_length=10 * (past + PREDICTION), context_length=past,
-                                    prediction_length=PREDICTION, batch_size=size)
-                dm = _Fixed(batch_for(base, size), args.steps, spec)
+                dm = fixed_data(base, size, args.steps)
                 times: dict[str, list[float]] = {k: [] for k in kinds}
                 for repeat in range(args.repeats):
                     for kind in kinds[repeat % 3:] + kinds[: repeat % 3]:
