@@ -32,7 +32,12 @@ activations, gradients, temporaries; the parameters and optimizer state, equal i
 DP, the step's one noise vector, when drawn in the background thread from the step's start - the profiler does
 not see that thread's allocation - and then handed out as the step's gradient, is added for the whole step; with
 no spare core the strategy draws it at the optimizer step, where the profiler counts it).
-``--threads`` sets ``torch.set_num_threads`` (default: torch's default). Targets (issue 15): <= 1.15x for
+``--threads`` sets ``torch.set_num_threads`` (default: torch's default). The header names the C allocator settings
+in force (:func:`allocator_settings`): with glibc's defaults, memory freed at the end of a step may go back to the
+operating system and be faulted in again by the next step, which made DeepAR's step times alternate between two
+levels here; ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912``
+(glibc's environment variables, read at process start) keep it (docs/training.md, "The CPU memory allocator").
+Targets (issue 15): <= 1.15x for
 SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
 
@@ -61,6 +66,17 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
 
 PREDICTION, CONTEXT = 24, 96
+
+
+#: glibc's malloc tunables that decide whether freed memory goes back to the operating system
+ALLOCATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES",
+                       "LD_PRELOAD")
+
+
+def allocator_settings() -> str:
+    """The allocator environment of this process, for the header (``glibc defaults`` when none is set)."""
+    found = [f"{name}={os.environ[name]}" for name in ALLOCATOR_VARIABLES if os.environ.get(name)]
+    return " ".join(found) if found else "glibc defaults"
 
 
 def build(name: str) -> L.LightningModule:
@@ -337,6 +353,7 @@ def main() -> None:
     order = args.kinds.split(",")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch sizes {sizes}, "
           f"{args.steps - args.warmup} timed steps x {args.repeats} repeats (median)")
+    print(f"# allocator: {allocator_settings()}")
     print(f"{'model':8s} {'Lambda':>6s} {'stat':8s} {'params':>8s} {'no DP ms':>9s} {'DP ms':>8s} {'ratio':>6s} "
           f"{'cpu ratio':>9s} {'main cpu':>8s} {'DP+acc ms':>10s} {'ratio':>6s} {'acc hook ms':>11s} {'(mean)':>7s}")
     for name in args.models.split(","):
