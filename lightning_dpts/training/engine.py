@@ -234,10 +234,12 @@ def _add_window_sum(out: torch.Tensor, weights: torch.Tensor, full: torch.Tensor
 
 def _squared_norms(
     record: _Record, blocks: list[torch.Tensor], g: torch.Tensor
-) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+) -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
     """||g_i||^2 over the record's weights and biases, per window ``[B]``, from G ``[T, B, p]`` (unscaled) and
     the input blocks ``[T, B, d_k]``; also the per-window weight gradients ``[B, p, d_k]`` (one per weight, in
-    ``record.weights`` order; transposed views of one ``[B, d, p]`` product) when they were formed, else ``None``.
+    ``record.weights`` order; transposed views of one ``[B, d, p]`` product) when they were formed, else ``None``;
+    and, when the record has biases, G summed over the steps ``[B, p]`` (the per-window bias gradient, which the
+    clipped sum reuses), else ``None``.
 
     One time step: ``||a_i||^2 ||g_i||^2``. Otherwise the cheaper of the two exact forms (multiply-adds per
     window): the ghost norm ``sum_ts (A A^T)_ts (G G^T)_ts`` (``T^2 (d + p)``, memory ``B T^2``) or the
@@ -250,11 +252,12 @@ def _squared_norms(
     n_bias = len(record.biases)
 
     if t == 1:  # (sum_k ||a_i,k||^2 + number of biases) ||g_i||^2, with ||g_i||^2 computed once
+        g_sum = g[0] if n_bias else None
         g_sq = _row_sq(g[0])
         if not record.weights:
-            return g_sq.mul_(n_bias), None
+            return g_sq.mul_(n_bias), None, g_sum
         a_sq = sum(_row_sq(blocks[k][0]) for _, k in record.weights)
-        return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq), None
+        return (a_sq.add_(n_bias) if n_bias else a_sq).mul_(g_sq), None, g_sum
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if record.weights:
         used = [blocks[k] for _, k in record.weights]
@@ -280,9 +283,11 @@ def _squared_norms(
                 full_t = torch.bmm(g.permute(1, 2, 0), a_all.transpose(0, 1))
                 per_window = [full_t[:, :, lo:hi] for lo, hi in spans]
             out += _row_sq(full_t.view(b, -1))
+    g_sum = None
     if n_bias:
-        out += _row_sq(_step_sum(g)) * n_bias
-    return out, per_window
+        g_sum = _step_sum(g)
+        out += _row_sq(g_sum) * n_bias
+    return out, per_window, g_sum
 
 
 #: ``torch._C._nn.unflatten_dense_tensors`` (views of a flat tensor in the shapes of a list of tensors, one call
@@ -768,11 +773,11 @@ class PerWindowClipper:
         for group in groups:
             norms = group.squared_norms()
             sq = norms if sq is None else sq.add_(norms)
-        formed: list[list[torch.Tensor] | None] = []
+        formed: list[tuple[list[torch.Tensor] | None, torch.Tensor | None]] = []  # (per-window products, step sum)
         for record, blocks, g in stacked:
-            norms, per_window = _squared_norms(record, blocks, g)
+            norms, per_window, g_sum = _squared_norms(record, blocks, g)
             sq = norms if sq is None else sq.add_(norms)
-            formed.append(per_window)
+            formed.append((per_window, g_sum))
         if sq is None:
             ref = next(iter(samples.values()))
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
@@ -795,7 +800,7 @@ class PerWindowClipper:
         native_factor = factor * scale
         for group in groups:
             group.add_clipped_sum(grads, native_factor.to(group.g.dtype), alpha)
-        for (record, blocks, g), per_window in zip(stacked, formed, strict=True):
+        for (record, blocks, g), (per_window, g_sum) in zip(stacked, formed, strict=True):
             weights = native_factor.to(g.dtype)
             if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
                 for (w, _), full in zip(record.weights, per_window, strict=True):
@@ -814,12 +819,11 @@ class PerWindowClipper:
                     g_flat = _flat(g, time_major, weights).T
                     for w, k in record.weights:
                         _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat, _flat(blocks[k], time_major), alpha)
-            if record.biases:
-                g_sum = _step_sum(g).T  # [p, B]
+            if g_sum is not None:  # the record has biases: G summed over the steps, from the norms
                 if len(record.biases) == 1:
-                    _addmv(grads[id(record.biases[0])].view(-1), g_sum, weights, alpha)
+                    _addmv(grads[id(record.biases[0])].view(-1), g_sum.T, weights, alpha)
                 else:
-                    bias_sum = g_sum @ weights
+                    bias_sum = g_sum.T @ weights
                     for bias in record.biases:
                         grads[id(bias)].add_(bias_sum, alpha=alpha)
         for key, gs in samples.items():

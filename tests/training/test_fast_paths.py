@@ -289,8 +289,9 @@ def test_squared_norms_equal_materialised_per_window_norms(t, widths, p):
     # contiguous time-major tensors, and the transposed batch-first views the clipper passes
     for layout in ([a.transpose(0, 1).contiguous() for a in blocks], [a.transpose(0, 1) for a in blocks]):
         g_tm = grad.transpose(0, 1).contiguous() if layout[0].is_contiguous() else grad.transpose(0, 1)
-        norms, per_window = _squared_norms(record, layout, g_tm)
+        norms, per_window, g_sum = _squared_norms(record, layout, g_tm)
         torch.testing.assert_close(norms, want)
+        torch.testing.assert_close(g_sum, grad.sum(1))  # the per-window bias gradient the clipped sum reuses
         if per_window is not None:  # the per-window weight gradients, when formed (both orientations)
             c = torch.rand(b, generator=g, dtype=torch.float64)
             for full, a in zip(per_window, blocks, strict=True):
