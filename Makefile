@@ -10,7 +10,7 @@ install:
 	$(PYTHON) -m pip install --quiet -e ".[dev]"
 
 demo: install
-	dpts fit --output-dir runs/demo
+	dpts fit --output-dir runs/demo --overwrite
 
 test: install
 	$(PYTHON) -m ruff check lightning_dpts tests benchmarks examples

@@ -271,12 +271,12 @@ def main() -> None:
                         t0 = time.perf_counter()
                         report = run_one(base, p, epsilon, args.delta, b, cals[b]["sigma"],
                                          2 * cals[b]["samples"], seed, i == 0, Path(tmp))
-                        m = report["metrics"]
+                        m = report["private"]["metrics"]
                         rec = {"kind": "run", **key, "bands": b, "seed": seed, "sigma": cals[b]["sigma"],
                                "epsilon_verified": report["epsilon"], "crps": m["dp"]["crps"],
                                "mae": m["dp"]["mae"], "naive_crps": m["seasonal_naive"]["crps"],
                                "naive_mae": m["seasonal_naive"]["mae"], "model": report["model"],
-                               "test_windows": report["evaluation"]["test_windows"],
+                               "test_windows": report["private"]["evaluation"]["test_windows"],
                                "seconds": time.perf_counter() - t0}
                         if "non_dp" in m:
                             rec["non_dp_crps"], rec["non_dp_mae"] = m["non_dp"]["crps"], m["non_dp"]["mae"]

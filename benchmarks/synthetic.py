@@ -61,18 +61,21 @@ def main() -> None:
             started = time.perf_counter()
             report = run_synth(SynthConfig(data=data, length=length, prediction_length=horizon, epsilon=eps,
                                            iterations=args.iterations, num_samples=args.num_samples,
-                                           unit=args.unit, output_dir=str(out), progress=False),
+                                           unit=args.unit, output_dir=str(out), progress=False,
+                                           overwrite=True),  # one directory per dataset: reuses the public models
                                log=lambda _m: None)
             seconds = time.perf_counter() - started
-            tstr = report["tstr"]
+            tstr = report["private"]["tstr"]
             dp_crps = float("nan")
             if args.dp_sgd_epochs > 0:
                 fit = run_fit(FitConfig(data=data, prediction_length=horizon, context_length=length - horizon,
                                         model="dlinear", epsilon=eps, delta=report["delta"], non_dp=False,
-                                        epochs=args.dp_sgd_epochs, output_dir=str(out / f"dp_sgd_{eps:g}")),
+                                        epochs=args.dp_sgd_epochs, overwrite=True,
+                                        output_dir=str(Path(args.output_dir) / f"{dataset}-dp_sgd_{eps:g}")),
                               progress=lambda _m: None)
-                dp_crps = fit["metrics"]["dp"]["crps"]
-            rows.append((dataset, eps, report["epsilon"], report["c_fid_initial"], report["c_fid"],
+                dp_crps = fit["private"]["metrics"]["dp"]["crps"]
+            rows.append((dataset, eps, report["epsilon"], report["private"]["c_fid_initial"],
+                         report["private"]["c_fid"],
                          tstr["tstr_dlinear_initial"]["crps"], tstr["tstr_dlinear"]["crps"], dp_crps,
                          tstr["seasonal_naive"]["crps"], seconds, report["public_models"]["reused"]))
             print(_format(rows[-1]), flush=True)

@@ -198,7 +198,7 @@ def main() -> None:
                         t0 = time.perf_counter()
                         own = seed not in plain or not args.share_non_dp
                         report = run_cell(base, model, epsilon, seed, own, overrides, Path(tmp))
-                        m = report["metrics"]
+                        m = report["private"]["metrics"]
                         if own:
                             plain[seed] = {"steps": report["steps"], **m["non_dp"]}
                         elif plain[seed]["steps"] != report["steps"]:
@@ -214,12 +214,13 @@ def main() -> None:
                                     "epsilon_spent": report["epsilon"], "steps": report["steps"],
                                     "noise_multiplier": report["noise_multiplier"], "metrics": m,
                                     "spec": report["privacy_configuration"]["sampling_spec"],
-                                    "test_windows": report["evaluation"]["test_windows"],
-                                    "verdict": report["verdict"], "seconds": round(time.perf_counter() - t0, 1)})
+                                    "test_windows": report["private"]["evaluation"]["test_windows"],
+                                    "verdict": report["private"]["verdict"],
+                                    "seconds": round(time.perf_counter() - t0, 1)})
                         print(f"  {name} {model_run} eps={epsilon:g} seed {seed}: private CRPS {m['dp']['crps']:.4f} "
                               f"MAE {m['dp']['mae']:.1f} (naive {m['seasonal_naive']['crps']:.4f} / "
                               f"{m['seasonal_naive']['mae']:.1f}, non-DP {plain[seed]['crps']:.4f} / "
-                              f"{plain[seed]['mae']:.1f}), windows {report['evaluation']['test_windows']}, "
+                              f"{plain[seed]['mae']:.1f}), windows {report['private']['evaluation']['test_windows']}, "
                               f"sigma {report['noise_multiplier']:.3g}, {report['steps']} steps, "
                               f"{time.perf_counter() - t0:.0f} s", flush=True)
                     rows.append((name, raw[-1]["model"], epsilon, cell, [plain[s] for s in seeds], naive,

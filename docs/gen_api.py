@@ -21,6 +21,7 @@ MODULES = [
     ("lightning_dpts.hparams", None),
     ("lightning_dpts.planning", None),
     ("lightning_dpts.plots", None),
+    ("lightning_dpts.outputs", None),
     ("lightning_dpts.privacy.montecarlo", None),
     ("lightning_dpts.data.bminsep", None),
     ("lightning_dpts.training.correlated_noise", None),

@@ -17,14 +17,16 @@ from lightning_dpts.synthetic import PETSAccountant, SynthConfig, run_synth, the
 
 def main() -> None:
     config = SynthConfig(epsilon=1.0, delta=1e-5, iterations=6, num_samples=128, length=36, prediction_length=12,
-                         unit="series", max_windows_per_series=4, output_dir="pets-example")
+                         unit="series", max_windows_per_series=4, output_dir="pets-example",
+                         overwrite=True)  # a re-run replaces the earlier run's files (keeps the public models)
     report = run_synth(config)
 
     sigma = report["noise_multiplier"]
     print(f"noise multiplier {sigma:.3f}: PLD epsilon {PETSAccountant(sigma).epsilon(6, 1e-5):.4f}, "
           f"Theorem 2 closed form {theorem_2_epsilon(1e-5, sigma, 6):.4f}")
-    print(f"C-FID {report['c_fid']:.3f} vs initial public population {report['c_fid_initial']:.3f}")
-    for name, scores in report["tstr"].items():
+    evaluation = report["private"]  # computed from the private data: for the data owner, not for publication
+    print(f"C-FID {evaluation['c_fid']:.3f} vs initial public population {evaluation['c_fid_initial']:.3f}")
+    for name, scores in evaluation["tstr"].items():
         print(f"TSTR {name:22} CRPS {scores['crps']:.4f}")
     print("release: pets-example/synthetic.csv.gz (train on it: dpts fit --data pets-example/synthetic.csv.gz)")
 

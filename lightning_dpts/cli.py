@@ -74,6 +74,10 @@ _OPTION_NAMES = {
     "clip_low": "--clip-low",
     "clip_high": "--clip-high",
     "clip_count_epsilon": "--clip-count-epsilon",
+    "private_plots": "--no-private-plots",
+    "private_outputs": "--no-private-outputs",
+    "overwrite": "--overwrite",
+    "output": "--output",
 }
 
 
@@ -227,13 +231,20 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--autoets", action="store_true", default=d,
                      help="also score AutoETS (needs the optional statsforecast package)")
     fit.add_argument("--no-private-plots", dest="private_plots", action="store_false", default=d,
-                     help="do not write forecasts.png, which shows private data (history, truth, forecasts)")
+                     help="do not write private/forecasts.png, which shows private data (history, truth, forecasts)")
+    fit.add_argument("--no-private-outputs", dest="private_outputs", action="store_false", default=d,
+                     help="write nothing computed from the private data without DP (no private/ folder: no "
+                          "evaluation.json, training logs or forecasts.png); the terminal still shows the evaluation")
+    fit.add_argument("--overwrite", action="store_true", default=d,
+                     help="allow a non-empty --output-dir: first remove the files of the earlier dpts run there "
+                          "(refused if it holds files no dpts run wrote)")
     fit.add_argument("--seed", type=_whole_number, default=d,
                      help="explicit seed for sampling, initialisation and DP noise, for experiments only: the "
                           "guarantee does not hold against anyone who knows it (default: secret OS entropy)")
     fit.add_argument("--secure-mode", action="store_true", default=d,
                      help="draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no --seed)")
-    fit.add_argument("--output-dir", metavar="DIR", default=d, help="where results go (default dpts-run)")
+    fit.add_argument("--output-dir", metavar="DIR", default=d,
+                     help="where results go, new or empty unless --overwrite (default dpts-run)")
     fit.add_argument("--test-windows", type=_whole_number, metavar="K", default=d,
                      help="rolling test windows of the horizon at the end of every series, scored and never trained "
                           "on (default 4)")
@@ -418,6 +429,9 @@ def _fit_config(args: argparse.Namespace):
                 loaded = yaml.safe_load(handle) or {}
         except OSError as err:
             raise ConfigurationError("config", args.config, f"cannot be read ({err.strerror})") from err
+        except (UnicodeDecodeError, ValueError) as err:  # a binary file (ValueError: e.g. NUL bytes)
+            raise ConfigurationError("config", args.config, "is not a text YAML file (it cannot be decoded as "
+                                     "UTF-8 text)") from err
         except yaml.YAMLError as err:
             raise ConfigurationError("config", args.config, f"is not valid YAML ({err})") from err
         if not isinstance(loaded, dict):
@@ -450,8 +464,11 @@ def _run_fit(args: argparse.Namespace) -> int:
         where = f"; partial results may be in {out}" if os.path.isdir(out) else ""
         print(f"dpts: error: fit failed ({type(err).__name__}: {err}){where}", file=sys.stderr)
         return 1
-    print(f"results written to {out}/ (report.json, epsilon.png, forecasts.png unless --no-private-plots, "
-          f"dp-model.ckpt, model.json, predictor/, logs/)")
+    private = "" if not config.private_outputs else (
+        "; NOT covered, keep private: private/ (evaluation.json, logs/"
+        + (", forecasts.png)" if config.private_plots else ")"))
+    print(f"results written to {out}/: covered by the guarantee or public: report.json (lists every file), "
+          f"epsilon.png, dp-model.ckpt, model.json, predictor/{private}")
     return 0
 
 

@@ -133,11 +133,13 @@ def export_model(estimator: Any, module: Any, directory: str | Path, *, freq: st
     """
     from gluonts.core import serde
 
+    from lightning_dpts.outputs import atomic_directory, write_json
+
     directory = Path(directory)
     predictor_dir = directory / PREDICTOR_DIR
-    predictor_dir.mkdir(parents=True, exist_ok=True)
     predictor = estimator.create_predictor(estimator.create_transformation(), module)
-    predictor.serialize(predictor_dir)
+    with atomic_directory(predictor_dir) as tmp:  # a failure leaves no half-written predictor
+        predictor.serialize(tmp)
     inner = getattr(module, "model", module)
     description = {
         "lightning_module": f"{type(module).__module__}.{type(module).__qualname__}",
@@ -157,7 +159,7 @@ def export_model(estimator: Any, module: Any, directory: str | Path, *, freq: st
     }
     if extra:
         description.update(extra)
-    (directory / MODEL_FILE).write_text(json.dumps(description, indent=2, default=str))
+    write_json(directory / MODEL_FILE, description)
     return predictor_dir
 
 
@@ -173,10 +175,20 @@ def _predictor_dir(path: str | Path) -> Path:
 
 
 def load_predictor(path: str | Path) -> Any:
-    """The GluonTS predictor of a ``dpts fit`` run directory (or of a predictor directory itself)."""
+    """The GluonTS predictor of a ``dpts fit`` run directory (or of a predictor directory itself).
+
+    A predictor directory whose files cannot be read (truncated or corrupt weights, a broken configuration)
+    raises :class:`ConfigurationError` (``model``).
+    """
     from gluonts.model.predictor import Predictor
 
-    return Predictor.deserialize(_predictor_dir(path))
+    directory = _predictor_dir(path)
+    try:
+        return Predictor.deserialize(directory)
+    except Exception as err:  # torch.load / json / serde errors of a damaged directory
+        raise ConfigurationError("model", str(path), f"holds a predictor that cannot be loaded ({type(err).__name__}: "
+                                 f"{str(err)[:200]}); its files are damaged or were not written by dpts fit: run "
+                                 "dpts fit again") from None
 
 
 def _model_freq(path: str | Path) -> str | None:
@@ -249,6 +261,8 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     levels = _check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigurationError("seed", seed, "must be an integer >= 0")
+    output = Path(output)
+    _check_output_file(output)
     predictor = load_predictor(model)
     model_freq = _model_freq(model)
     if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
@@ -277,10 +291,35 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
 
         torch.manual_seed(seed)
     frame = forecast_table(list(predictor.predict(entries)), levels)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(output, index=False)
+    from lightning_dpts.outputs import atomic_path
+
+    with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
+        frame.to_csv(tmp, index=False)
     return frame
+
+
+def _check_output_file(output: Path) -> None:
+    """Refuse (``output``) a path that cannot take a new file, before any work: a directory, a path under a
+    file, or a directory in which no file can be created (probed with a temporary file, removed at once)."""
+    import tempfile
+
+    if output.is_dir():
+        raise ConfigurationError("output", str(output), "is a directory; give a file name such as forecasts.csv")
+    existing = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigurationError("output", str(output), f"{existing} is a file, not a directory")
+    if existing != output.parent:  # missing directories are created at write time: the first existing one decides
+        import os
+
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigurationError("output", str(output), f"cannot create directories in {existing}")
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dpts-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err}): choose a "
+                                 "writable directory") from None
 
 
 def attach_quantile_predict_step(module: Any, quantiles: Sequence[float] | None = None,

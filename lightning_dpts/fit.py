@@ -10,14 +10,20 @@
 5. optionally train the same model without DP for the same number of steps;
 6. forecast the held-out test windows with GluonTS predictors and score them (mean weighted quantile loss
    as GluonTS reports it, and MAE of the median) next to seasonal naive (and optionally AutoETS);
-7. write ``report.json``, ``epsilon.png``, ``forecasts.png`` (private data; ``private_plots=False`` skips it),
-   the checkpoint, the exported GluonTS predictor and ``model.json`` (:mod:`lightning_dpts.export`) and the
-   Lightning logs (with the DP settings as hyperparameters, :mod:`lightning_dpts.hparams`).
+7. write the run directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
+   every file written atomically), split by what the (epsilon, delta) guarantee covers. At the top, public:
+   ``report.json`` (configuration, epsilon, delta, sigma, C, sampling spec, ledger, recipe, the epsilon curve and
+   the ``"files"`` manifest saying for each file whether the guarantee covers it), ``epsilon.png`` (from the
+   accountant, no data), the DP model (``dp-model.ckpt``, ``predictor/``, ``model.json``;
+   :mod:`lightning_dpts.export`). Under ``private/``, computed from the private data without DP and not
+   covered: ``evaluation.json`` (metrics of every model on the held-out windows, baselines, verdict, levers),
+   ``forecasts.png`` (``private_plots=False`` skips it) and the Lightning logs ``logs/`` (noise-free training
+   loss; the DP settings as hyperparameters, :mod:`lightning_dpts.hparams`). ``private_outputs=False`` writes
+   nothing under ``private/``; the terminal shows the evaluation either way.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
@@ -30,9 +36,28 @@ import numpy as np
 import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.outputs import PRIVATE_DIR
 
-__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "RECIPE_FIELDS", "FitConfig", "drop_short_series", "format_table",
+__all__ = ["EVALUATION_FILE", "FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "PRIVATE_NOTICE", "PUBLIC_NOTICE",
+           "RECIPE_FIELDS", "FitConfig", "drop_short_series", "format_table",
            "load_long_table", "resolve_config", "run_fit"]
+
+#: The private evaluation of a run, under ``private/``.
+EVALUATION_FILE = "evaluation.json"
+#: What ``report.json`` says about itself and the other top-level files.
+PUBLIC_NOTICE = (
+    "report.json and every file the 'files' manifest marks 'public' are covered by the (epsilon, delta) guarantee "
+    "or are public metadata (configuration, accounting, the DP model): they may be published. Files under "
+    "private/ are computed from the private data without noise and are NOT covered."
+)
+#: What ``private/evaluation.json`` says about itself.
+PRIVATE_NOTICE = (
+    "computed from the private data without DP (metrics on the held-out private windows, baselines, the non-DP "
+    "model, verdict, levers): NOT covered by the (epsilon, delta) guarantee - keep it with the data owner, do not "
+    "publish it"
+)
+#: Most grid points of the public epsilon curve (report.json ``epsilon_curve``, epsilon.png).
+EPSILON_CURVE_POINTS = 64
 
 MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
 #: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
@@ -76,7 +101,8 @@ _OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
 _SEEDED_WARNING = ".*explicit seed"
 #: The datamodule's lag warning; ``run_fit`` states the same cause with the accountant's numbers instead.
 _LAG_WARNING = "StructuredSubsamplingDataModule: the model's lags"
-_BOOL_FIELDS = ("non_dp", "autoets", "drop_short_series", "private_plots", "secure_mode")
+_BOOL_FIELDS = ("non_dp", "autoets", "drop_short_series", "private_plots", "private_outputs", "secure_mode",
+                "overwrite")
 
 
 def _check_range(name: str, value: Any, low: float, high: float, kind: str, optional: bool) -> None:
@@ -182,15 +208,23 @@ class FitConfig:
             the amplification by subsampling. ``None`` keeps GluonTS's defaults (a warning states the cost).
         non_dp: also train the model without DP for the same number of steps (a utility reference).
         autoets: also score AutoETS (needs the optional ``statsforecast`` package).
-        private_plots: write ``forecasts.png``, which shows private data (history, held-out truth, forecasts
-            of the first test windows); ``False`` (``--no-private-plots``) skips it. ``epsilon.png`` has no data.
+        private_plots: write ``private/forecasts.png``, which shows private data (history, held-out truth,
+            forecasts of the first test windows); ``False`` (``--no-private-plots``) skips it. ``epsilon.png`` has
+            no data (it is computed from the accountant).
+        private_outputs: write the files computed from the private data without DP under ``private/`` (the
+            evaluation, baselines, verdict and levers in ``private/evaluation.json``, the Lightning training logs
+            ``private/logs/``, ``private/forecasts.png``); ``False`` (``--no-private-outputs``) writes none of them:
+            the run directory then holds only what the guarantee covers or public metadata (the terminal still
+            shows the evaluation). ``report.json`` lists every file and whether the guarantee covers it.
+        overwrite: allow a non-empty ``output_dir`` and first remove the files of the earlier run there (only the
+            files that run listed in its journal; a directory holding other files is refused).
         seed: ``None`` (default): sampling, initialisation and noise come from fresh, secret operating-system
             entropy (PRIVACY-NOTES trap 7), so two runs differ. An integer >= 0 makes the run reproducible for
             experiments only: its guarantee does not hold against anyone who knows the seed, and the log, the
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
             ``secure_mode`` threat model; needs ``seed=None``).
-        output_dir: where checkpoint, logs, report and plots go.
+        output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
             CRPS of each window is reported. ``None`` (default): chosen from the public series lengths by
@@ -270,6 +304,8 @@ class FitConfig:
         return 0.02 * self.epsilon if self.clip_count_epsilon is None else float(self.clip_count_epsilon)
     bands: int | None = None
     monte_carlo_samples: int = 100_000
+    private_outputs: bool = True
+    overwrite: bool = False
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
@@ -727,6 +763,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     ``output_dir`` untouched.
     """
     config.validate()  # first, before the heavy imports: a bad option is refused at once
+    from lightning_dpts.outputs import check_output_dir
+
+    check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
     import lightning as L
     import torch
     from lightning.pytorch.loggers import CSVLogger
@@ -841,134 +880,190 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     else:
         _check_one_step(spec, sigma, train_epsilon, config.delta)
 
-    out.mkdir(parents=True, exist_ok=True)
-    if bandmf is not None:
-        strategy, accountant = bandmf
-    else:
-        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
-                                      secure_mode=config.secure_mode)
-        accountant = AccountantCallback(epsilon=train_epsilon, delta=config.delta)
-    logger = CSVLogger(str(out), name="logs")
-    trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
-                        callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
-                        log_every_n_steps=1)
-    progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if bandmf is None else
-             f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
-    trainer.fit(module, datamodule=dm)
-    report_privacy = accountant.report
-    assert report_privacy is not None
-    steps = int(trainer.global_step)
-    trainer.save_checkpoint(str(out / "dp-model.ckpt"))
-    from lightning_dpts.export import export_model
+    from lightning_dpts.outputs import OutputDirectory, write_json
 
-    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
+    with OutputDirectory(out, config.overwrite) as run_dir:  # lock; --overwrite removes the earlier run's files
+        if bandmf is not None:
+            strategy, accountant = bandmf
+        else:
+            strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
+                                          seed=config.seed, secure_mode=config.secure_mode)
+            accountant = AccountantCallback(epsilon=train_epsilon, delta=config.delta)
+        logger: Any = False
+        if config.private_outputs:  # the training loss of private batches is logged without noise: private
+            run_dir.register("private/logs/", "private: Lightning CSV logs (noise-free training loss of private "
+                             "batches, epsilon by step, the DP settings as hyperparameters)")
+            logger = CSVLogger(str(out / PRIVATE_DIR), name="logs")
+        trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
+                            callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
+                            log_every_n_steps=1)
+        progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if bandmf is None else
+                 f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
+        trainer.fit(module, datamodule=dm)
+        report_privacy = accountant.report
+        assert report_privacy is not None
+        steps = int(trainer.global_step)
+        from lightning_dpts.export import MODEL_FILE, PREDICTOR_DIR, export_model
+        from lightning_dpts.outputs import atomic_path
 
-    predictions: dict[str, list[Any]] = {}
-    pairs = dm.gluonts_test_pairs("test")
-    inputs = [p[0] for p in pairs]
-    raw_inputs, labels = _raw_evaluation(dm, pairs, raw_table, freq) if config.clipping else (
-        inputs, [np.asarray(p[1]["target"], dtype=float) for p in pairs])
-    windows = [w.window for w in dm.evaluation_windows("test")]
-    predictor = estimator.create_predictor(estimator.create_transformation(), module)
-    eval_seed = torch_seed(4)  # sample-based forecasts (reproducible when seeded)
-    torch.manual_seed(eval_seed)
-    predictions["dp"] = list(predictor.predict(inputs))
+        run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
+                         "are functions of the noisy gradients only; the privacy ledger travels with them)")
+        with atomic_path(out / "dp-model.ckpt") as tmp:
+            trainer.save_checkpoint(str(tmp))
+        run_dir.register(f"{PREDICTOR_DIR}/", "public: the DP model as a GluonTS predictor (dpts predict)")
+        run_dir.register(MODEL_FILE, "public: the model's class, constructor arguments and window geometry")
+        export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
 
-    if config.non_dp and steps > 0:
-        progress(f"training the same model without DP for the same {steps} steps ...")
-        torch.manual_seed(init_seed)
-        plain_estimator = _estimator(config, freq)
-        plain = plain_estimator.create_lightning_module()
-        plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                                  enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
-            plain_dm = datamodule(plain, test_windows)
-        plain_trainer.fit(plain, datamodule=plain_dm)
-        plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
+        predictions: dict[str, list[Any]] = {}
+        pairs = dm.gluonts_test_pairs("test")
+        inputs = [p[0] for p in pairs]
+        raw_inputs, labels = _raw_evaluation(dm, pairs, raw_table, freq) if config.clipping else (
+            inputs, [np.asarray(p[1]["target"], dtype=float) for p in pairs])
+        windows = [w.window for w in dm.evaluation_windows("test")]
+        predictor = estimator.create_predictor(estimator.create_transformation(), module)
+        eval_seed = torch_seed(4)  # sample-based forecasts (reproducible when seeded)
         torch.manual_seed(eval_seed)
-        predictions["non_dp"] = list(plain_predictor.predict(inputs))
+        predictions["dp"] = list(predictor.predict(inputs))
 
-    from gluonts.model.seasonal_naive import SeasonalNaivePredictor
+        if config.non_dp and steps > 0:
+            progress(f"training the same model without DP for the same {steps} steps ...")
+            torch.manual_seed(init_seed)
+            plain_estimator = _estimator(config, freq)
+            plain = plain_estimator.create_lightning_module()
+            plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                                      enable_checkpointing=False, enable_model_summary=False,
+                                      enable_progress_bar=False)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
+                plain_dm = datamodule(plain, test_windows)
+            plain_trainer.fit(plain, datamodule=plain_dm)
+            plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
+            torch.manual_seed(eval_seed)
+            predictions["non_dp"] = list(plain_predictor.predict(inputs))
 
-    season = _season_length(freq)
-    predictions["seasonal_naive"] = list(
-        SeasonalNaivePredictor(prediction_length=config.prediction_length, season_length=season).predict(raw_inputs)
-    )
-    if config.autoets:
-        predictions["autoets"] = _autoets_forecasts(raw_inputs, config.prediction_length, season, freq)
+        from gluonts.model.seasonal_naive import SeasonalNaivePredictor
 
-    from lightning_dpts.evaluation import score_windows
+        season = _season_length(freq)
+        predictions["seasonal_naive"] = list(SeasonalNaivePredictor(
+            prediction_length=config.prediction_length, season_length=season).predict(raw_inputs))
+        if config.autoets:
+            predictions["autoets"] = _autoets_forecasts(raw_inputs, config.prediction_length, season, freq)
 
-    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
-    metrics = {name: score_windows([_quantile_matrix(f) for f in fc], labels, histories, windows, season)
-               for name, fc in predictions.items()}
-    report = {
-        "epsilon": report_privacy.epsilon + config.count_epsilon,
-        "delta": report_privacy.delta,
-        "epsilon_budget": config.epsilon,
-        "epsilon_training": report_privacy.epsilon,
-        "evaluation": {
+        from lightning_dpts.evaluation import score_windows, verdict
+
+        histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+        metrics = {name: score_windows([_quantile_matrix(f) for f in fc], labels, histories, windows, season)
+                   for name, fc in predictions.items()}
+        curve = _epsilon_curve(accountant, strategy, spec, steps, report_privacy)
+        report: dict[str, Any] = {
+            "epsilon": report_privacy.epsilon + config.count_epsilon,
+            "delta": report_privacy.delta,
+            "epsilon_budget": config.epsilon,
+            "epsilon_training": report_privacy.epsilon,
+            "steps": steps,
+            "compositions": report_privacy.compositions,
+            "composition_unit": report_privacy.unit,
+            "bound": {"theorem": report_privacy.theorem, "kind": report_privacy.kind},
+            "noise_multiplier": sigma,
+            "max_grad_norm": config.max_grad_norm,
+            "epsilon_curve": curve,
             "test_windows": test_windows,
             "test_windows_choice": windows_note,
-            "forecasts": len(labels),
-            "series": spec.num_series,
-            "metrics": "pooled over every rolling test window and series: crps = mean weighted quantile loss "
-                       "(GluonTS mean_wQuantileLoss, the paper's CRPS), mae of the median, mase (seasonal error of "
-                       "the history); crps_per_window = the same CRPS per window, earliest first",
-            "season_length": season,
-        },
-        "steps": steps,
-        "compositions": report_privacy.compositions,
-        "composition_unit": report_privacy.unit,
-        "bound": {"theorem": report_privacy.theorem, "kind": report_privacy.kind},
-        "noise_multiplier": sigma,
-        "max_grad_norm": config.max_grad_norm,
-        "metrics": metrics,
-        "dp_hyperparameters": accountant.hyperparameters,
-        "privacy_configuration": {
-            "sampling_spec": _spec_dict(spec),
-            "noise_multiplier": sigma,
-            "calibrated": config.noise_multiplier is None,
-        },
-        "seeded": entropy.seeded,
-        "secure_mode": config.secure_mode,
-        "privacy_ledger": strategy.ledger.to_dict(),
-        "data": data_name,
-        "model": config.model,
-        "config": _config_dict(config),
-        "recipe": None if recipe is None else {**recipe.to_dict(), "chosen_by_recipe": chosen},
-        "series_left_out_by_length": dropped_by_length,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
-    if accountant.monte_carlo_report is not None:  # --bands: the Monte Carlo accountant's read-out (no randomness)
-        report["monte_carlo"] = accountant.monte_carlo_report
-    if entropy.seeded:
-        report["seeded_notice"] = SEEDED_NOTICE
-    if config.clipping:
-        report["clipping"] = _clipping_report(config, clipped_count, relation, entropy)
-    if "non_dp" not in predictions or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
-        report["levers"] = _levers(spec, config.epsilon, config.count_epsilon, config.delta, steps)
-    from lightning_dpts.evaluation import verdict
+            "dp_hyperparameters": accountant.hyperparameters,
+            "privacy_configuration": {
+                "sampling_spec": _spec_dict(spec),
+                "noise_multiplier": sigma,
+                "calibrated": config.noise_multiplier is None,
+            },
+            "seeded": entropy.seeded,
+            "secure_mode": config.secure_mode,
+            "privacy_ledger": strategy.ledger.to_dict(),
+            "data": data_name,
+            "model": config.model,
+            "config": _config_dict(config),
+            "recipe": None if recipe is None else {**recipe.to_dict(), "chosen_by_recipe": chosen},
+            "series_left_out_by_length": dropped_by_length,
+            "covered_by_the_guarantee": PUBLIC_NOTICE,
+        }
+        if accountant.monte_carlo_report is not None:  # --bands: the Monte Carlo accountant's read-out
+            report["monte_carlo"] = accountant.monte_carlo_report
+        if entropy.seeded:
+            report["seeded_notice"] = SEEDED_NOTICE
+        if config.clipping:
+            report["clipping"] = _clipping_report(config, clipped_count, relation, entropy)
+        private: dict[str, Any] = {
+            "notice": PRIVATE_NOTICE,
+            "evaluation": {
+                "test_windows": test_windows,
+                "forecasts": len(labels),
+                "series": spec.num_series,
+                "metrics": "pooled over every rolling test window and series: crps = mean weighted quantile loss "
+                           "(GluonTS mean_wQuantileLoss, the paper's CRPS), mae of the median, mase (seasonal error "
+                           "of the history); crps_per_window = the same CRPS per window, earliest first",
+                "season_length": season,
+            },
+            "metrics": metrics,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        if "non_dp" not in predictions or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
+            private["levers"] = _levers(spec, config.epsilon, config.count_epsilon, config.delta, steps)
+        private["verdict"] = verdict({**report, **private})
+        for line in private["verdict"]:
+            if line.startswith("VERDICT"):
+                warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
+        from lightning_dpts.plots import plot_epsilon, plot_forecasts
 
-    report["verdict"] = verdict(report)
-    for line in report["verdict"]:
-        if line.startswith("VERDICT"):
-            warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
-    from lightning_dpts.plots import PRIVATE_PLOT_NOTICE, plot_epsilon, plot_forecasts, read_epsilon_log
+        run_dir.register("epsilon.png", "public: epsilon against optimizer step, from the accountant (no data)")
+        plot_epsilon(out / "epsilon.png", *_curve_by_step(curve, steps), budget=config.epsilon,
+                     delta=report_privacy.delta, theorem=report_privacy.theorem, kind=report_privacy.kind,
+                     spent=report_privacy.epsilon)
+        if config.private_outputs:
+            run_dir.register(f"{PRIVATE_DIR}/{EVALUATION_FILE}", "private: metrics of every model on the held-out "
+                             "private windows, baselines, verdict and levers (noise-free functions of the data)")
+            write_json(out / PRIVATE_DIR / EVALUATION_FILE, private)
+            if config.private_plots:
+                from lightning_dpts.plots import PRIVATE_PLOT_NOTICE
 
-    report["plots"] = {"epsilon.png": "epsilon against optimizer step (no data)",
-                       "forecasts.png": PRIVATE_PLOT_NOTICE if config.private_plots else
-                       "not written (private_plots=False / --no-private-plots)"}
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    plot_epsilon(out / "epsilon.png", *read_epsilon_log(Path(logger.log_dir) / "metrics.csv"), budget=config.epsilon,
-                 delta=report_privacy.delta, theorem=report_privacy.theorem, kind=report_privacy.kind,
-                 spent=report_privacy.epsilon)
-    if config.private_plots:
-        names = dict(zip(table["item_id"], table["title"], strict=True)) if "title" in table else None
-        plot_forecasts(out / "forecasts.png", inputs, labels, predictions, names=names)
-    progress(format_table(report))
-    return report
+                run_dir.register(f"{PRIVATE_DIR}/forecasts.png", f"private: {PRIVATE_PLOT_NOTICE}")
+                names = dict(zip(table["item_id"], table["title"], strict=True)) if "title" in table else None
+                plot_forecasts(out / PRIVATE_DIR / "forecasts.png", inputs, labels, predictions, names=names)
+        run_dir.register("report.json", "public: configuration, (epsilon, delta), sigma, C, sampling spec, ledger, "
+                         "recipe and this manifest")
+        report["files"] = run_dir.manifest()
+        write_json(out / "report.json", report)
+    progress(format_table({**report, "private": private}))
+    return {**report, "private": private}
+
+
+def _epsilon_curve(accountant: Any, strategy: Any, spec: Any, steps: int, final: Any,
+                   points: int = EPSILON_CURVE_POINTS) -> dict[str, list[Any]]:
+    """Epsilon after every step, as upper bounds at up to ``points`` grid steps, from the accountant alone.
+
+    Public: it depends only on the configuration (sampling spec, sigma, delta) and the number of steps, never on
+    the data or on timings. ``{"steps": [s_1, ..., s_K = steps], "epsilon": [...]}``: epsilon after any step
+    s <= s_k is at most ``epsilon[k]`` (the composition count is monotone). A Monte Carlo (``--bands``) run has
+    one whole-run bound, valid for every prefix.
+    """
+    acc = getattr(accountant, "accountant", None)
+    if steps <= 0:
+        return {"steps": [], "epsilon": []}
+    if acc is None or accountant.monte_carlo is not None:
+        return {"steps": [steps], "epsilon": [float(final.epsilon)]}
+    last = acc.compositions(steps)
+    grid = sorted({math.ceil(k * last / min(points, last)) for k in range(1, min(points, last) + 1)})
+    out_steps = [min(steps, spec.max_steps_for_compositions(c)) for c in grid]
+    values = [float(final.epsilon) if s == steps else float(acc.epsilon(s, final.delta)) for s in out_steps]
+    return {"steps": out_steps, "epsilon": values}
+
+
+def _curve_by_step(curve: dict[str, list[Any]], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps 1..n, epsilon bound after each) from :func:`_epsilon_curve`'s grid (each step takes the next point)."""
+    grid = np.asarray(curve["steps"], dtype=int)
+    if steps <= 0 or not len(grid):
+        return np.zeros(0, dtype=int), np.zeros(0)
+    every = np.arange(1, steps + 1)
+    index = np.minimum(np.searchsorted(grid, every, side="left"), len(grid) - 1)
+    return every, np.asarray(curve["epsilon"], dtype=float)[index]
 
 
 def _config_dict(config: FitConfig) -> dict[str, Any]:
@@ -1065,7 +1160,12 @@ def _levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """The printed result table: metrics per model plus the spent (epsilon, delta) and the bound used."""
+    """The printed result table: metrics per model plus the spent (epsilon, delta) and the bound used.
+
+    ``report`` is what :func:`run_fit` returns: the public report with the private evaluation under ``"private"``
+    (a flat dict with ``metrics`` at the top, as before the split, is read too).
+    """
+    report = {**report, **(report.get("private") or {})}
     bands = (report.get("config") or {}).get("bands")
     private = "private model (DP-SGD)" if bands is None else f"private model (BandMF b={bands})"
     names = {"dp": private, "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive", "autoets": "AutoETS"}

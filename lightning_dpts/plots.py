@@ -1,9 +1,11 @@
 """The plots ``dpts fit`` writes: epsilon against optimizer step, and forecasts of a few test windows.
 
-``epsilon.png`` (:func:`plot_epsilon`) shows only privacy accounting (no data). ``forecasts.png``
-(:func:`plot_forecasts`) shows **private data**: the history and the held-out truth of some series, and the
-forecasts of models trained on them (the non-DP reference model carries no guarantee at all). Do not publish it
-for private data; ``dpts fit --no-private-plots`` skips it (:data:`PRIVATE_PLOT_NOTICE` is what the report says).
+``epsilon.png`` (:func:`plot_epsilon`) shows only privacy accounting (no data; ``dpts fit`` computes the curve from
+the accountant, not from the training log). ``private/forecasts.png`` (:func:`plot_forecasts`) shows **private
+data**: the history and the held-out truth of some series, and the forecasts of models trained on them (the non-DP
+reference model carries no guarantee at all). Do not publish it for private data; ``dpts fit --no-private-plots``
+(or ``--no-private-outputs``) skips it (:data:`PRIVATE_PLOT_NOTICE` is what the manifest says). Every plot is
+written atomically (:func:`save_figure`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["PRIVATE_PLOT_NOTICE", "plot_epsilon", "plot_forecasts", "read_epsilon_log"]
+__all__ = ["PRIVATE_PLOT_NOTICE", "plot_epsilon", "plot_forecasts", "read_epsilon_log", "save_figure"]
 
 #: The sentence ``report.json`` carries about ``forecasts.png``.
 PRIVATE_PLOT_NOTICE = (
     "forecasts.png shows private data (the history and held-out values of the first series and forecasts of "
     "models trained on them; the non-DP model has no privacy guarantee): it is not covered by the (epsilon, "
-    "delta) guarantee - do not publish it for private data, or run with --no-private-plots"
+    "delta) guarantee - do not publish it for private data, or run with --no-private-plots / --no-private-outputs"
 )
 
 _COLORS = {"dp": "C0", "non_dp": "C1", "seasonal_naive": "C2", "autoets": "C4"}
@@ -82,10 +84,24 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Save ``fig`` as a PNG at ``path`` atomically (:func:`lightning_dpts.outputs.atomic_path`) and close it.
+
+    No time stamp is written into the file (matplotlib's PNG metadata names only its version), so a plot of public
+    numbers is the same bytes in every run.
+    """
+    from lightning_dpts.outputs import atomic_path
+
+    plt = _pyplot()
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+    return Path(path)
 
 
 def _dates(start: Any, length: int, offset: int = 0) -> Any:
@@ -147,7 +163,4 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
     handles, texts = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, texts, fontsize=7, loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if count > 1 else 0.1, 1, 1))
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

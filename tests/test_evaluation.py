@@ -235,13 +235,15 @@ def test_fit_with_rolling_windows_clipping_and_verdict_end_to_end(tiny_csv, tmp_
     assert code == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
-    assert report["evaluation"]["test_windows"] == 3 and report["evaluation"]["forecasts"] == 24 * 3
+    private = json.loads((out / "private" / "evaluation.json").read_text())  # computed from the private data
+    assert report["test_windows"] == 3
+    assert private["evaluation"]["test_windows"] == 3 and private["evaluation"]["forecasts"] == 24 * 3
     for name in ("dp", "non_dp", "seasonal_naive"):
-        assert len(report["metrics"][name]["crps_per_window"]) == 3
-        assert math.isfinite(report["metrics"][name]["mase"])
-    assert report["verdict"] and all(line in printed for line in report["verdict"])
-    assert ("too small" in report["verdict"][0]) is (report["metrics"]["dp"]["crps"]
-                                                     >= report["metrics"]["seasonal_naive"]["crps"])
+        assert len(private["metrics"][name]["crps_per_window"]) == 3
+        assert math.isfinite(private["metrics"][name]["mase"])
+    assert private["verdict"] and all(line in printed for line in private["verdict"])
+    assert ("too small" in private["verdict"][0]) is (private["metrics"]["dp"]["crps"]
+                                                      >= private["metrics"]["seasonal_naive"]["crps"])
     # clipping: the relation's v is the range, the count spends 2% of epsilon and only a noisy count is written
     assert report["privacy_configuration"]["sampling_spec"]["relation"]["value_bound"] == 2000.0
     assert report["epsilon"] == pytest.approx(report["epsilon_training"] + 0.04) and report["epsilon"] <= 2.0

@@ -171,12 +171,12 @@ def test_report_and_logs_carry_the_dp_settings(run_dir):
                 "bottom_level", "instances_per_series"):
         assert hp[key] == spec[key], key
     assert hp["relation_level"] == "event" and hp["relation_size"] == 1
-    logged = yaml.safe_load(next(run_dir.glob("logs/version_*/hparams.yaml")).read_text())
+    logged = yaml.safe_load(next(run_dir.glob("private/logs/version_*/hparams.yaml")).read_text())
     assert logged["dp"] == hp
     assert "model_kwargs" in logged  # the architecture is in the logs too
-    # forecasts.png shows private data: skipped on request, and the report says so either way
-    assert not (run_dir / "forecasts.png").exists() and (run_dir / "epsilon.png").stat().st_size > 0
-    assert "not written" in report["plots"]["forecasts.png"]
+    # forecasts.png shows private data: skipped on request, and the manifest lists only what was written
+    assert not (run_dir / "private" / "forecasts.png").exists() and (run_dir / "epsilon.png").stat().st_size > 0
+    assert "private/forecasts.png" not in report["files"] and report["files"]["epsilon.png"].startswith("public")
 
 
 # ---------------------------------------------------------------------------------------------------------

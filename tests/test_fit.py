@@ -23,13 +23,14 @@ def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     assert report["epsilon"] <= 2.0 and report["delta"] == 1e-6
     assert report["bound"]["theorem"] == "Theorem 4.4"
+    evaluation = json.loads((out / "private" / "evaluation.json").read_text())
     for name in ("dp", "non_dp", "seasonal_naive"):
-        assert np.isfinite(report["metrics"][name]["crps"]) and np.isfinite(report["metrics"][name]["mae"])
+        assert np.isfinite(evaluation["metrics"][name]["crps"]) and np.isfinite(evaluation["metrics"][name]["mae"])
     spec = report["privacy_configuration"]["sampling_spec"]
     assert spec["num_series"] == 24 and spec["prediction_length"] == 6 and spec["batch_size"] == 8
-    for name in ("epsilon.png", "forecasts.png", "dp-model.ckpt"):
+    for name in ("epsilon.png", "private/forecasts.png", "dp-model.ckpt"):
         assert (out / name).stat().st_size > 0
-    metrics = pd.read_csv(next((out / "logs").glob("version_*/metrics.csv")))
+    metrics = pd.read_csv(next((out / "private" / "logs").glob("version_*/metrics.csv")))
     eps = metrics["epsilon"].dropna()
     assert len(eps) == report["steps"] and eps.max() <= 2.0
     # an explicit seed: the run says its guarantee does not hold against anyone who knows it, and stores no seed
@@ -67,7 +68,8 @@ def test_fit_reads_a_yaml_config(tiny_csv, tmp_path):
                       f"output_dir: {tmp_path / 'run'}\nepsilon: 3.0\ndelta: 1.0e-6\n")
     assert main(["fit", "--config", str(config), "--model", "dlinear"]) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["model"] == "dlinear" and "non_dp" not in report["metrics"]
+    evaluation = json.loads((tmp_path / "run" / "private" / "evaluation.json").read_text())
+    assert report["model"] == "dlinear" and "non_dp" not in evaluation["metrics"]
 
 
 @pytest.mark.parametrize(
@@ -124,7 +126,8 @@ def test_default_job(tmp_path):
     assert main(["fit", "--output-dir", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["epsilon"] <= 1.0 and report["delta"] == 1e-7
-    assert report["metrics"]["dp"]["crps"] < report["metrics"]["seasonal_naive"]["crps"]
+    metrics = json.loads((out / "private" / "evaluation.json").read_text())["metrics"]
+    assert metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")
@@ -132,5 +135,5 @@ def test_autoets_baseline(tiny_csv, tmp_path):
     out = tmp_path / "ets"
     assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "2", "--batch-size", "8",
                  "--autoets", "--no-non-dp", "--output-dir", str(out)]) == 0
-    metrics = json.loads((out / "report.json").read_text())["metrics"]
+    metrics = json.loads((out / "private" / "evaluation.json").read_text())["metrics"]
     assert set(metrics) == {"dp", "seasonal_naive", "autoets"} and np.isfinite(metrics["autoets"]["crps"])

@@ -37,6 +37,9 @@ SYNTH_OPTION_NAMES = {
     "num_public": "--num-public",
     "seed": "--seed",
     "output_dir": "--output-dir",
+    "private_outputs": "--no-private-outputs",
+    "private_plots": "--no-private-plots",
+    "overwrite": "--overwrite",
 }
 
 
@@ -50,7 +53,8 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
         "synth", help="release a DP synthetic dataset by Private Evolution (PETS)",
         description="Generate a differentially private synthetic dataset of windows by Private Evolution "
                     "(PETS): public models, noisy nearest-neighbour votes of the private data, T rounds. Writes "
-                    "synthetic.csv.gz (the release), report.json and real_vs_synthetic.png.",
+                    "synthetic.csv.gz (the release) and report.json (public), and under private/ the evaluation "
+                    "computed from the private data (evaluation.json, real_vs_synthetic.png; not covered).",
     )
     p.add_argument("--data", metavar="PATH", help="long-format CSV or Parquet file (default: bundled us_employment)")
     p.add_argument("--id-column", default=d.id_column, help=f"series id column (default {d.id_column})")
@@ -90,7 +94,16 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-public", type=int, default=d.num_public, help=f"generated public windows ({d.num_public})")
     p.add_argument("--secure-noise", action="store_true", help="draw the vote noise from the OS CSPRNG")
     p.add_argument("--seed", type=int, help="experiments only: a seed makes the noise public (default: OS entropy)")
-    p.add_argument("--output-dir", metavar="DIR", default=d.output_dir, help=f"outputs (default {d.output_dir})")
+    p.add_argument("--output-dir", metavar="DIR", default=d.output_dir,
+                   help=f"outputs, new or empty unless --overwrite (default {d.output_dir})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="allow a non-empty --output-dir: first remove the earlier dpts run's files there (its public "
+                        "pretrained weights are kept for reuse; refused if it holds files no dpts run wrote)")
+    p.add_argument("--no-private-outputs", dest="private_outputs", action="store_false",
+                   help="write nothing computed from the private data (no private/ folder); the terminal still "
+                        "shows the evaluation")
+    p.add_argument("--no-private-plots", dest="private_plots", action="store_false",
+                   help="do not write private/real_vs_synthetic.png, which shows real private windows")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -120,6 +133,7 @@ def run_synth_command(args: argparse.Namespace) -> int:
         compare_dp_sgd=args.compare_dp_sgd, public_data=args.public_data,
         pretrain_epochs=tuple(epochs) if epochs is not None else (0, 0), num_public=args.num_public,
         secure_noise=args.secure_noise, seed=args.seed, output_dir=args.output_dir, progress=not args.no_progress,
+        private_outputs=args.private_outputs, private_plots=args.private_plots, overwrite=args.overwrite,
     )
     try:
         run_synth(config)
@@ -128,5 +142,9 @@ def run_synth_command(args: argparse.Namespace) -> int:
     except Exception as err:
         print(f"dpts: error: synth failed ({type(err).__name__}: {err})", file=sys.stderr)
         return 1
-    print(f"results written to {config.output_dir}/ (synthetic.csv.gz, report.json, real_vs_synthetic.png)")
+    private = "" if not config.private_outputs else (
+        "; NOT covered, keep private: private/ (evaluation.json"
+        + (", real_vs_synthetic.png)" if config.private_plots else ")"))
+    print(f"results written to {config.output_dir}/: covered by the guarantee or public: synthetic.csv.gz, "
+          f"report.json (lists every file){private}")
     return 0

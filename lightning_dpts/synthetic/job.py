@@ -8,16 +8,19 @@
    vote weight 1/m);
 3. pretrain (or reuse from the output directory) the VAE and the two encoders on public data only;
 4. calibrate sigma for (epsilon, delta) over ``iterations`` rounds and run Algorithms 1-2 with secret noise;
-5. write ``synthetic.csv.gz`` (long format), ``report.json`` and ``real_vs_synthetic.png``.
-
-The release is ``synthetic.csv.gz`` (covered by the guarantee). ``report.json``'s evaluation section
-(Context-FID, TSTR) and the plot are computed *from the private data* and are not covered by it: they are for the
-data owner, not for publication (the report says so in ``evaluation_note``).
+5. write the output directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
+   every file written atomically; nothing is created before every input is validated), split by what the
+   (epsilon, delta) guarantee covers. At the top, public: ``synthetic.csv.gz`` (the release), ``report.json``
+   (configuration, epsilon, sigma, accounting and the ``"files"`` manifest) and the public pretrained weights
+   ``pretrained-<key>.pt`` (public data only; kept by ``overwrite`` for reuse). Under ``private/``, computed from
+   the private data without DP and NOT covered: ``evaluation.json`` (Context-FID, TSTR, counts of private
+   windows), ``real_vs_synthetic.png`` (real private windows) and ``dp_sgd/`` (the optional DP-SGD comparison,
+   which spends a second budget on the same data). ``private_outputs=False`` writes none of them,
+   ``private_plots=False`` skips the plot; the terminal shows the evaluation either way.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -34,10 +37,14 @@ from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
 __all__ = ["SynthConfig", "run_synth", "tstr_scores"]
 
 EVALUATION_NOTE = (
-    "c_fid, c_fid_initial, tstr, private_windows, private_windows_skipped_missing and real_vs_synthetic.png are "
-    "computed from the private data itself (real windows, their count, held-out real values); they are NOT "
-    "covered by the (epsilon, delta) guarantee, which covers synthetic.csv.gz only. Keep them with the data owner."
+    "c_fid, c_fid_initial, tstr, private_windows, private_windows_skipped_missing, real_vs_synthetic.png and "
+    "dp_sgd/ are computed from the private data itself (real windows, their count, held-out real values, a second "
+    "private training); they are NOT covered by the (epsilon, delta) guarantee, which covers synthetic.csv.gz "
+    "only. Keep them with the data owner."
 )
+#: Files of an earlier run that ``overwrite`` keeps: the public pretrained weights (public data only), for reuse.
+KEEP_ON_OVERWRITE = {"pretrained-*.pt": "public: the VAE and encoders pretrained on public data only (cached for "
+                                        "reuse; no private data)"}
 
 
 @dataclass
@@ -72,8 +79,15 @@ class SynthConfig:
         secure_noise: draw the vote noise from the OS CSPRNG.
         seed: ``None`` (default; fresh OS entropy) or an integer for experiments (the report then carries
             :data:`~lightning_dpts.randomness.SEEDED_NOTICE`).
-        output_dir: where outputs go; the pretrained weights are cached there and reused.
+        output_dir: where outputs go, new or empty unless ``overwrite``; the public pretrained weights are cached
+            there and reused by a later run with ``overwrite``.
         progress: show progress bars.
+        private_outputs: write the evaluation computed from the private data (``private/``); ``False``
+            (``--no-private-outputs``) writes none of it (the terminal still shows it).
+        private_plots: write ``private/real_vs_synthetic.png`` (real private windows); ``False``
+            (``--no-private-plots``) skips it.
+        overwrite: allow a non-empty ``output_dir``: first remove the earlier run's files (those it listed; the
+            public pretrained weights are kept for reuse); a directory holding other files is refused.
     """
 
     data: str | None = None
@@ -105,6 +119,9 @@ class SynthConfig:
     seed: int | None = None
     output_dir: str = "dpts-synth"
     progress: bool = True
+    private_outputs: bool = True
+    private_plots: bool = True
+    overwrite: bool = False
 
     def validate(self) -> None:
         """Range checks that do not need the data."""
@@ -142,6 +159,11 @@ class SynthConfig:
         if self.classes is not None and self.num_samples % len(self.classes) != 0:
             raise ConfigurationError("num_samples", self.num_samples, f"must be a multiple of the number of classes "
                                      f"({len(self.classes)}); Algorithm 1 generates M/|C| per class")
+        for name in ("private_outputs", "private_plots", "overwrite", "tstr", "compare_dp_sgd"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(name, getattr(self, name), "must be true or false")
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ConfigurationError("output_dir", self.output_dir, "must be a non-empty string")
         epochs = tuple(self.pretrain_epochs)
         if len(epochs) != 2 or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs):
             raise ConfigurationError("pretrain_epochs", self.pretrain_epochs, "must be two integers >= 1")
@@ -279,19 +301,21 @@ def tstr_scores(synthetic: np.ndarray, series: list[np.ndarray], freq: str, hori
 # the job
 # ---------------------------------------------------------------------------------------------------------
 def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run ``dpts synth`` (see the module docstring); returns the report written to ``report.json``.
+    """Run ``dpts synth`` (see the module docstring); returns the public report written to ``report.json``.
 
-    The returned dict additionally holds the in-memory ``_result`` (an
-    :class:`~lightning_dpts.synthetic.evolution.EvolutionResult`), which is never written.
+    The returned dict additionally holds ``"private"``: the evaluation computed from the private data (what
+    ``private/evaluation.json`` holds; returned even with ``private_outputs=False``: the caller owns the data) and
+    the in-memory ``_result`` (an :class:`~lightning_dpts.synthetic.evolution.EvolutionResult`), never written.
     """
     import torch
     from tqdm.auto import tqdm
 
+    from lightning_dpts.outputs import PRIVATE_DIR, OutputDirectory, atomic_path, check_output_dir, write_json
     from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
     from lightning_dpts.synthetic.evolution import private_evolution, private_windows
     from lightning_dpts.synthetic.metrics import ContextFID
     from lightning_dpts.synthetic.models import variation_schedule
-    from lightning_dpts.synthetic.pretrain import PretrainConfig, pretrain_public_models
+    from lightning_dpts.synthetic.pretrain import PretrainConfig, check_public_windows, pretrain_public_models
     from lightning_dpts.synthetic.privacy import (
         PETSAccountant,
         calibrate_pets_noise,
@@ -300,13 +324,14 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     )
 
     config.validate()
+    check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
     started = time.perf_counter()
     entropy = resolve_entropy(config.seed)
     if entropy.seeded:
         log(f"WARNING: {SEEDED_NOTICE}")
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
 
+    # ---- every input is validated before anything is created (item 8 of issue 24) ----
     series, item_ids, classes, freq, data_name = _load(config)
     holdout = config.prediction_length if config.tstr else 0
     train_part = [s[:len(s) - holdout] for s in series]
@@ -327,11 +352,10 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
         values = [g.to_numpy(dtype=float) for _, g in table.groupby("item_id", sort=False)["target"]]
         pub = private_windows(values, config.length, unit="window")
         public_windows, public_name = pub.windows, f"{config.public_data} (declared public by the user)"
+        check_public_windows(public_windows, config.length)
     pre = PretrainConfig(num_public=config.num_public, vae_epochs=config.pretrain_epochs[0],
                          encoder_epochs=config.pretrain_epochs[1])
-    models = pretrain_public_models(config.length, out, public_windows=public_windows, public_name=public_name,
-                                    config=pre, progress=config.progress, log=log)
-
+    pre.validate()
     sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
     delta_l2 = sensitivity(config.relation)
     noise_std = sigma * delta_l2
@@ -339,87 +363,125 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     epsilon = PETSAccountant(sigma).epsilon(config.iterations, config.delta)
     closed_form = theorem_2_epsilon(config.delta, sigma, config.iterations)
     schedule = variation_schedule(config.iterations, config.variation_schedule)
-    log(f"noise multiplier {sigma:.4f} (std {noise_std:.4f} votes per bin, sensitivity {delta_l2:.4g}), "
-        f"threshold {threshold:.3f}; {config.iterations} rounds give epsilon={epsilon:.4f} at delta={config.delta:g}")
 
-    with tqdm(total=config.iterations, desc="private evolution rounds", disable=not config.progress) as bar:
-        result = private_evolution(
-            private, num_samples=config.num_samples, num_classes=num_classes, iterations=config.iterations,
-            noise_multiplier=sigma, relation=config.relation, threshold=threshold, lookahead=config.lookahead,
-            schedule=schedule, vae=models.vae, encoder=models.select_encoder, entropy=entropy,
-            secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
-        )
+    with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
+        def register_cache(path: Path) -> None:
+            run_dir.register(path.name, KEEP_ON_OVERWRITE["pretrained-*.pt"])
 
-    # ---- evaluation (uses private data; not covered by the guarantee) ----
-    def cfid(fake: np.ndarray, cls: int | None = None) -> float:
-        metric = ContextFID(models.eval_encoder.hparams.output_dim, encoder=models.eval_encoder.embed)
-        real = private.windows if cls is None else private.windows[private.classes == cls]
-        metric.update(torch.as_tensor(real, dtype=torch.float32), real=True)
-        metric.update(torch.as_tensor(fake, dtype=torch.float32), real=False)
-        return float(metric.compute())
+        models = pretrain_public_models(config.length, out, public_windows=public_windows, public_name=public_name,
+                                        config=pre, progress=config.progress, log=log, before_write=register_cache)
+        if models.cache_file is not None:
+            register_cache(models.cache_file)
+        log(f"noise multiplier {sigma:.4f} (std {noise_std:.4f} votes per bin, sensitivity {delta_l2:.4g}), "
+            f"threshold {threshold:.3f}; {config.iterations} rounds give epsilon={epsilon:.4f} at "
+            f"delta={config.delta:g}")
 
-    from lightning_dpts.synthetic.generator import standardize_windows
+        with tqdm(total=config.iterations, desc="private evolution rounds", disable=not config.progress) as bar:
+            result = private_evolution(
+                private, num_samples=config.num_samples, num_classes=num_classes, iterations=config.iterations,
+                noise_multiplier=sigma, relation=config.relation, threshold=threshold, lookahead=config.lookahead,
+                schedule=schedule, vae=models.vae, encoder=models.select_encoder, entropy=entropy,
+                secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
+            )
 
-    synthetic = standardize_windows(result.synthetic)
-    c_fid, c_fid_initial = cfid(synthetic), cfid(result.initial)
-    tstr: dict[str, Any] | None = None
-    if config.tstr:
-        log("TSTR: training DLinear on the synthetic windows, testing on the held-out real values ...")
-        tstr = tstr_scores(synthetic, series, freq, config.prediction_length, steps=config.tstr_steps,
-                           progress=config.progress)
-        tstr["tstr_dlinear_initial"] = tstr_scores(result.initial, series, freq, config.prediction_length,
-                                                   steps=config.tstr_steps, progress=False)["tstr_dlinear"]
-        if config.compare_dp_sgd:
-            tstr["dp_sgd_dlinear"] = _dp_sgd(config, out, log)
+        from lightning_dpts.synthetic.generator import standardize_windows
 
-    _write_synthetic(out / "synthetic.csv.gz", synthetic, result.classes, config, freq)
-    _plot(out / "real_vs_synthetic.png", private.windows, synthetic, result.initial)
-    report: dict[str, Any] = {
-        "epsilon": epsilon,
-        "delta": config.delta,
-        "epsilon_budget": config.epsilon,
-        "epsilon_theorem_2": closed_form,
-        "accounting": "PLD composition (connect-the-dots, pessimistic) of the Gaussian mechanism over "
-                      f"{config.iterations} rounds; PETS Theorem 2 closed form in epsilon_theorem_2",
-        "noise_multiplier": sigma,
-        "noise_std_votes": noise_std,
-        "sensitivity": delta_l2,
-        "relation": config.relation,
-        "unit": config.unit,
-        "max_windows_per_series": private.max_windows,
-        "threshold": threshold,
-        "iterations": config.iterations,
-        "variation_schedule": schedule,
-        "num_samples": config.num_samples,
-        "length": config.length,
-        "private_windows": int(len(private.windows)),
-        "private_windows_skipped_missing": private.skipped_missing,
-        "empty_rounds": [list(e) for e in result.empty_rounds],
-        "c_fid": c_fid,
-        "c_fid_initial": c_fid_initial,
-        "tstr": tstr,
-        "evaluation_note": EVALUATION_NOTE,
-        "public_models": {"source": models.source, "cache": str(models.cache_file) if models.cache_file else None,
-                          "reused": models.reused},
-        "data": data_name,
-        "config": {k: v for k, v in asdict(config).items() if k != "seed"} | {"seeded": entropy.seeded},
-        "seconds": round(time.perf_counter() - started, 1),
-    }
-    if entropy.seeded:
-        report["seeded_notice"] = SEEDED_NOTICE
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        synthetic = standardize_windows(result.synthetic)
+        run_dir.register("synthetic.csv.gz", "public: the DP synthetic dataset (the release the guarantee covers)")
+        with atomic_path(out / "synthetic.csv.gz") as tmp:
+            _write_synthetic(tmp, synthetic, result.classes, config, freq)
+
+        # ---- evaluation (uses private data; not covered by the guarantee) ----
+        def cfid(fake: np.ndarray, cls: int | None = None) -> float:
+            metric = ContextFID(models.eval_encoder.hparams.output_dim, encoder=models.eval_encoder.embed)
+            real = private.windows if cls is None else private.windows[private.classes == cls]
+            metric.update(torch.as_tensor(real, dtype=torch.float32), real=True)
+            metric.update(torch.as_tensor(fake, dtype=torch.float32), real=False)
+            return float(metric.compute())
+
+        c_fid, c_fid_initial = cfid(synthetic), cfid(result.initial)
+        tstr: dict[str, Any] | None = None
+        if config.tstr:
+            log("TSTR: training DLinear on the synthetic windows, testing on the held-out real values ...")
+            tstr = tstr_scores(synthetic, series, freq, config.prediction_length, steps=config.tstr_steps,
+                               progress=config.progress)
+            tstr["tstr_dlinear_initial"] = tstr_scores(result.initial, series, freq, config.prediction_length,
+                                                       steps=config.tstr_steps, progress=False)["tstr_dlinear"]
+            if config.compare_dp_sgd:
+                dp_dir = None
+                if config.private_outputs:
+                    dp_dir = run_dir.register(f"{PRIVATE_DIR}/dp_sgd/", "private: the DP-SGD comparison run (a "
+                                              "second private training on the same data, its own budget)")
+                tstr["dp_sgd_dlinear"] = _dp_sgd(config, dp_dir, log)
+
+        report: dict[str, Any] = {
+            "epsilon": epsilon,
+            "delta": config.delta,
+            "epsilon_budget": config.epsilon,
+            "epsilon_theorem_2": closed_form,
+            "accounting": "PLD composition (connect-the-dots, pessimistic) of the Gaussian mechanism over "
+                          f"{config.iterations} rounds; PETS Theorem 2 closed form in epsilon_theorem_2",
+            "noise_multiplier": sigma,
+            "noise_std_votes": noise_std,
+            "sensitivity": delta_l2,
+            "relation": config.relation,
+            "unit": config.unit,
+            "max_windows_per_series": private.max_windows,
+            "threshold": threshold,
+            "iterations": config.iterations,
+            "variation_schedule": schedule,
+            "num_samples": config.num_samples,
+            "length": config.length,
+            "empty_rounds": [list(e) for e in result.empty_rounds],
+            "public_models": {"source": models.source, "cache": None if models.cache_file is None else
+                              models.cache_file.name, "reused": models.reused},
+            "data": data_name,
+            "config": {k: v for k, v in asdict(config).items() if k != "seed"} | {"seeded": entropy.seeded},
+        }
+        if entropy.seeded:
+            report["seeded_notice"] = SEEDED_NOTICE
+        evaluation: dict[str, Any] = {
+            "evaluation_note": EVALUATION_NOTE,
+            "private_windows": int(len(private.windows)),
+            "private_windows_skipped_missing": private.skipped_missing,
+            "c_fid": c_fid,
+            "c_fid_initial": c_fid_initial,
+            "tstr": tstr,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        if config.private_outputs:
+            run_dir.register(f"{PRIVATE_DIR}/evaluation.json", "private: Context-FID against the real windows, "
+                             "TSTR on held-out real values, counts of private windows (not covered)")
+            write_json(out / PRIVATE_DIR / "evaluation.json", evaluation)
+            if config.private_plots:
+                run_dir.register(f"{PRIVATE_DIR}/real_vs_synthetic.png", "private: real private windows next to "
+                                 "synthetic ones (not covered)")
+                _plot(out / PRIVATE_DIR / "real_vs_synthetic.png", private.windows, synthetic, result.initial)
+        run_dir.register("report.json", "public: configuration, (epsilon, delta), sigma, accounting and this "
+                         "manifest")
+        report["files"] = run_dir.manifest()
+        write_json(out / "report.json", report)
     log(f"released {config.num_samples} synthetic windows: epsilon={epsilon:.4f}, delta={config.delta:g}; "
-        f"C-FID {c_fid:.3f} (initial public population {c_fid_initial:.3f})")
+        f"C-FID {c_fid:.3f} (initial public population {c_fid_initial:.3f}) [private: computed from the real data]")
     if tstr:
         log("TSTR CRPS: " + ", ".join(f"{k} {v['crps']:.4f}" for k, v in tstr.items() if isinstance(v, dict)
-                                      and "crps" in v))
-    report["_result"] = result
-    return report
+                                      and "crps" in v) + " [private]")
+    return {**report, "private": evaluation, "_result": result}
 
 
-def _dp_sgd(config: SynthConfig, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """DLinear trained privately with DP-SGD (``dpts fit``) at the same (epsilon, delta), same test windows."""
+def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """DLinear trained privately with DP-SGD (``dpts fit``) at the same (epsilon, delta), same test windows.
+
+    Its run directory is ``out`` (under ``private/``: a second private training on the same data); ``None``
+    (``private_outputs=False``) writes it to a temporary directory that is removed afterwards.
+    """
+    import tempfile
+
     from lightning_dpts.fit import FitConfig, run_fit
+
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dpts-dp-sgd-") as scratch:
+            return _dp_sgd(config, Path(scratch) / "run", log)
 
     log(f"DP-SGD reference: dpts fit with DLinear at epsilon={config.epsilon:g}, delta={config.delta:g} ...")
     fit_config = FitConfig(data=config.data, id_column=config.id_column, time_column=config.time_column,
@@ -427,9 +489,9 @@ def _dp_sgd(config: SynthConfig, out: Path, log: Callable[[str], None]) -> dict[
                            prediction_length=config.prediction_length,
                            context_length=config.length - config.prediction_length, model="dlinear",
                            epsilon=config.epsilon, delta=config.delta, non_dp=False,
-                           output_dir=str(out / "dp_sgd"))
+                           output_dir=str(out))
     report = run_fit(fit_config, progress=lambda _m: None)
-    metrics = dict(report["metrics"]["dp"])
+    metrics = dict(report["private"]["metrics"]["dp"])
     metrics["privacy_unit"] = f"dpts fit default ({fit_config.level}-level, size {fit_config.size})"
     metrics["epsilon"] = report["epsilon"]
     return metrics
@@ -450,10 +512,9 @@ def _write_synthetic(path: Path, synthetic: np.ndarray, classes: np.ndarray, con
 
 
 def _plot(path: Path, real: np.ndarray, synthetic: np.ndarray, initial: np.ndarray, count: int = 4) -> None:
-    import matplotlib
+    from lightning_dpts.plots import _pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rng = np.random.default_rng()  # which examples are shown is not privacy-relevant
     fig, axes = plt.subplots(count, 3, figsize=(10, 1.8 * count), sharex=True, squeeze=False)
@@ -466,5 +527,4 @@ def _plot(path: Path, real: np.ndarray, synthetic: np.ndarray, initial: np.ndarr
     for ax in axes[-1]:
         ax.set_xlabel("time step in window")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

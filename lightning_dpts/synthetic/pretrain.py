@@ -82,6 +82,18 @@ def _train(module: Any, windows: np.ndarray, epochs: int, batch_size: int, progr
     module.eval()
 
 
+def check_public_windows(public_windows: Any, length: int) -> np.ndarray:
+    """``public_windows`` as a float array, or :class:`ConfigurationError` (``public_data``) unless it holds at
+    least 2 finite windows of ``length`` steps."""
+    windows = np.asarray(public_windows, dtype=np.float64)
+    if windows.ndim != 2 or windows.shape[1] != length or len(windows) < 2:
+        raise ConfigurationError("public_data", f"windows of shape {windows.shape}",
+                                 f"must give at least 2 windows of length {length}")
+    if not np.isfinite(windows).all():
+        raise ConfigurationError("public_data", "windows with missing values", "must be finite")
+    return windows
+
+
 def pretrain_public_models(
     length: int,
     cache_dir: str | Path | None,
@@ -91,6 +103,7 @@ def pretrain_public_models(
     config: PretrainConfig | None = None,
     progress: bool = True,
     log: Any = print,
+    before_write: Any = None,
 ) -> PublicModels:
     """Train (or load from ``cache_dir``) the VAE and the two encoders on public windows of ``length`` steps.
 
@@ -103,6 +116,8 @@ def pretrain_public_models(
         config: model and training sizes.
         progress: show Lightning's progress bars.
         log: where one-line status messages go.
+        before_write: called with the cache file's path before it is written (an output directory's journal);
+            the file itself is written atomically.
     """
     config = config or PretrainConfig()
     config.validate()
@@ -113,12 +128,7 @@ def pretrain_public_models(
         windows_eval = generate_series(config.num_public, length, rng)  # independent public draws
         digest = "generator"
     else:
-        public_windows = np.asarray(public_windows, dtype=np.float64)
-        if public_windows.ndim != 2 or public_windows.shape[1] != length or len(public_windows) < 2:
-            raise ConfigurationError("public_data", f"windows of shape {public_windows.shape}",
-                                     f"must give at least 2 windows of length {length}")
-        if not np.isfinite(public_windows).all():
-            raise ConfigurationError("public_data", "windows with missing values", "must be finite")
+        public_windows = check_public_windows(public_windows, length)
         windows_vae = windows_enc = standardize_windows(public_windows)
         half = len(windows_vae) // 2
         windows_eval = windows_vae[half:] if half >= 2 else windows_vae
@@ -149,7 +159,11 @@ def pretrain_public_models(
     log(f"public pretraining: evaluation encoder, trained separately ({config.encoder_epochs} epochs) ...")
     _train(eval_encoder, windows_eval, config.encoder_epochs, config.batch_size, progress, PUBLIC_PRETRAIN_SEED + 3)
     if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"vae": vae.state_dict(), "select_encoder": select_encoder.state_dict(),
-                    "eval_encoder": eval_encoder.state_dict(), "meta": meta}, cache_file)
+        from lightning_dpts.outputs import atomic_path
+
+        if before_write is not None:
+            before_write(cache_file)
+        with atomic_path(cache_file) as tmp:  # a failure leaves no truncated cache to be reused
+            torch.save({"vae": vae.state_dict(), "select_encoder": select_encoder.state_dict(),
+                        "eval_encoder": eval_encoder.state_dict(), "meta": meta}, tmp)
     return PublicModels(vae, select_encoder, eval_encoder, public_name, cache_file, False)

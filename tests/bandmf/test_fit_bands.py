@@ -36,8 +36,9 @@ def test_fit_with_bands_trains_bandmf_with_a_verified_monte_carlo_budget(tiny_cs
     assert len(mc["coefficients"]) == 2 and mc["coefficients"][1] > 0  # correlated noise, not DP-SGD
     assert report["privacy_configuration"]["sampling_spec"]["top_level"] == "b_min_sep"
     assert report["privacy_configuration"]["sampling_spec"]["bands"] == 2
-    assert np.isfinite(report["metrics"]["dp"]["crps"])
-    metrics = pd.read_csv(next((out / "logs").glob("version_*/metrics.csv")))
+    assert np.isfinite(json.loads((out / "private" / "evaluation.json").read_text())["metrics"]["dp"]["crps"])
+    assert report["epsilon_curve"] == {"steps": [9], "epsilon": [report["epsilon"]]}  # one whole-run bound
+    metrics = pd.read_csv(next((out / "private" / "logs").glob("version_*/metrics.csv")))
     logged = metrics["epsilon_monte_carlo_upper"].dropna()
     assert len(logged) == 9 and "epsilon" not in metrics  # never logged under the PLD accountant's name
     # the checkpoint records the noise kind and bands, never the noise band (whose rows would reproduce the noise)

@@ -1,0 +1,228 @@
+"""Issue 24: what a run writes. Public files are the same for neighbouring datasets, private files live under
+``private/``, output directories are not silently overwritten or shared, and writes are atomic.
+
+The neighbouring-dataset test plays the attacker of docs/privacy.md's threat model: it knows the code, the
+configuration and every public file, and tries to tell D from D' (one held-out value changed) and D'' (one training
+value changed). On the code before issue 24 it wins at once: ``report.json`` held seasonal naive's CRPS on the
+held-out windows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lightning_dpts.cli import main
+from lightning_dpts.outputs import JOURNAL, LOCK, OutputDirectory, atomic_path, check_output_dir, write_text
+
+FIT = ["fit", "--data", "data.csv", "--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0",
+       "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--seed", "1", "--output-dir", "run"]
+#: The DP model's own weights: covered by the guarantee, but they differ between neighbouring datasets (that is
+#: what DP allows, with bounded probability ratios); every other public file must not depend on the data at all.
+MODEL_WEIGHTS = {"dp-model.ckpt", "predictor/prediction-net-state.pt"}
+
+
+def _public(run: Path) -> dict[str, bytes]:
+    files = json.loads((run / "report.json").read_text())["files"]
+    return {rel: (run / rel).read_bytes() for rel, what in files.items()
+            if what.startswith("public") and rel not in MODEL_WEIGHTS and rel != LOCK}
+
+
+def _fit_in(directory: Path, table: pd.DataFrame, *extra: str) -> Path:
+    """Run the tiny seeded fit in ``directory`` (relative paths: the configuration is the same bytes)."""
+    directory.mkdir(exist_ok=True)
+    table.to_csv(directory / "data.csv", index=False)
+    cwd = os.getcwd()
+    os.chdir(directory)
+    try:
+        assert main([*FIT, *extra]) == 0
+    finally:
+        os.chdir(cwd)
+    return directory / "run"
+
+
+def test_neighbouring_datasets_give_byte_identical_public_files(tiny_csv, tmp_path, capsys):
+    data = pd.read_csv(tiny_csv)
+    first = data["id"] == data["id"].iloc[0]
+    held_out = data.copy()  # D': the last (held-out test) value of one series +1000
+    held_out.loc[first[first].index[-1], "value"] += 1000.0
+    trained = data.copy()  # D'': one early (training) value of the same series +1e6
+    trained.loc[first[first].index[5], "value"] += 1e6
+
+    runs = {name: _fit_in(tmp_path / name, table) for name, table in
+            (("d", data), ("held_out", held_out), ("trained", trained))}
+    printed = capsys.readouterr().out
+    assert "seasonal naive" in printed and "privacy spent" in printed  # the terminal shows it: its reader owns the data
+
+    public = {name: _public(run) for name, run in runs.items()}
+    assert {"report.json", "epsilon.png", "model.json", JOURNAL} <= set(public["d"])
+    for name in ("held_out", "trained"):
+        assert set(public[name]) == set(public["d"])
+        for rel, content in public["d"].items():
+            assert public[name][rel] == content, f"{rel} tells D from {name}"
+
+    for run in runs.values():
+        report = json.loads((run / "report.json").read_text())
+        files = report["files"]
+        on_disk = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
+        assert on_disk == set(files)  # the manifest lists every file written, and only those
+        for rel, what in files.items():
+            assert what.startswith("private: ") == rel.startswith("private/"), rel
+        assert {"private/evaluation.json", "private/forecasts.png"} <= set(files)
+        assert any(rel.startswith("private/logs/") and rel.endswith("metrics.csv") for rel in files)
+        for key in ("metrics", "verdict", "levers", "evaluation", "seconds", "plots"):
+            assert key not in report, key
+        assert report["epsilon_curve"]["steps"][-1] == report["steps"]
+        assert report["epsilon_curve"]["epsilon"][-1] == report["epsilon"]
+    # positive control: the private evaluation does tell the datasets apart (which is why it is private)
+    evaluation = {n: json.loads((r / "private" / "evaluation.json").read_text()) for n, r in runs.items()}
+    assert evaluation["d"]["metrics"]["seasonal_naive"] != evaluation["held_out"]["metrics"]["seasonal_naive"]
+
+
+def test_no_private_outputs_writes_only_public_files(tiny_csv, tmp_path, capsys):
+    run = _fit_in(tmp_path, pd.read_csv(tiny_csv), "--no-private-outputs", "--no-non-dp")
+    assert "seasonal naive" in capsys.readouterr().out  # the terminal still shows the evaluation
+    assert not (run / "private").exists()
+    files = json.loads((run / "report.json").read_text())["files"]
+    assert all(what.startswith("public: ") for what in files.values())
+    assert {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()} == set(files)
+
+
+def test_rerun_into_a_used_directory_is_refused_and_overwrite_removes_the_stale_plot(tiny_csv, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """The stale-plot scenario: an earlier run left private/forecasts.png; a new run must not sit next to it."""
+    table = pd.read_csv(tiny_csv)
+    run = _fit_in(tmp_path, table, "--no-non-dp")
+    assert (run / "private" / "forecasts.png").is_file()
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main([*FIT, "--no-non-dp", "--no-private-plots"])
+    assert exit_.value.code == 2 and "--output-dir" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # untouched
+    _fit_in(tmp_path, table, "--no-non-dp", "--no-private-plots", "--overwrite")
+    assert not (run / "private" / "forecasts.png").exists()
+    files = json.loads((run / "report.json").read_text())["files"]
+    assert {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()} == set(files)
+
+
+def test_overwrite_never_removes_files_no_run_wrote(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "forecasts.png").write_bytes(b"stale private plot")
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["fit", "--output-dir", str(out), *extra])
+        assert exit_.value.code == 2 and "--output-dir" in capsys.readouterr().err
+    assert (out / "forecasts.png").read_bytes() == b"stale private plot"
+
+
+def test_a_file_as_output_dir_is_refused_up_front(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("x")
+    for out in (target, target / "below"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["fit", "--output-dir", str(out)])
+        assert exit_.value.code == 2 and "--output-dir" in capsys.readouterr().err
+    assert target.read_text() == "x"
+
+
+def test_a_concurrent_writer_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    with OutputDirectory(out):  # another run holds the lock (flock locks are per open file description)
+        with pytest.raises(SystemExit) as exit_:
+            main(["fit", "--output-dir", str(out), "--overwrite"])
+        assert exit_.value.code == 2 and "another dpts run" in capsys.readouterr().err
+        with pytest.raises(Exception, match="another dpts run"):
+            OutputDirectory(out, overwrite=True).open()
+    fd = os.open(out / LOCK, os.O_RDWR)  # released when the first run ends
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    check_output_dir(out, overwrite=False)  # only the lock and the journal: empty
+
+
+def test_a_failed_write_leaves_no_file_at_the_final_path(tmp_path):
+    path = tmp_path / "report.json"
+    with pytest.raises(OSError, match="No space"):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(b'{"half": ')
+            raise OSError(28, "No space left on device")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    write_text(path, "old")
+    with pytest.raises(OSError):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(b"trunc")
+            raise OSError(28, "No space left on device")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_a_failed_checkpoint_write_leaves_no_checkpoint(tiny_csv, tmp_path, monkeypatch, capsys):
+    """Disk full while Lightning writes dp-model.ckpt: the run fails and no truncated checkpoint is left."""
+    import lightning as L
+
+    def half_then_full(self, filepath, weights_only=False, storage_options=None):
+        Path(filepath).write_bytes(b"PK\x03\x04 truncated")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(L.Trainer, "save_checkpoint", half_then_full)
+    table = pd.read_csv(tiny_csv)
+    (tmp_path / "d").mkdir()
+    table.to_csv(tmp_path / "d" / "data.csv", index=False)
+    monkeypatch.chdir(tmp_path / "d")
+    assert main([*FIT, "--no-non-dp"]) == 1
+    assert "No space left" in capsys.readouterr().err
+    run = tmp_path / "d" / "run"
+    assert not (run / "dp-model.ckpt").exists()
+    assert not [p for p in run.rglob("*") if p.name.startswith(".dp-model.ckpt")]  # no temporary left either
+    # the failed run's files are in its journal: --overwrite may clean them up
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path / "d")
+    check_output_dir("run", overwrite=True)
+
+
+def test_synth_refuses_bad_input_before_creating_anything(tiny_csv, tmp_path, capsys):
+    out = tmp_path / "synth"
+    for args in (["--data", str(tmp_path / "missing.csv")], ["--data", str(tiny_csv), "--length", "500"],
+                 ["--data", str(tiny_csv), "--public-data", str(tmp_path / "missing.csv")]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["synth", *args, "--no-progress", "--output-dir", str(out)])
+        assert exit_.value.code == 2, capsys.readouterr().err
+        assert not out.exists()
+
+
+def test_synth_splits_public_and_private_files(tiny_csv, tmp_path, capsys):
+    tiny = ["--length", "12", "--num-samples", "8", "--iterations", "2", "--prediction-length", "4",
+            "--pretrain-epochs", "1,1", "--num-public", "64", "--tstr-steps", "3", "--lookahead", "1", "--no-progress"]
+    out = tmp_path / "synth"
+    assert main(["synth", "--data", str(tiny_csv), *tiny, "--output-dir", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    for key in ("c_fid", "c_fid_initial", "tstr", "private_windows", "private_windows_skipped_missing", "seconds"):
+        assert key not in report, key
+    files = report["files"]
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(files)
+    assert files["synthetic.csv.gz"].startswith("public: ")
+    assert files["private/real_vs_synthetic.png"].startswith("private: ")
+    assert "c_fid" in json.loads((out / "private" / "evaluation.json").read_text())
+    for rel, what in files.items():
+        assert what.startswith("private: ") == rel.startswith("private/"), rel
+    cache = [rel for rel in files if rel.startswith("pretrained-")]
+    assert len(cache) == 1 and files[cache[0]].startswith("public: ")
+    # a second run needs --overwrite; it keeps the public pretrained weights and writes no private file
+    with pytest.raises(SystemExit) as exit_:
+        main(["synth", "--data", str(tiny_csv), *tiny, "--output-dir", str(out)])
+    assert exit_.value.code == 2 and "--output-dir" in capsys.readouterr().err
+    assert main(["synth", "--data", str(tiny_csv), *tiny, "--no-tstr", "--no-private-outputs", "--overwrite",
+                 "--output-dir", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["public_models"]["reused"] is True and not (out / "private").exists()
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(report["files"])
+    shutil.rmtree(out)
+    assert main(["synth", "--data", str(tiny_csv), *tiny, "--no-tstr", "--no-private-plots",
+                 "--output-dir", str(out)]) == 0
+    assert (out / "private" / "evaluation.json").is_file() and not (out / "private" / "real_vs_synthetic.png").exists()
