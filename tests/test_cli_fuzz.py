@@ -150,3 +150,19 @@ def test_memory_stays_bounded(argv):
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 2), proc.stderr
     assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr
+
+
+# issue 24 item 9: these answered with a traceback (the second after 10 s); now exit 2 naming the option at once
+ISSUE_24 = [
+    (["release", "epsilon", *sum({**RELEASE_BASE, "--value-bound": "1e20", "--releases": "3"}.items(), ()),
+      "--noise-std", "1"], "--value-bound"),
+    (["release", "noise", *sum({**RELEASE_BASE, "--releases": "3"}.items(), ()), "--epsilon", "1e20"], "--epsilon"),
+    (["release", "noise", *sum({**RELEASE_BASE, "--releases": "3"}.items(), ()), "--epsilon", "100.5"], "--epsilon"),
+]
+
+
+@pytest.mark.parametrize("argv,option", ISSUE_24, ids=[f"{a[1]}-{o}" for a, o in ISSUE_24])
+def test_issue_24_release_inputs_exit_2_naming_the_option(argv, option):
+    code, err, seconds = _run(argv)
+    assert code == 2 and option in err and "Traceback" not in err, err
+    assert seconds < 5

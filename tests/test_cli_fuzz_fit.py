@@ -84,3 +84,65 @@ def test_fit_refuses_with_exit_2_naming_the_option(option, value, tmp_path, caps
     assert option in err and "Traceback" not in err
     assert elapsed < 5.0 and _peak_mib() - before < 256
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issue 24 item 9: inputs that are not numbers, refused with exit 2 naming the option before any work
+# ---------------------------------------------------------------------------------------------------------
+def _refused(argv: list[str], option: str, capsys) -> str:
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert option in err and "Traceback" not in err, err
+    assert time.perf_counter() - started < 5.0
+    return err
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe\x00"])
+def test_fit_binary_config_exits_2(content, tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_bytes(content)
+    _refused(["fit", "--config", str(config), "--output-dir", str(tmp_path / "run")], "--config", capsys)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("make", [lambda p: p.write_text("a file"),
+                                  lambda p: (p.mkdir(), (p / "old.png").write_bytes(b"x"))],
+                         ids=["a-file", "a-non-empty-directory"])
+def test_fit_output_dir_that_cannot_take_a_run_exits_2_up_front(make, tmp_path, capsys):
+    out = tmp_path / "out"
+    make(out)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    _refused(["fit", "--output-dir", str(out)], "--output-dir", capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_csv, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fuzz_predict") / "run"
+    assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--model", "simple_feedforward",
+                 "--epsilon", "2.0", "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--no-non-dp",
+                 "--no-private-outputs", "--output-dir", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", [b"", b"PK\x03\x04 truncated", bytes(range(256))], ids=["empty", "truncated",
+                                                                                               "garbage"])
+def test_predict_with_a_corrupt_predictor_exits_2(fitted, tiny_csv, damage, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(fitted, model)
+    (model / "predictor" / "prediction-net-state.pt").write_bytes(damage)
+    _refused(["predict", "--model", str(model), "--data", str(tiny_csv), "--output", str(tmp_path / "f.csv")],
+             "--model", capsys)
+    assert not (tmp_path / "f.csv").exists()
+
+
+@pytest.mark.parametrize("output", ["/proc/x.csv", "/proc/self/none/x.csv", "{tmp}", "{tmp}/file.csv/x.csv"])
+def test_predict_to_an_unwritable_output_exits_2(fitted, tiny_csv, output, tmp_path, capsys):
+    (tmp_path / "file.csv").write_text("not a directory")
+    _refused(["predict", "--model", str(fitted), "--data", str(tiny_csv), "--output",
+              output.format(tmp=tmp_path)], "--output", capsys)

@@ -101,6 +101,10 @@ def _check_rate(rate: object) -> float:
 #: Accepted range of the noise std and of the per-step l2 bound v sqrt(D) (series units): their ratio must be
 #: representable, so that no sensitivity-to-noise ratio overflows or underflows.
 SCALE_RANGE = (1e-100, 1e100)
+#: Largest epsilon :func:`calibrate_release_noise` calibrates for (as ``dpts fit``'s budget cap: a larger epsilon
+#: protects nothing). It bounds the time: tiny noise stds make the composed grid large (3 releases: 4 s at 100,
+#: 20 s at 1000 on the project machines).
+MAX_RELEASE_CALIBRATION_EPSILON = 100.0
 #: Largest relation size w a release accounts (the binomial over w + 1 counts is evaluated in memory).
 MAX_RELEASE_SIZE = 10**6
 
@@ -529,15 +533,22 @@ class ReleaseAccountant:
         """PLD of ``releases`` releases (``bound="exact"`` only)."""
         releases = _check_releases(releases)
         if self._pld is None:
-            self._pld = pld_from_profile(self.profile(), self.discretization, self.tail_mass_truncation,
-                                         self.min_grid_points)
+            try:
+                self._pld = pld_from_profile(self.profile(), self.discretization, self.tail_mass_truncation,
+                                             self.min_grid_points)
+            except ValueError:  # the privacy loss does not fit a bounded grid: v / s is far too large
+                raise ConfigurationError(
+                    "value_bound", self.spec.relation.value_bound, f"is too large against the noise std "
+                    f"{self.noise_std:g} for the exact bound to compose {releases} releases (the privacy loss "
+                    "exceeds what a bounded privacy-loss grid holds, i.e. epsilon is enormous): add noise (a larger "
+                    "--noise-std) or lower --value-bound") from None
         if releases not in self._composed:
             if releases == 1:
                 self._composed[releases] = self._pld
             else:
                 try:  # tilted FFT with an explicit round-off bound, bounded in memory (privacy.pld.compose)
                     self._composed[releases] = compose(self._pld, releases, self.tail_mass_truncation)
-                except OverflowError:
+                except (OverflowError, ValueError):
                     raise ConfigurationError(
                         "releases", releases, f"{releases} releases are more than the exact bound composes in "
                         f"bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss grid points); use fewer "
@@ -583,14 +594,21 @@ def calibrate_release_noise(spec: ReleaseSpec, epsilon: float, delta: float, rel
     checked for every bound.
     """
     epsilon = _check_epsilon(epsilon)
-    if epsilon == 0:
-        raise ConfigurationError("epsilon", epsilon, "must be > 0 to calibrate a finite noise std")
+    if not 0 < epsilon <= MAX_RELEASE_CALIBRATION_EPSILON:
+        raise ConfigurationError("epsilon", epsilon, f"must lie in (0, {MAX_RELEASE_CALIBRATION_EPSILON:g}] to "
+                                 "calibrate a finite noise std (a larger epsilon protects nothing)")
     delta = _check_delta(delta)
     releases = _check_releases(releases)
     _check_bound(bound)
 
     def eps_of(s: float) -> float:
-        return ReleaseAccountant(spec, s, bound=bound, gaussian=gaussian, **pld_options).epsilon(delta, releases)
+        """epsilon at noise std s; inf where the exact bound cannot compose it (far too little noise)."""
+        try:
+            return ReleaseAccountant(spec, s, bound=bound, gaussian=gaussian, **pld_options).epsilon(delta, releases)
+        except ConfigurationError as err:
+            if err.parameter != "value_bound":
+                raise
+            return math.inf
 
     base = spec.step_bound * math.sqrt(spec.size)
     hi = base
