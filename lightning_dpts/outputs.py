@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -140,8 +141,22 @@ def _journal(directory: Path) -> list[str]:
             if isinstance(e, str) and e and not e.startswith("/") and ".." not in Path(e).parts]
 
 
+_LEFTOVER = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.(tmp|old)$")
+
+
 def _covered(rel: str, entries: list[str]) -> bool:
-    """Whether the journal lists ``rel`` (or a directory above it, entries ending in ``/``)."""
+    """Whether the journal lists ``rel`` (or a directory above it, entries ending in ``/``).
+
+    A temporary file or directory that :func:`atomic_path` / :func:`atomic_directory` left for a listed path when
+    the process was killed mid-write (``.NAME.<random>.tmp`` or ``.old``, and anything inside it) counts as that
+    path.
+    """
+    parts = Path(rel).parts
+    for i, part in enumerate(parts):
+        match = _LEFTOVER.match(part)
+        if match:
+            rel = Path(*parts[:i], match.group(1)).as_posix()
+            break
     return any(rel == e.rstrip("/") or (e.endswith("/") and rel.startswith(e)) for e in entries)
 
 
@@ -252,19 +267,21 @@ class OutputDirectory:
                     None)
 
     def _remove_earlier(self) -> None:
-        for rel in sorted(_journal(self.root), key=len, reverse=True):
-            target = self.root / rel.rstrip("/")
-            kept = self._kept(rel)
-            if kept is not None and target.is_file():
-                self._descriptions[rel] = kept
-                continue
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
+        """Remove every file the earlier run's journal covers (leftover temporaries included), keeping the files
+        that match ``keep``, then the directories left empty. :func:`check_output_dir` has refused any other file."""
+        journal = _journal(self.root)
         for child in sorted(self.root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if child.is_dir() and not any(child.iterdir()):
-                child.rmdir()  # empty directories the earlier run left (e.g. private/)
+            rel = child.relative_to(self.root).as_posix()
+            if rel in _OWN:
+                continue
+            if child.is_file() or child.is_symlink():
+                kept = self._kept(rel) if rel in journal else None
+                if kept is not None:
+                    self._descriptions[rel] = kept
+                elif _covered(rel, journal):
+                    child.unlink()
+            elif child.is_dir() and not any(child.iterdir()):
+                child.rmdir()  # directories the earlier run left empty (e.g. private/)
         (self.root / JOURNAL).unlink(missing_ok=True)
 
     def close(self) -> None:

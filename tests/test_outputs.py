@@ -19,7 +19,6 @@ import pandas as pd
 import pytest
 
 from lightning_dpts.cli import main
-from lightning_dpts.outputs import JOURNAL, LOCK, OutputDirectory, atomic_path, check_output_dir, write_text
 
 FIT = ["fit", "--data", "data.csv", "--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0",
        "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--seed", "1", "--output-dir", "run"]
@@ -29,9 +28,10 @@ MODEL_WEIGHTS = {"dp-model.ckpt", "predictor/prediction-net-state.pt"}
 
 
 def _public(run: Path) -> dict[str, bytes]:
-    files = json.loads((run / "report.json").read_text())["files"]
-    return {rel: (run / rel).read_bytes() for rel, what in files.items()
-            if what.startswith("public") and rel not in MODEL_WEIGHTS and rel != LOCK}
+    """Every file outside ``private/`` (what a user publishes), the DP weights and the empty lock file aside."""
+    return {rel: path.read_bytes() for path in sorted(run.rglob("*")) if path.is_file()
+            and not (rel := path.relative_to(run).as_posix()).startswith("private/")
+            and rel not in MODEL_WEIGHTS and rel != ".lock"}
 
 
 def _fit_in(directory: Path, table: pd.DataFrame, *extra: str) -> Path:
@@ -61,7 +61,7 @@ def test_neighbouring_datasets_give_byte_identical_public_files(tiny_csv, tmp_pa
     assert "seasonal naive" in printed and "privacy spent" in printed  # the terminal shows it: its reader owns the data
 
     public = {name: _public(run) for name, run in runs.items()}
-    assert {"report.json", "epsilon.png", "model.json", JOURNAL} <= set(public["d"])
+    assert {"report.json", "epsilon.png", "model.json", "predictor/predictor.json"} <= set(public["d"])
     for name in ("held_out", "trained"):
         assert set(public[name]) == set(public["d"])
         for rel, content in public["d"].items():
@@ -134,6 +134,8 @@ def test_a_file_as_output_dir_is_refused_up_front(tmp_path, capsys):
 
 
 def test_a_concurrent_writer_is_refused(tmp_path, capsys):
+    from lightning_dpts.outputs import LOCK, OutputDirectory, check_output_dir
+
     out = tmp_path / "run"
     with OutputDirectory(out):  # another run holds the lock (flock locks are per open file description)
         with pytest.raises(SystemExit) as exit_:
@@ -148,6 +150,8 @@ def test_a_concurrent_writer_is_refused(tmp_path, capsys):
 
 
 def test_a_failed_write_leaves_no_file_at_the_final_path(tmp_path):
+    from lightning_dpts.outputs import atomic_path, write_text
+
     path = tmp_path / "report.json"
     with pytest.raises(OSError, match="No space"):
         with atomic_path(path) as tmp:
@@ -181,6 +185,8 @@ def test_a_failed_checkpoint_write_leaves_no_checkpoint(tiny_csv, tmp_path, monk
     assert not (run / "dp-model.ckpt").exists()
     assert not [p for p in run.rglob("*") if p.name.startswith(".dp-model.ckpt")]  # no temporary left either
     # the failed run's files are in its journal: --overwrite may clean them up
+    from lightning_dpts.outputs import check_output_dir
+
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path / "d")
     check_output_dir("run", overwrite=True)
@@ -226,3 +232,28 @@ def test_synth_splits_public_and_private_files(tiny_csv, tmp_path, capsys):
     assert main(["synth", "--data", str(tiny_csv), *tiny, "--no-tstr", "--no-private-plots",
                  "--output-dir", str(out)]) == 0
     assert (out / "private" / "evaluation.json").is_file() and not (out / "private" / "real_vs_synthetic.png").exists()
+
+
+def test_overwrite_removes_the_journaled_files_and_leftover_temporaries_and_keeps_public_caches(tmp_path):
+    """A run killed mid-write leaves ``.NAME.<random>.tmp``: --overwrite removes it with the files the journal lists;
+    a cache matched by ``keep`` stays (and stays listed); a file no run wrote makes it refuse."""
+    from lightning_dpts.errors import ConfigurationError
+    from lightning_dpts.outputs import JOURNAL, OutputDirectory, write_text
+
+    out = tmp_path / "run"
+    with OutputDirectory(out) as run:
+        for rel in ("report.json", "private/evaluation.json", "cache-1.pt"):
+            write_text(run.register(rel, f"{'private' if rel.startswith('private') else 'public'}: x"), "old")
+        run.register("predictor/", "public: a directory")
+        write_text(out / "predictor" / "net.pt", "weights")
+    write_text(out / ".report.json.k3x_9.tmp", "half")  # what a kill -9 during an atomic write leaves
+    (out / ".predictor.ab12.tmp").mkdir()
+    write_text(out / ".predictor.ab12.tmp" / "net.pt", "half")
+    with OutputDirectory(out, overwrite=True, keep={"cache-*.pt": "public: a cache"}) as run:
+        left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+        assert left == [".dpts-files.json", ".lock", "cache-1.pt"]
+        assert json.loads((out / JOURNAL).read_text())["paths"] == ["cache-1.pt"]
+    write_text(out / "mine.txt", "not written by dpts")
+    with pytest.raises(ConfigurationError, match="mine.txt"):
+        OutputDirectory(out, overwrite=True).open()
+    assert (out / "mine.txt").read_text() == "not written by dpts" and (out / "cache-1.pt").is_file()
