@@ -193,9 +193,17 @@ def test_a_failed_checkpoint_write_leaves_no_checkpoint(tiny_csv, tmp_path, monk
 
 
 def test_synth_refuses_bad_input_before_creating_anything(tiny_csv, tmp_path, capsys):
+    import numpy as np
+
     out = tmp_path / "synth"
+    gap = tmp_path / "gap.csv"  # every series has a missing value inside the last TSTR context only
+    values = np.arange(30.0)
+    values[23] = np.nan
+    pd.DataFrame({"id": np.repeat(["a", "b", "c"], 30), "timestamp": np.tile(pd.date_range("2000-01-01", periods=30,
+                  freq="MS"), 3), "value": np.tile(values, 3)}).to_csv(gap, index=False)
     for args in (["--data", str(tmp_path / "missing.csv")], ["--data", str(tiny_csv), "--length", "500"],
-                 ["--data", str(tiny_csv), "--public-data", str(tmp_path / "missing.csv")]):
+                 ["--data", str(tiny_csv), "--public-data", str(tmp_path / "missing.csv")],
+                 ["--data", str(gap), "--length", "8", "--prediction-length", "4", "--num-samples", "4"]):
         with pytest.raises(SystemExit) as exit_:
             main(["synth", *args, "--no-progress", "--output-dir", str(out)])
         assert exit_.value.code == 2, capsys.readouterr().err

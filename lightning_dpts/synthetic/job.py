@@ -363,6 +363,10 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     epsilon = PETSAccountant(sigma).epsilon(config.iterations, config.delta)
     closed_form = theorem_2_epsilon(config.delta, sigma, config.iterations)
     schedule = variation_schedule(config.iterations, config.variation_schedule)
+    if config.tstr:  # the held-out real test windows exist (checked again, with the same data, by tstr_scores)
+        _test_windows(series, config.length - config.prediction_length, config.prediction_length)
+        if config.compare_dp_sgd:
+            _dp_sgd_config(config, out).validate()
 
     with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
         def register_cache(path: Path) -> None:
@@ -477,24 +481,29 @@ def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None]) -
     """
     import tempfile
 
-    from lightning_dpts.fit import FitConfig, run_fit
+    from lightning_dpts.fit import run_fit
 
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dpts-dp-sgd-") as scratch:
             return _dp_sgd(config, Path(scratch) / "run", log)
 
     log(f"DP-SGD reference: dpts fit with DLinear at epsilon={config.epsilon:g}, delta={config.delta:g} ...")
-    fit_config = FitConfig(data=config.data, id_column=config.id_column, time_column=config.time_column,
-                           value_column=config.value_column, freq=config.freq,
-                           prediction_length=config.prediction_length,
-                           context_length=config.length - config.prediction_length, model="dlinear",
-                           epsilon=config.epsilon, delta=config.delta, non_dp=False,
-                           output_dir=str(out))
+    fit_config = _dp_sgd_config(config, out)
     report = run_fit(fit_config, progress=lambda _m: None)
     metrics = dict(report["private"]["metrics"]["dp"])
     metrics["privacy_unit"] = f"dpts fit default ({fit_config.level}-level, size {fit_config.size})"
     metrics["epsilon"] = report["epsilon"]
     return metrics
+
+
+def _dp_sgd_config(config: SynthConfig, out: Path) -> Any:
+    """The :class:`~lightning_dpts.fit.FitConfig` of the DP-SGD comparison (DLinear, same budget and horizon)."""
+    from lightning_dpts.fit import FitConfig
+
+    return FitConfig(data=config.data, id_column=config.id_column, time_column=config.time_column,
+                     value_column=config.value_column, freq=config.freq, prediction_length=config.prediction_length,
+                     context_length=config.length - config.prediction_length, model="dlinear",
+                     epsilon=config.epsilon, delta=config.delta, non_dp=False, output_dir=str(out))
 
 
 def _write_synthetic(path: Path, synthetic: np.ndarray, classes: np.ndarray, config: SynthConfig, freq: str) -> None:
