@@ -13,7 +13,9 @@ Every file a job writes goes through this module:
   (a second writer is refused), and with ``overwrite`` first removes the files the earlier run wrote. Which files
   those are is read from the run's journal ``DIR/.dpts-files.json``, which lists every path *before* it is
   written (so a run that failed half-way is covered too); a directory holding any file the journal does not list
-  is refused rather than cleaned, so ``--overwrite`` never deletes a file this package did not write.
+  is refused rather than cleaned, so ``--overwrite`` never deletes a file this package did not write. A
+  :class:`ConfigurationError` raised inside the ``with`` block (a refusal that only training can detect) removes
+  what the run wrote and the directories it created, so a refused run leaves nothing behind.
 
 Each path is registered with whether the (epsilon, delta) guarantee covers it: :meth:`OutputDirectory.manifest`
 gives the ``"files"`` manifest that ``report.json`` carries (``"public: ..."`` or ``"private: ..."``). Everything
@@ -233,6 +235,7 @@ class OutputDirectory:
         self.overwrite = bool(overwrite)
         self.parameter = parameter
         self.keep = dict(keep or {})
+        self._created: list[Path] = []
         self._descriptions: dict[str, str] = {}
         self._lock_fd: int | None = None
 
@@ -241,6 +244,7 @@ class OutputDirectory:
         import fcntl
 
         check_output_dir(self.root, self.overwrite, self.parameter)
+        self._created = [p for p in (self.root, *self.root.parents) if not p.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -293,8 +297,36 @@ class OutputDirectory:
     def __enter__(self) -> OutputDirectory:
         return self.open()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is not None and issubclass(exc_type, ConfigurationError):
+            self._discard()  # a refusal (e.g. a model buffer that changed) writes nothing
         self.close()
+
+    def _discard(self) -> None:
+        """Remove what this run wrote, and the directories it created, keeping kept caches of an earlier run."""
+        for rel, description in self._descriptions.items():
+            if description in self.keep.values():
+                continue
+            target = self.root / rel.rstrip("/")
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+        self._descriptions = {rel: d for rel, d in self._descriptions.items() if d in self.keep.values()}
+        if self._descriptions:
+            self._write_journal()
+        else:
+            (self.root / JOURNAL).unlink(missing_ok=True)
+        for child in sorted(self.root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if child.is_dir() and not any(child.iterdir()):
+                child.rmdir()
+        if self._created:
+            (self.root / LOCK).unlink(missing_ok=True)
+            for directory in self._created:  # deepest first
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
 
     def _write_journal(self) -> None:
         write_json(self.root / JOURNAL, {"written_by": "lightning_dpts", "paths": sorted(self._descriptions)})

@@ -265,3 +265,25 @@ def test_overwrite_removes_the_journaled_files_and_leftover_temporaries_and_keep
     with pytest.raises(ConfigurationError, match="mine.txt"):
         OutputDirectory(out, overwrite=True).open()
     assert (out / "mine.txt").read_text() == "not written by dpts" and (out / "cache-1.pt").is_file()
+
+
+def test_a_refusal_inside_the_run_leaves_nothing_behind(tmp_path):
+    """A ConfigurationError raised while the directory is open (e.g. a check during training) removes what the
+    run wrote and the directories it created; an earlier run's kept cache stays."""
+    from lightning_dpts.errors import ConfigurationError
+    from lightning_dpts.outputs import OutputDirectory, write_text
+
+    out = tmp_path / "new" / "run"
+    with pytest.raises(ConfigurationError):
+        with OutputDirectory(out) as run:
+            write_text(run.register("private/evaluation.json", "private: x"), "{}")
+            raise ConfigurationError("model", "buffer", "changed during DP training")
+    assert not (tmp_path / "new").exists()
+
+    with OutputDirectory(out) as run:
+        write_text(run.register("cache-1.pt", "public: a cache"), "weights")
+    with pytest.raises(ConfigurationError):
+        with OutputDirectory(out, overwrite=True, keep={"cache-*.pt": "public: a cache"}) as run:
+            write_text(run.register("report.json", "public: x"), "{}")
+            raise ConfigurationError("model", "buffer", "changed during DP training")
+    assert sorted(p.name for p in out.iterdir()) == [".dpts-files.json", ".lock", "cache-1.pt"]
