@@ -74,6 +74,7 @@ _OPTION_NAMES = {
     "clip_low": "--clip-low",
     "clip_high": "--clip-high",
     "clip_count_epsilon": "--clip-count-epsilon",
+    "dp_metrics_epsilon": "--dp-metrics-epsilon",
     "private_plots": "--no-private-plots",
     "private_outputs": "--no-private-outputs",
     "overwrite": "--overwrite",
@@ -235,6 +236,9 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--no-private-outputs", dest="private_outputs", action="store_false", default=d,
                      help="write nothing computed from the private data without DP (no private/ folder: no "
                           "evaluation.json, training logs or forecasts.png); the terminal still shows the evaluation")
+    fit.add_argument("--dp-metrics-epsilon", type=float, metavar="E", default=d,
+                     help="spend E of --epsilon to publish in report.json a Laplace-noised count of the test windows "
+                          "the private model forecasts better than seasonal naive (default: publish no evaluation)")
     fit.add_argument("--overwrite", action="store_true", default=d,
                      help="allow a non-empty --output-dir: first remove the files of the earlier dpts run there "
                           "(refused if it holds files no dpts run wrote)")

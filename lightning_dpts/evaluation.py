@@ -43,6 +43,7 @@ __all__ = [
     "noisy_count",
     "score_windows",
     "verdict",
+    "window_wins",
 ]
 
 #: Most rolling test windows :func:`choose_test_windows` picks. Four windows of the horizon per series: the pooled
@@ -281,19 +282,46 @@ def clip_values(values: np.ndarray, low: float, high: float) -> tuple[np.ndarray
     return np.clip(x, lo, hi), changed
 
 
-def noisy_count(count: int, sensitivity: int, epsilon: float, entropy: Entropy) -> dict[str, Any]:
+def window_wins(quantiles: Sequence[np.ndarray], baseline: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+                levels: Sequence[float] | None = None) -> int:
+    """How many forecast windows ``quantiles`` scores better than ``baseline`` on (exact, private: see
+    :func:`noisy_count`).
+
+    Per window, the weighted quantile loss (the CRPS of :func:`score_windows` for that window alone) of both
+    forecasts shares its denominator (the window's absolute values), so the window is a win when the summed
+    quantile (pinball) loss over observed values is strictly smaller; ties lose.
+    """
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    tau = np.asarray(DEFAULT_QUANTILES if levels is None else levels, dtype=float)
+    wins = 0
+    for q, b, y in zip(quantiles, baseline, labels, strict=True):
+        y = np.asarray(y, dtype=float)
+        ok = np.isfinite(y)
+
+        def loss(pred: np.ndarray, y: np.ndarray = y, ok: np.ndarray = ok) -> float:
+            diff = y[ok, None] - np.asarray(pred, dtype=float)[ok]
+            return float(np.maximum(tau * diff, (tau - 1.0) * diff).sum())
+
+        wins += int(ok.any() and loss(q) < loss(b))
+    return wins
+
+
+def noisy_count(count: int, sensitivity: int, epsilon: float, entropy: Entropy, *, stream: tuple[int, ...] = (6,),
+                parameter: str = "clip_count_epsilon") -> dict[str, Any]:
     """Release a count with the Laplace mechanism: pure ``epsilon``-DP when one unit changes it by <= ``sensitivity``.
 
     The noisy value is rounded to an integer and floored at 0 (post-processing, no further cost). The noise comes
-    from stream 6 of the run's secret ``entropy`` (:mod:`lightning_dpts.randomness`); nothing that reproduces it is
+    from stream ``stream`` (default 6; every release of a run needs its own) of the run's secret ``entropy``
+    (:mod:`lightning_dpts.randomness`; ``parameter`` names the option in errors); nothing that reproduces it is
     returned. Returns ``{"value": int, "laplace_scale": sensitivity / epsilon, "epsilon": epsilon,
     "sensitivity": sensitivity}``.
     """
     if isinstance(sensitivity, bool) or not isinstance(sensitivity, (int, np.integer)) or sensitivity < 1:
         raise ConfigurationError("sensitivity", sensitivity, "must be an integer >= 1")
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise ConfigurationError("clip_count_epsilon", epsilon, "must be a finite number > 0 to release the count")
+        raise ConfigurationError(parameter, epsilon, "must be a finite number > 0 to release the count")
     scale = sensitivity / float(epsilon)
-    noise = float(numpy_generator(entropy, 6).laplace(0.0, scale))
+    noise = float(numpy_generator(entropy, *stream).laplace(0.0, scale))
     return {"value": max(0, int(round(count + noise))), "laplace_scale": scale, "epsilon": float(epsilon),
             "sensitivity": int(sensitivity)}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -94,10 +95,11 @@ FIT_RANGES: dict[str, tuple[float, float, str, bool]] = {
     "clip_low": (-1e30, 1e30, "float", True),
     "clip_high": (-1e30, 1e30, "float", True),
     "clip_count_epsilon": (0.0, 100.0, "float", True),
+    "dp_metrics_epsilon": (0.0, 100.0, "float", True),
     "bands": (1, 1024, "int", True),
     "monte_carlo_samples": (1_000, 100_000_000, "int", False),
 }
-_OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound"}
+_OPEN_AT_ZERO = {"epsilon", "max_grad_norm", "learning_rate", "value_bound", "dp_metrics_epsilon"}
 #: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
 _SEEDED_WARNING = ".*explicit seed"
 #: The datamodule's lag warning; ``run_fit`` states the same cause with the accountant's numbers instead.
@@ -246,6 +248,11 @@ class FitConfig:
             Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR Theorem A.1) in the series-level reading
             of docs/bandmf.md; needs an explicit ``noise_multiplier`` (docs/cli.md).
         monte_carlo_samples: privacy-loss samples per direction of that accountant (``bands`` only).
+        dp_metrics_epsilon: the part of ``epsilon`` spent to release, in the public ``report.json``, how many held-out
+            test windows the private model forecasts better than seasonal naive (``dp_metrics``; Laplace mechanism,
+            sensitivity = the test windows per series, since every protected unit lies in one series; basic
+            composition: training gets ``epsilon`` minus this and the clipped-count epsilon). ``None`` (default):
+            nothing computed from the held-out data is published.
     """
 
     data: str | None = None
@@ -307,6 +314,12 @@ class FitConfig:
     monte_carlo_samples: int = 100_000
     private_outputs: bool = True
     overwrite: bool = False
+    dp_metrics_epsilon: float | None = None
+
+    @property
+    def reserved_epsilon(self) -> float:
+        """The epsilon spent outside training: the noisy clipped count plus the DP metrics (basic composition)."""
+        return self.count_epsilon + (self.dp_metrics_epsilon or 0.0)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str | None = "config") -> FitConfig:
@@ -372,6 +385,10 @@ class FitConfig:
         if self.secure_mode and self.seed is not None:
             raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
                                      "combined with seed; leave seed unset")
+        if self.dp_metrics_epsilon is not None and not self.reserved_epsilon < self.epsilon:
+            raise ConfigurationError("dp_metrics_epsilon", self.dp_metrics_epsilon, f"must be smaller than epsilon="
+                                     f"{self.epsilon:g} minus the clipped-count epsilon {self.count_epsilon:g} (the "
+                                     "rest of the budget trains the model)")
         if self.bands is not None:
             _validate_bands(self)
         if self.autoets:
@@ -818,7 +835,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
         values, clipped_count = clip_values(table["target"].to_numpy(), config.clip_low, config.clip_high)
         table = table.assign(target=values)
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
-    train_epsilon = config.epsilon - config.count_epsilon  # basic composition with the noisy clipped count
+    train_epsilon = config.epsilon - config.reserved_epsilon  # basic composition: noisy clipped count, DP metrics
 
     def datamodule(module: Any, test_windows: int) -> StructuredSubsamplingDataModule:
         sampling = {"top_level": config.top_level} if config.bands is None else {"top_level": "b_min_sep",
@@ -957,7 +974,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                    for name, fc in predictions.items()}
         curve = _epsilon_curve(accountant, spec, steps, report_privacy)
         report: dict[str, Any] = {
-            "epsilon": report_privacy.epsilon + config.count_epsilon,
+            "epsilon": report_privacy.epsilon + config.reserved_epsilon,
             "delta": report_privacy.delta,
             "epsilon_budget": config.epsilon,
             "epsilon_training": report_privacy.epsilon,
@@ -992,6 +1009,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             report["seeded_notice"] = SEEDED_NOTICE
         if config.clipping:
             report["clipping"] = _clipping_report(config, clipped_count, relation, entropy)
+        if config.dp_metrics_epsilon is not None:
+            per_series = max(Counter(str(entry.get("item_id")) for entry in inputs).values())
+            report["dp_metrics"] = _dp_metrics(config.dp_metrics_epsilon, predictions, labels, per_series, entropy)
         private: dict[str, Any] = {
             "notice": PRIVATE_NOTICE,
             "evaluation": {
@@ -1007,7 +1027,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
             "seconds": round(time.perf_counter() - started, 1),
         }
         if "non_dp" not in predictions or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
-            private["levers"] = _levers(spec, config.epsilon, config.count_epsilon, config.delta, steps)
+            private["levers"] = _levers(spec, config.epsilon, config.reserved_epsilon, config.delta, steps)
         private["verdict"] = verdict({**report, **private})
         for line in private["verdict"]:
             if line.startswith("VERDICT"):
@@ -1144,9 +1164,35 @@ def _clipping_report(config: FitConfig, clipped: int | None, relation: Any, entr
     return out
 
 
+def _dp_metrics(epsilon: float, predictions: dict[str, list[Any]], labels: list[np.ndarray], per_series: int,
+                entropy: Any) -> dict[str, Any]:
+    """The public, DP release of the evaluation: a Laplace-noised count of the test windows on which the private
+    model's quantile loss is below seasonal naive's (:func:`lightning_dpts.evaluation.window_wins`).
+
+    Every protected unit lies in one series, and with the private model fixed (its release is accounted by the
+    training epsilon; adaptive basic composition) only that series' ``per_series`` test windows can change, so
+    the count's sensitivity is ``per_series``. The noise is stream (6, 1) of the run's entropy (the clipped count
+    uses (6,)). The total number of windows is public (series lengths); the share is post-processing.
+    """
+    from lightning_dpts.evaluation import noisy_count, window_wins
+
+    wins = window_wins([_quantile_matrix(f) for f in predictions["dp"]],
+                       [_quantile_matrix(f) for f in predictions["seasonal_naive"]], labels)
+    released = noisy_count(wins, per_series, epsilon, entropy, stream=(6, 1), parameter="dp_metrics_epsilon")
+    total = len(labels)
+    return {
+        "windows_better_than_seasonal_naive_noisy": released["value"],
+        "windows": total,
+        "share_better_than_seasonal_naive": min(1.0, released["value"] / total) if total else None,
+        "epsilon": float(epsilon),
+        "privacy": f"Laplace noise of scale {released['laplace_scale']:.4g} (sensitivity {per_series}: the test "
+                   f"windows of one series; epsilon {epsilon:g}, part of the budget); the exact count is private",
+    }
+
+
 def _levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps: int) -> dict[str, Any]:
     """Numbers for the verdict's "what would help": sigma at 4x the budget epsilon for the same steps (the
-    training part of it: minus ``count_epsilon``, as for this run)."""
+    training part of it: minus ``count_epsilon``, the epsilon spent outside training, as for this run)."""
     from lightning_dpts.privacy import calibrate_noise_multiplier
 
     out: dict[str, Any] = {"effective_dataset_size": spec.num_series / spec.bottom_level_rate}
@@ -1193,9 +1239,20 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{clipping['value_bound']:g}); clipped values: "
                      + (f"about {count} ({clipping['count_privacy']})" if count is not None else
                         clipping["count_privacy"]))
+    dp_metrics = report.get("dp_metrics")
+    if dp_metrics:
+        wins = dp_metrics["windows_better_than_seasonal_naive_noisy"]
+        lines.append(f"DP-released (public): the private model beats seasonal naive on about {wins} of "
+                     f"{dp_metrics['windows']} test windows ({dp_metrics['privacy']})")
     if report.get("epsilon_training") is not None and report["epsilon_training"] != report["epsilon"]:
-        lines.append(f"epsilon = {report['epsilon_training']:.4f} (training) + "
-                     f"{report['epsilon'] - report['epsilon_training']:.4g} (clipped-value count), basic composition")
+        metrics_eps = dp_metrics["epsilon"] if dp_metrics else 0.0
+        parts = [f"{report['epsilon_training']:.4f} (training)"]
+        count_eps = report["epsilon"] - report["epsilon_training"] - metrics_eps
+        if clipping and count_eps > 0:
+            parts.append(f"{count_eps:.4g} (clipped-value count)")
+        if dp_metrics:
+            parts.append(f"{metrics_eps:.4g} (DP metrics)")
+        lines.append(f"epsilon = {' + '.join(parts)}, basic composition")
     lines.extend(report.get("verdict", []))
     if report.get("seeded"):
         lines.append(f"WARNING: {report.get('seeded_notice', 'this run used an explicit seed')}")

@@ -43,6 +43,7 @@ BOUNDARY = {
     "--clip-low": ["1e31", "-1e31"],
     "--clip-high": ["1e31", "-1e31"],
     "--clip-count-epsilon": ["-1", "100.01", "0.1"],  # 0.1 is in range but needs --clip-low/--clip-high
+    "--dp-metrics-epsilon": ["0", "-1", "100.01", "1"],  # 1 is in range but leaves nothing of the default budget
     "--bands": ["0", "-1", "1025"],
     "--monte-carlo-samples": ["0", "999", "100000001"],
 }

@@ -287,3 +287,33 @@ def test_a_refusal_inside_the_run_leaves_nothing_behind(tmp_path):
             write_text(run.register("report.json", "public: x"), "{}")
             raise ConfigurationError("model", "buffer", "changed during DP training")
     assert sorted(p.name for p in out.iterdir()) == [".dpts-files.json", ".lock", "cache-1.pt"]
+
+
+def test_dp_metrics_are_released_with_noise_and_their_epsilon_is_composed(tiny_csv, tmp_path, capsys):
+    """--dp-metrics-epsilon: the only evaluation number in the public report is Laplace-noised (sensitivity = the
+    test windows of one series) and its epsilon is taken from the training budget."""
+    run = _fit_in(tmp_path, pd.read_csv(tiny_csv), "--no-non-dp", "--no-private-outputs", "--test-windows", "2",
+                  "--dp-metrics-epsilon", "0.5")
+    assert "DP-released (public)" in capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    released = report["dp_metrics"]
+    assert released["windows"] == 24 * 2 and 0 <= released["windows_better_than_seasonal_naive_noisy"]
+    assert released["epsilon"] == 0.5 and "scale 4 (sensitivity 2" in released["privacy"]
+    assert report["epsilon_training"] <= 1.5 and report["epsilon"] == pytest.approx(report["epsilon_training"] + 0.5)
+    assert report["dp_hyperparameters"]["epsilon_budget"] == pytest.approx(1.5)
+
+
+def test_window_wins_and_independent_noise_streams():
+    import numpy as np
+
+    from lightning_dpts.evaluation import noisy_count, window_wins
+    from lightning_dpts.randomness import resolve_entropy
+
+    y = [np.array([1.0, 2.0]), np.array([1.0, np.nan]), np.array([np.nan, np.nan])]
+    exact = [np.tile(v[:, None], (1, 9)) for v in (np.array([1.0, 2.0]), np.array([1.0, 5.0]), np.zeros(2))]
+    off = [e + 1.0 for e in exact]
+    assert window_wins(exact, off, y) == 2 and window_wins(off, exact, y) == 0 and window_wins(exact, exact, y) == 0
+    entropy = resolve_entropy(5)
+    a = noisy_count(1000, 1, 0.1, entropy)["value"]
+    b = noisy_count(1000, 1, 0.1, entropy, stream=(6, 1))["value"]
+    assert a == noisy_count(1000, 1, 0.1, entropy)["value"] and a != b  # each release draws its own noise
