@@ -385,6 +385,9 @@ class FitConfig:
         if self.secure_mode and self.seed is not None:
             raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
                                      "combined with seed; leave seed unset")
+        if self.dp_metrics_epsilon is not None and self.bands is not None:
+            raise ConfigurationError("dp_metrics_epsilon", self.dp_metrics_epsilon, "cannot be combined with --bands "
+                                     "(the Monte Carlo accountant verifies the whole budget for training); omit it")
         if self.dp_metrics_epsilon is not None and not self.reserved_epsilon < self.epsilon:
             raise ConfigurationError("dp_metrics_epsilon", self.dp_metrics_epsilon, f"must be smaller than epsilon="
                                      f"{self.epsilon:g} minus the clipped-count epsilon {self.count_epsilon:g} (the "

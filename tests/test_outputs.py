@@ -317,3 +317,13 @@ def test_window_wins_and_independent_noise_streams():
     a = noisy_count(1000, 1, 0.1, entropy)["value"]
     b = noisy_count(1000, 1, 0.1, entropy, stream=(6, 1))["value"]
     assert a == noisy_count(1000, 1, 0.1, entropy)["value"] and a != b  # each release draws its own noise
+
+
+@pytest.mark.parametrize("args", [["--dp-metrics-epsilon", "1"],
+                                  ["--epsilon", "2", "--dp-metrics-epsilon", "0.5", "--bands", "2",
+                                   "--noise-multiplier", "2"]])
+def test_dp_metrics_epsilon_is_refused_where_the_budget_cannot_hold_it(args, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *args, "--output-dir", str(tmp_path / "run")])
+    assert exit_.value.code == 2 and "--dp-metrics-epsilon" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
