@@ -293,8 +293,11 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     frame = forecast_table(list(predictor.predict(entries)), levels)
     from lightning_dpts.outputs import atomic_path
 
-    with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
-        frame.to_csv(tmp, index=False)
+    try:
+        with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
+            frame.to_csv(tmp, index=False)
+    except OSError as err:  # e.g. a directory that could not be created, a full disk: nothing is left behind
+        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err})") from None
     return frame
 
 
