@@ -63,7 +63,8 @@ from lightning_dpts.training.engine import (
     add_noise_and_average,
     clip_factors,
 )
-from lightning_dpts.training.ledger import LEDGER_ATTRIBUTE, LEDGER_KEY, PrivacyLedger, ledger_of
+from lightning_dpts.training.buffers import BufferGuard
+from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
@@ -305,6 +306,7 @@ class DPForecastStrategy(Callback):
         self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
+        self._buffer_guard: BufferGuard | None = None  # the module's buffers at the fit's start (refused if changed)
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -455,6 +457,7 @@ class DPForecastStrategy(Callback):
         self._check_schedulers(trainer)
         if self._world_size > 1:
             self._detach_ddp_averaging(trainer)
+        self._buffer_guard = BufferGuard.start(pl_module)  # after any restored checkpoint, before sanity validation
 
     def _refresh_trainable(self, pl_module: L.LightningModule) -> None:
         """Take the trainable parameters again at ``on_fit_start``, before any step, if they changed since this
@@ -630,7 +633,7 @@ class DPForecastStrategy(Callback):
         if spec is not None:
             ledger.sampling_spec = repr(spec)
         self.ledger = ledger
-        object.__setattr__(pl_module, LEDGER_ATTRIBUTE, ledger)
+        attach_ledger(pl_module, ledger)
         entropy = resolve_entropy(self._seed, "seed")
         if entropy.seeded:
             ledger.seeded = True
@@ -784,6 +787,8 @@ class DPForecastStrategy(Callback):
         refused: ConfigurationError | None = None
         try:
             self._check_trainable(trainer, pl_module)
+            if self._buffer_guard is not None:
+                self._buffer_guard.check_step()  # a buffer changed by this step's forward: refused before any save
         except ConfigurationError as err:
             if self._world_size == 1:
                 raise
@@ -928,6 +933,10 @@ class DPForecastStrategy(Callback):
             del pl_module.log
             del pl_module.log_dict
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data)
+            self._buffer_guard.check()
+
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._clipper is not None:
             self._clipper.disable()
@@ -946,6 +955,9 @@ class DPForecastStrategy(Callback):
     def _undo(self, pl_module: L.LightningModule) -> None:
         """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
         self._clear()
+        if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
+            self._buffer_guard.release(pl_module)
+            self._buffer_guard = None
         if self._original_training_step is not None:
             if "training_step" in vars(pl_module):
                 del pl_module.training_step
