@@ -50,6 +50,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, GaussianNoise, resolve_entropy
+from lightning_dpts.training.buffers import BufferGuard
 from lightning_dpts.training.correlated_noise import (
     NOISE_KINDS,
     banded_sqrt_coefficients,
@@ -63,7 +64,6 @@ from lightning_dpts.training.engine import (
     add_noise_and_average,
     clip_factors,
 )
-from lightning_dpts.training.buffers import BufferGuard
 from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
