@@ -213,13 +213,47 @@ def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local
         local_metadata[LEDGER_KEY] = ledger.to_dict()
 
 
+def _take_loaded_ledger(module: Any, loaded: PrivacyLedger) -> Any:
+    """What loading weights that carry ``loaded`` does to ``module``'s ledger (returned as a function to call
+    once the weights are loaded; raises before loading if it must refuse).
+
+    Outside a DP fit the weights bring their ledger: it replaces the module's. During a DP fit (the module's
+    buffers are guarded, :mod:`lightning_dpts.training.buffers`) the strategy keeps counting in the fit's ledger
+    object, so that object stays and takes the larger of the two counts: weights swapped mid-fit (e.g. a callback
+    restoring earlier weights) never lower the count, whose steps already touched the data. Weights whose ledger
+    was accounted with other settings cannot join the fit's count and are refused.
+    """
+    from lightning_dpts.training.buffers import guard_of
+
+    current = ledger_of(module)
+    if current is None or guard_of(module) is None:
+        return functools.partial(attach_ledger, module, loaded)
+    if not loaded.empty and not current.empty:
+        for name in ("noise_multiplier", "max_grad_norm", "sampling_spec", "noise", "bands"):
+            mine, theirs = getattr(current, name), getattr(loaded, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ConfigurationError(
+                    "state_dict", f"{name}={theirs!r}",
+                    f"weights loaded during a DP fit carry a privacy ledger accounted with {name}={theirs!r}, but "
+                    f"the fit's ledger has {name}={mine!r}: their steps cannot join this fit's count. Load weights "
+                    "before the fit starts",
+                )
+
+    def merge() -> None:
+        current.steps = max(current.steps, loaded.steps)
+        current.epochs = max(current.epochs, loaded.epochs)
+        current.seeded = current.seeded or loaded.seeded
+
+    return merge
+
+
 def install_load_hook() -> None:
     """Make loading weights into a LightningModule attach the ledger they carry. Idempotent.
 
     * ``LightningModule.load_state_dict`` (every way of loading weights into a LightningModule: by hand,
       ``load_from_checkpoint``, ``trainer.fit(ckpt_path=...)``, GluonTS ``Predictor.deserialize``) attaches the
-      ledger of the state dict's metadata, if it has one; a state dict without one leaves the module's ledger as
-      it is.
+      ledger of the state dict's metadata, if it has one (:func:`_take_loaded_ledger`: during a DP fit the
+      fit's count never goes down); a state dict without one leaves the module's ledger as it is.
     * ``lightning.pytorch.core.saving._load_state`` (``load_from_checkpoint``) also attaches the ledger at the
       checkpoint's top level or in its callback state (checkpoints written before the state-dict copy).
 
@@ -234,9 +268,10 @@ def install_load_hook() -> None:
         @functools.wraps(loader)
         def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
             ledger = ledger_in_state_dict(state_dict)
+            take = None if ledger is None else _take_loaded_ledger(self, ledger)  # may refuse before loading
             result = loader(self, state_dict, *args, **kwargs)
-            if ledger is not None:
-                attach_ledger(self, ledger)
+            if take is not None:
+                take()
             return result
 
         load_state_dict._dpts_ledger_hook = True  # type: ignore[attr-defined]

@@ -188,6 +188,31 @@ def test_a_saved_state_dict_carries_the_ledger_and_still_loads_strictly_without_
     _continued(first, second, strategy, acc, fresh)
 
 
+class _RestoreEarlier(Callback):
+    """Keeps the weights after step 2 and loads them back after step 5 (a 'restore earlier weights' callback)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 2:
+            self.saved = pl_module.state_dict()
+        if trainer.global_step == 5:
+            pl_module.load_state_dict(self.saved)
+
+
+def test_weights_loaded_back_during_a_fit_do_not_lower_the_count(tmp_path):
+    module = LinearModule(DIM, lr=1.0)
+    strategy = DPForecastStrategy(SIGMA, 1.0)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    t = trainer(max_steps=7, enable_checkpointing=True,
+                callbacks=[strategy, _RestoreEarlier(), AccountantCallback(BUDGET_8, DELTA), checkpoint])
+    t.fit(module, datamodule=SpecDataModule(SPEC, _batches()))
+    assert t.global_step == 7 and strategy.ledger.steps == 7 and ledger_of(module) is strategy.ledger
+    assert read_ledger(tmp_path / "step=7.ckpt").steps == 7
+    assert read_ledger(tmp_path / "step=6.ckpt").steps == 6  # the step after the restore: not 3
+    # outside a fit, loaded weights bring their own ledger
+    module.load_state_dict(torch.load(tmp_path / "step=3.ckpt", weights_only=False)["state_dict"])
+    assert ledger_of(module).steps == 3
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Item 5: an AccountantCallback reused in a second Trainer
 # ------------------------------------------------------------------------------------------------------------
