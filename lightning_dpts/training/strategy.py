@@ -602,6 +602,7 @@ class DPForecastStrategy(Callback):
             attached = ledger_of(pl_module)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
+        self.step_cap = None  # a reused strategy forgets its previous fit's cap (AccountantCallback sets this fit's)
         if self._world_size > 1:  # before any check that could then fail on some ranks only
             _check_same_on_all_ranks(trainer, ledger.to_dict())
             self._check_global_sample(trainer)

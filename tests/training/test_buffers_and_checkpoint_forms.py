@@ -228,3 +228,17 @@ def test_an_accountant_reused_in_a_second_trainer_accounts_the_continuation():
     third, strategy, _ = _fit(other, accountant=acc)
     assert third.global_step == 8 and strategy.ledger.steps == 8 and acc.report.steps == 8
     assert acc.report.epsilon == pytest.approx(BUDGET_8)
+
+
+def test_a_strategy_reused_in_a_second_trainer_forgets_the_previous_budget_cap():
+    strategy, acc = DPForecastStrategy(SIGMA, 1.0), AccountantCallback(BUDGET_8, DELTA)
+    module = LinearModule(DIM, lr=1.0)
+    for max_steps in (3, -1):  # the same strategy and accountant objects in two Trainers: 3 + 5 steps
+        t = trainer(max_epochs=100, max_steps=max_steps, callbacks=[strategy, acc])
+        t.fit(module, datamodule=SpecDataModule(SPEC, _batches()))
+    assert t.global_step == 5 and strategy.ledger.steps == acc.report.steps == 8
+    # then without an accountant on a fresh model: no cap left over from the accounted fit (it raised
+    # PrivacyBudgetExhausted at step 9)
+    t = trainer(max_steps=12, callbacks=[strategy])
+    t.fit(LinearModule(DIM, lr=1.0), datamodule=SpecDataModule(SPEC, _batches()))
+    assert t.global_step == 12 and strategy.ledger.steps == 12
