@@ -117,6 +117,29 @@ def test_a_buffer_changed_at_epoch_end_is_refused_before_modelcheckpoint_saves(t
     assert not list(tmp_path.glob("*.ckpt"))
 
 
+def test_a_buffer_changed_by_validation_on_private_windows_is_refused_before_modelcheckpoint_saves(tmp_path):
+    class _ValStat(LinearModule):
+        """Records max |x| of the validation windows (eval mode) in a buffer."""
+
+        def __init__(self) -> None:
+            super().__init__(DIM, lr=1.0)
+            self.register_buffer("val_max", torch.zeros(()))
+
+        def validation_step(self, batch, batch_idx):
+            self.val_max.copy_(torch.maximum(self.val_max, batch["x"].abs().max()))
+
+    class _WithVal(SpecDataModule):
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader([{"x": torch.full((LAMBDA, DIM), 7.0)}], batch_size=None)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{step}")  # saves at on_validation_end
+    t = trainer(max_epochs=100, val_check_interval=2, enable_checkpointing=True,
+                callbacks=[DPForecastStrategy(SIGMA, 1.0), AccountantCallback(BUDGET_8, DELTA), checkpoint])
+    with pytest.raises(ConfigurationError, match="'val_max'"):
+        t.fit(_ValStat(), datamodule=_WithVal(SPEC, _batches()))
+    assert t.global_step == 2 and not list(tmp_path.glob("*.ckpt"))
+
+
 class _Constant(LinearModule):
     """Buffers that do not change during the fit: a constant, and one rewritten in place with the same value."""
 
