@@ -23,7 +23,7 @@ never change (constants, lags, scalers set before the fit) are allowed, whatever
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -117,7 +117,7 @@ class BufferGuard:
         if names:
             self._refuse(names)
 
-    def _refuse(self, names: list[str]) -> None:
+    def _refuse(self, names: list[str]) -> NoReturn:
         owners = {b.name: type(b.owner).__name__ for b in self._buffers}
         described = ", ".join(f"'{n}'" + (f" ({owners[n]})" if n in owners else " (registered during the fit)")
                               for n in names)
@@ -126,7 +126,8 @@ class BufferGuard:
             "changed during DP training. DP-SGD clips and noises gradients only: a buffer computed from the private "
             "windows (running statistics, a maximum of the inputs, a cache) is released raw, without noise, in "
             "every checkpoint (weights-only ones included) and every forecast, so it can tell neighbouring "
-            "datasets apart (docs/privacy.md, 'Buffers and checkpoints'). Nothing was written. Compute such a "
+            "datasets apart (docs/privacy.md, 'Buffers and checkpoints'). The module's state_dict() refuses it too, so "
+            "no checkpoint holds the changed value. Compute such a "
             "value before the fit (from public data or with its own DP release), make it a trainable parameter, "
             "or do not store it; buffers that stay constant during the fit are allowed",
         )
