@@ -22,6 +22,8 @@ Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer st
 * at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
+* no buffer of the model changes during the fit (:class:`~lightning_dpts.training.buffers.BufferGuard`: at every
+  step, in every ``state_dict()`` of the module, so before any checkpoint, and at the end of training).
 
 On several processes (Lightning ``strategy="ddp"``, docs/distributed.md) the step is the same mechanism on one
 global structured sample: every rank clips its share of the windows, the clipped sums are added over the ranks
