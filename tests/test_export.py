@@ -79,6 +79,11 @@ def test_fit_checkpoint_loads_and_matches_the_exported_predictor(run_dir):
     assert set(net) == set(loaded.state_dict())
     for key, value in loaded.state_dict().items():
         assert torch.equal(net[key], value), key
+    # the privacy ledger travels with the weights into the predictor (its state-dict metadata) and back
+    from lightning_dpts.training import ledger_of, read_ledger
+
+    steps = read_ledger(run_dir / description["checkpoint"]).steps
+    assert steps > 0 and ledger_of(loaded).steps == ledger_of(predictor.prediction_net).steps == steps
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -95,9 +95,6 @@ class AccountantCallback(Callback):
         if isinstance(monte_carlo_samples, bool) or not isinstance(monte_carlo_samples, int) or monte_carlo_samples < 1:
             raise ConfigurationError("monte_carlo_samples", monte_carlo_samples, "must be an integer >= 1")
         self.monte_carlo_samples = monte_carlo_samples
-        self.monte_carlo: MonteCarloAccountant | None = None
-        self.monte_carlo_epsilon: float | None = None
-        self.monte_carlo_report: dict[str, Any] | None = None
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (
             math.isfinite(epsilon) and epsilon >= 0
         ):
@@ -117,19 +114,9 @@ class AccountantCallback(Callback):
         self.max_overhead = max_overhead
         self.log_name = log_name
         self._strategy_ref: DPForecastStrategy | None = None
-        self.max_steps: int | None = None
-        self.report: PrivacyReport | None = None
-        self.hyperparameters: dict[str, Any] | None = None
-        self.accountant: StructuredSubsamplingAccountant | None = None
         self._loaded: dict[str, Any] | None = None
-        self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
-        self._last: tuple[int, float] = (0, 0.0)
-        self._eval_time = 0.0
-        self._train_time = 0.0
-        self._timed_steps = 0
-        self._tick: float | None = None
-        self._bar_value: float | None = None
         self._rank = 0
+        self._reset()
 
     @property
     def state_key(self) -> str:
@@ -165,7 +152,26 @@ class AccountantCallback(Callback):
             )
         return spec
 
+    def _reset(self) -> None:
+        """Start the per-fit state afresh (at construction and at every fit: a callback reused in a new Trainer
+        keeps nothing of its previous fit but the budget; the step count is the model's ledger, which continues)."""
+        self.max_steps: int | None = None
+        self.report: PrivacyReport | None = None
+        self.hyperparameters: dict[str, Any] | None = None
+        self.accountant: StructuredSubsamplingAccountant | None = None
+        self.monte_carlo: MonteCarloAccountant | None = None
+        self.monte_carlo_epsilon: float | None = None
+        self.monte_carlo_report: dict[str, Any] | None = None
+        self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
+        self._last: tuple[int, float] = (0, 0.0)
+        self._eval_time = 0.0
+        self._train_time = 0.0
+        self._timed_steps = 0
+        self._tick: float | None = None
+        self._bar_value: float | None = None
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
         spec = self._spec(trainer)
         strategy = self._strategy(trainer)
         sigma = strategy.resolve(trainer)

@@ -2,18 +2,25 @@
 
 One :class:`PrivacyLedger` per model (PRIVACY-NOTES trap 7: "count every noisy step that ever touched the
 private data"). :class:`~lightning_dpts.training.DPForecastStrategy` is the only writer - it is what takes the
-noisy steps (Algorithm 2) - and :class:`~lightning_dpts.training.AccountantCallback` reads it. It is kept in
-three places, so that every continuation composes with it:
+noisy steps (Algorithm 2) - and :class:`~lightning_dpts.training.AccountantCallback` reads it. It is kept with
+the weights, so that every continuation composes with it:
 
 * on the LightningModule object itself (attribute ``dpts_privacy_ledger``): a second ``Trainer`` on the same
   module, in the same process, continues the count;
-* in every checkpoint, twice: in the strategy's callback state (``trainer.fit(..., ckpt_path=...)`` restores
-  it with the weights, from any checkpoint, older ones included) and at the top level of the checkpoint dict
-  under :data:`LEDGER_KEY`;
-* ``Model.load_from_checkpoint(path)`` attaches the top-level copy to the loaded module (this module wraps
-  Lightning's checkpoint loader when :mod:`lightning_dpts.training` is imported), so a new Trainer with new
-  callbacks continues the count instead of starting at epsilon = 0. Weights copied by hand
-  (``torch.load`` + ``load_state_dict``) carry no ledger: attach it with :func:`attach_ledger`.
+* in the module's ``state_dict()``, as metadata of the root module (``state_dict._metadata[""]`` under
+  :data:`LEDGER_KEY`; a module with a ledger gets a state-dict hook for this). So every form that saves the
+  weights carries it: full and weights-only checkpoints (``ModelCheckpoint(save_weights_only=True)``,
+  ``trainer.save_checkpoint(path, weights_only=True)``), ``torch.save(module.state_dict())``, a serialized
+  GluonTS predictor. It is metadata, not a key: a model loads with ``strict=True`` where lightning-dpts is not
+  installed, and a state dict rebuilt key by key (``{k: v for ...}``) drops it (attach it with
+  :func:`attach_ledger`);
+* ``load_state_dict`` of any LightningModule (this module wraps ``LightningModule.load_state_dict`` when
+  :mod:`lightning_dpts.training` is imported) attaches the ledger of the state dict it loads: after
+  ``Model.load_from_checkpoint(path)`` or ``module.load_state_dict(torch.load(path))``, a new Trainer with new
+  callbacks continues the count instead of starting at epsilon = 0;
+* in full checkpoints also in the strategy's callback state (``trainer.fit(..., ckpt_path=...)`` restores it
+  with the weights) and at the top level of the checkpoint dict under :data:`LEDGER_KEY` (read by
+  :func:`read_ledger`, and by ``load_from_checkpoint`` for checkpoints written before the state-dict copy).
 
 The ledger holds counts and the settings they were accounted with - never a seed, an entropy or a generator
 state. Per-epoch accounting (``iteration``/``shuffling`` top levels) counts *epochs started*: a Trainer epoch
@@ -34,7 +41,7 @@ from lightning_dpts.privacy.spec import SamplingSpec
 
 __all__ = ["LEDGER_ATTRIBUTE", "LEDGER_KEY", "PrivacyLedger", "attach_ledger", "ledger_of", "read_ledger"]
 
-#: Top-level key of the ledger in a checkpoint dict.
+#: Key of the ledger at the top level of a checkpoint dict and in the root module's state-dict metadata.
 LEDGER_KEY = "dpts_privacy_ledger"
 #: Attribute of the LightningModule that holds its ledger in memory.
 LEDGER_ATTRIBUTE = "dpts_privacy_ledger"
@@ -135,14 +142,21 @@ def ledger_of(module: Any) -> PrivacyLedger | None:
 def read_ledger(checkpoint: str | Path | dict[str, Any]) -> PrivacyLedger | None:
     """The ledger stored in a checkpoint (a path or an already loaded dict), or ``None`` if it has none.
 
-    Checkpoints written before the ledger existed are read from the strategy's callback state (its ``steps``).
-    Loading a path unpickles it (``torch.load(weights_only=False)``): only load checkpoints you trust.
+    Read from the weights' state-dict metadata (every checkpoint form, weights-only included), else from the
+    top level of the checkpoint, else from the strategy's callback state (checkpoints written before the ledger
+    existed: its ``steps``). Loading a path unpickles it (``torch.load(weights_only=False)``): only load
+    checkpoints you trust.
     """
     if not isinstance(checkpoint, dict):
         import torch
 
         checkpoint = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
     assert isinstance(checkpoint, dict)
+    weights = checkpoint.get("state_dict")
+    if isinstance(weights, dict):
+        ledger = ledger_in_state_dict(weights)
+        if ledger is not None:
+            return ledger
     if isinstance(checkpoint.get(LEDGER_KEY), dict):
         return PrivacyLedger.from_dict(checkpoint[LEDGER_KEY])
     for key, state in (checkpoint.get("callbacks") or {}).items():
@@ -156,22 +170,112 @@ def read_ledger(checkpoint: str | Path | dict[str, Any]) -> PrivacyLedger | None
     return None
 
 
+def ledger_in_state_dict(state_dict: Any, prefix: str = "") -> PrivacyLedger | None:
+    """The ledger in a module's state dict (the metadata of the module at ``prefix``), or ``None``."""
+    metadata = getattr(state_dict, "_metadata", None)
+    local = metadata.get(prefix[:-1] if prefix else "") if isinstance(metadata, dict) else None
+    data = local.get(LEDGER_KEY) if isinstance(local, dict) else None
+    return PrivacyLedger.from_dict(data) if isinstance(data, dict) else None
+
+
 def attach_ledger(module: Any, source: str | Path | dict[str, Any] | PrivacyLedger) -> PrivacyLedger | None:
-    """Attach the ledger of ``source`` (a checkpoint path or dict, or a ledger) to ``module``; returns it."""
+    """Attach the ledger of ``source`` (a checkpoint path or dict, or a ledger) to ``module``; returns it.
+
+    From then on the module's ``state_dict()`` carries the ledger (:func:`_state_dict_hook`).
+    """
     ledger = source if isinstance(source, PrivacyLedger) else read_ledger(source)
     if ledger is not None:
         object.__setattr__(module, LEDGER_ATTRIBUTE, ledger)
+        hook_state_dict(module)
     return ledger
 
 
-def install_load_hook() -> None:
-    """Make ``LightningModule.load_from_checkpoint`` attach the checkpoint's ledger to the loaded module.
+def hook_state_dict(module: Any) -> None:
+    """Give ``module`` the state-dict hook that checks its buffers and writes its ledger (once; idempotent)."""
+    if not any(hook is _state_dict_hook for hook in module._state_dict_hooks.values()):
+        module.register_state_dict_post_hook(_state_dict_hook)
 
-    Lightning offers no hook that runs for every class on ``load_from_checkpoint`` (a module's own
-    ``on_load_checkpoint`` is the user's code), so this wraps ``lightning.pytorch.core.saving._load_state``
-    once; the wrapper calls the original unchanged and only adds the attribute. Idempotent.
+
+def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
+    """Every ``state_dict()`` of a module with a ledger: refuse buffers changed by a DP fit, then add the ledger.
+
+    The buffer check (:class:`~lightning_dpts.training.buffers.BufferGuard`, attached during a DP fit and after a
+    refusal) runs before anything can be written: Lightning builds the whole checkpoint dict, this state dict
+    included, before it saves the file.
     """
+    from lightning_dpts.training.buffers import guard_of
+
+    guard = guard_of(module)
+    if guard is not None:
+        guard.check()
+    ledger = ledger_of(module)
+    if ledger is not None:
+        local_metadata[LEDGER_KEY] = ledger.to_dict()
+
+
+def _take_loaded_ledger(module: Any, loaded: PrivacyLedger) -> Any:
+    """What loading weights that carry ``loaded`` does to ``module``'s ledger (returned as a function to call
+    once the weights are loaded; raises before loading if it must refuse).
+
+    Outside a DP fit the weights bring their ledger: it replaces the module's. During a DP fit (the module's
+    buffers are guarded, :mod:`lightning_dpts.training.buffers`) the strategy keeps counting in the fit's ledger
+    object, so that object stays and takes the larger of the two counts: weights swapped mid-fit (e.g. a callback
+    restoring earlier weights) never lower the count, whose steps already touched the data. Weights whose ledger
+    was accounted with other settings cannot join the fit's count and are refused.
+    """
+    from lightning_dpts.training.buffers import guard_of
+
+    current = ledger_of(module)
+    if current is None or guard_of(module) is None:
+        return functools.partial(attach_ledger, module, loaded)
+    if not loaded.empty and not current.empty:
+        for name in ("noise_multiplier", "max_grad_norm", "sampling_spec", "noise", "bands"):
+            mine, theirs = getattr(current, name), getattr(loaded, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ConfigurationError(
+                    "state_dict", f"{name}={theirs!r}",
+                    f"weights loaded during a DP fit carry a privacy ledger accounted with {name}={theirs!r}, but "
+                    f"the fit's ledger has {name}={mine!r}: their steps cannot join this fit's count. Load weights "
+                    "before the fit starts",
+                )
+
+    def merge() -> None:
+        current.steps = max(current.steps, loaded.steps)
+        current.epochs = max(current.epochs, loaded.epochs)
+        current.seeded = current.seeded or loaded.seeded
+
+    return merge
+
+
+def install_load_hook() -> None:
+    """Make loading weights into a LightningModule attach the ledger they carry. Idempotent.
+
+    * ``LightningModule.load_state_dict`` (every way of loading weights into a LightningModule: by hand,
+      ``load_from_checkpoint``, ``trainer.fit(ckpt_path=...)``, GluonTS ``Predictor.deserialize``) attaches the
+      ledger of the state dict's metadata, if it has one (:func:`_take_loaded_ledger`: during a DP fit the
+      fit's count never goes down); a state dict without one leaves the module's ledger as it is.
+    * ``lightning.pytorch.core.saving._load_state`` (``load_from_checkpoint``) also attaches the ledger at the
+      checkpoint's top level or in its callback state (checkpoints written before the state-dict copy).
+
+    Both wrappers call the original unchanged and only add the attribute.
+    """
+    import lightning as L
     from lightning.pytorch.core import saving
+
+    loader = L.LightningModule.load_state_dict
+    if not getattr(loader, "_dpts_ledger_hook", False):
+
+        @functools.wraps(loader)
+        def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+            ledger = ledger_in_state_dict(state_dict)
+            take = None if ledger is None else _take_loaded_ledger(self, ledger)  # may refuse before loading
+            result = loader(self, state_dict, *args, **kwargs)
+            if take is not None:
+                take()
+            return result
+
+        load_state_dict._dpts_ledger_hook = True  # type: ignore[attr-defined]
+        L.LightningModule.load_state_dict = load_state_dict  # type: ignore[method-assign]
 
     original = saving._load_state
     if getattr(original, "_dpts_ledger_hook", False):
@@ -180,7 +284,6 @@ def install_load_hook() -> None:
     @functools.wraps(original)
     def _load_state(cls: Any, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         obj = original(cls, checkpoint, *args, **kwargs)
-        import lightning as L
 
         if isinstance(obj, L.LightningModule) and isinstance(checkpoint, dict):
             attach_ledger(obj, checkpoint)

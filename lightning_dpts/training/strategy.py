@@ -22,6 +22,8 @@ Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer st
 * at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
+* no buffer of the model changes during the fit (:class:`~lightning_dpts.training.buffers.BufferGuard`: at every
+  step, in every ``state_dict()`` of the module, so before any checkpoint, and at the end of training).
 
 On several processes (Lightning ``strategy="ddp"``, docs/distributed.md) the step is the same mechanism on one
 global structured sample: every rank clips its share of the windows, the clipped sums are added over the ranks
@@ -50,6 +52,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, GaussianNoise, resolve_entropy
+from lightning_dpts.training.buffers import BufferGuard
 from lightning_dpts.training.correlated_noise import (
     NOISE_KINDS,
     banded_sqrt_coefficients,
@@ -63,7 +66,7 @@ from lightning_dpts.training.engine import (
     add_noise_and_average,
     clip_factors,
 )
-from lightning_dpts.training.ledger import LEDGER_ATTRIBUTE, LEDGER_KEY, PrivacyLedger, ledger_of
+from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
@@ -305,6 +308,7 @@ class DPForecastStrategy(Callback):
         self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
+        self._buffer_guard: BufferGuard | None = None  # the module's buffers at the fit's start (refused if changed)
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -455,6 +459,7 @@ class DPForecastStrategy(Callback):
         self._check_schedulers(trainer)
         if self._world_size > 1:
             self._detach_ddp_averaging(trainer)
+        self._buffer_guard = BufferGuard.start(pl_module)  # after any restored checkpoint, before sanity validation
 
     def _refresh_trainable(self, pl_module: L.LightningModule) -> None:
         """Take the trainable parameters again at ``on_fit_start``, before any step, if they changed since this
@@ -599,6 +604,7 @@ class DPForecastStrategy(Callback):
             attached = ledger_of(pl_module)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
+        self.step_cap = None  # a reused strategy forgets its previous fit's cap (AccountantCallback sets this fit's)
         if self._world_size > 1:  # before any check that could then fail on some ranks only
             _check_same_on_all_ranks(trainer, ledger.to_dict())
             self._check_global_sample(trainer)
@@ -630,7 +636,7 @@ class DPForecastStrategy(Callback):
         if spec is not None:
             ledger.sampling_spec = repr(spec)
         self.ledger = ledger
-        object.__setattr__(pl_module, LEDGER_ATTRIBUTE, ledger)
+        attach_ledger(pl_module, ledger)
         entropy = resolve_entropy(self._seed, "seed")
         if entropy.seeded:
             ledger.seeded = True
@@ -784,6 +790,8 @@ class DPForecastStrategy(Callback):
         refused: ConfigurationError | None = None
         try:
             self._check_trainable(trainer, pl_module)
+            if self._buffer_guard is not None:
+                self._buffer_guard.check_step()  # a buffer changed by this step's forward: refused before any save
         except ConfigurationError as err:
             if self._world_size == 1:
                 raise
@@ -928,6 +936,10 @@ class DPForecastStrategy(Callback):
             del pl_module.log
             del pl_module.log_dict
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data)
+            self._buffer_guard.check()
+
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._clipper is not None:
             self._clipper.disable()
@@ -946,6 +958,9 @@ class DPForecastStrategy(Callback):
     def _undo(self, pl_module: L.LightningModule) -> None:
         """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
         self._clear()
+        if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
+            self._buffer_guard.release(pl_module)
+            self._buffer_guard = None
         if self._original_training_step is not None:
             if "training_step" in vars(pl_module):
                 del pl_module.training_step

@@ -201,10 +201,24 @@ def test_a_layer_frozen_on_one_rank_stops_every_rank_at_that_step_without_waitin
     neither the rank nor the cause. Now the refusal rides on the all-reduce's failure flag: both ranks raise at
     step 3 within seconds (the collective timeout is 60 s), rank 0 with the error that points to the other rank's
     refusal, and no weight moves at that step on either rank."""
-    out = tmp_path_factory.mktemp("ddp_freeze")
-    _launch(out, "freeze")
+    _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory, "freeze", "frozen during DP training")
+
+
+@pytest.mark.slow  # two more processes for ~12 s
+def test_a_buffer_written_on_one_rank_stops_every_rank_at_that_step_without_waiting(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Rank 1 alone writes a statistic of its share of the batch into a buffer at step 3: the buffer refusal rides
+    on the all-reduce's failure flag like the trainable-set refusal, so both ranks stop at step 3."""
+    _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory, "buffer", "buffer 'stat' (WithStat)")
+
+
+def _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory: pytest.TempPathFactory, kind: str,
+                                                      message: str) -> None:
+    out = tmp_path_factory.mktemp(f"ddp_{kind}")
+    _launch(out, kind)
     ranks = [json.loads((out / f"freeze{r}.json").read_text()) for r in range(2)]
-    assert ranks[1]["error"] == "ConfigurationError" and "frozen during DP training" in ranks[1]["message"]
+    assert ranks[1]["error"] == "ConfigurationError" and message in ranks[1]["message"]
     assert ranks[0]["error"] == "RuntimeError" and "other rank(s)" in ranks[0]["message"]
     assert [r["ledger_steps"] for r in ranks] == [3, 3]  # steps 0-2 taken, step 3 refused on both ranks
     for r in ranks:  # the collective's timeout is 60 s; the failure flag answers at once

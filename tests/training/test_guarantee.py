@@ -283,16 +283,22 @@ def test_checkpoints_of_older_versions_keep_their_step_count_and_lose_their_gene
     assert read_ledger({"callbacks": {"DPForecastStrategy": old}}).steps == 4
 
 
-def test_weights_copied_by_hand_get_their_ledger_with_attach_ledger(tmp_path):
+def test_weights_copied_by_hand_carry_their_ledger_and_attach_ledger_restores_a_dropped_one(tmp_path):
     from lightning_dpts.training import attach_ledger, ledger_of
 
     _run(tmp_path / "a", max_steps=6)
     path = tmp_path / "a" / "step=6.ckpt"
     module = LinearModule(DIM, lr=1.0)
-    module.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
-    assert ledger_of(module) is None  # by hand: nothing attached ...
-    attach_ledger(module, path)  # ... until the ledger is attached
+    module.load_state_dict(torch.load(path, weights_only=False)["state_dict"])  # by hand: the ledger comes along
+    assert ledger_of(module).steps == 6
     t, _, strategy, _, _ = _run(module=module)
+    assert t.global_step == 2 and strategy.ledger.steps == 8
+    # a state dict rebuilt key by key drops the ledger (it is metadata): nothing attached ...
+    rebuilt = LinearModule(DIM, lr=1.0)
+    rebuilt.load_state_dict(dict(torch.load(path, weights_only=False)["state_dict"].items()))
+    assert ledger_of(rebuilt) is None
+    attach_ledger(rebuilt, path)  # ... until the ledger is attached
+    t, _, strategy, _, _ = _run(module=rebuilt)
     assert t.global_step == 2 and strategy.ledger.steps == 8
 
 
