@@ -25,8 +25,9 @@ background noise thread: the work done, less sensitive to other processes than w
 CPU time of the training thread alone (the critical path when the noise thread has a core of its own). The
 load average (``os.getloadavg``) is printed before and after each model and batch size.
 ``--kinds`` may add ``dp_iso`` (``per_window="isolated"``: each window's gradient from ``training_step`` on
-that window alone), ``dp_nospot`` (no per-step spot check) and ``dp_bare`` (neither spot check nor probe: the
-fast path alone); with ``--interleave step`` each gets its paired ratio to the non-DP step (issue 25's costs).
+that window alone), ``dp_spot`` (a spot check at every step), ``dp_nospot`` (none) and ``dp_bare`` (neither
+spot check nor probe: the fast path alone); with ``--interleave step`` each gets its paired ratio to the non-DP
+step (issue 25's costs).
 ``--models mlp,gru`` measures a user's own module (:class:`UserForecaster`).
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
@@ -71,9 +72,10 @@ logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
 
 PREDICTION, CONTEXT = 24, 96
 
-#: DP kinds besides ``dp`` (the default strategy: fast path, probe, a spot check every step) and ``dp_acc``
+#: DP kinds besides ``dp`` (the default strategy: fast path, probe, a spot check on 10% of the steps) and ``dp_acc``
 STRATEGY_KINDS: dict[str, dict] = {
     "dp_iso": dict(per_window="isolated"),  # each window's gradient from training_step on that window alone
+    "dp_spot": dict(spot_check=1.0),  # a spot check at every step
     "dp_nospot": dict(spot_check=0.0),  # fast path and probe, no per-step spot check
     "dp_bare": dict(spot_check=0.0, check_independence=False),  # fast path alone (the cost before issue 25)
 }
@@ -385,9 +387,10 @@ def main() -> None:
     parser.add_argument("--models", default="sff,dlinear,deepar", help="sff,dlinear,deepar (GluonTS), mlp,gru (a "
                         "user's own module, UserForecaster)")
     parser.add_argument("--kinds", default="plain,dp,dp_acc",
-                        help="plain,dp[,dp_acc][,plain_b][,dp_iso][,dp_nospot][,dp_bare] (plain_b: a second non-DP "
-                             "run, the A/A control of the paired ratios; dp_iso: per_window='isolated'; dp_nospot: "
-                             "no spot check; dp_bare: neither spot check nor probe)")
+                        help="plain,dp[,dp_acc][,plain_b][,dp_iso][,dp_spot][,dp_nospot][,dp_bare] (plain_b: a second "
+                             "non-DP run, the A/A control of the paired ratios; dp_iso: per_window='isolated'; "
+                             "dp_spot: spot_check=1.0; dp_nospot: no spot check; dp_bare: neither spot check nor "
+                             "probe)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one step")
     parser.add_argument("--interleave", choices=("step", "run"), default="step",
@@ -441,6 +444,10 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
             main[kind].append(thread)
             if kind == "dp_acc":
                 hook += extra[kind][-1].hook_times  # type: ignore[attr-defined]
+    iso = [cb for cb in extra.get("dp_iso", []) if isinstance(cb, DPForecastStrategy)]
+    if iso and iso[0].vectorised is not None:
+        how = "vmap" if iso[0].vectorised else "one pass per window"
+        print(f"# {name} {size}: dp_iso computed the per-window gradients by {how}", flush=True)
     # median step time of each run; report the median over all steps and the best run (least contention)
     def stats(v: dict[str, list[list[float]]]) -> tuple[dict[str, float], ...]:
         med = {k: 1e3 * statistics.median([t for run in r for t in run]) for k, r in v.items()}

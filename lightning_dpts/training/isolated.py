@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, clip_factors
+from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _addmv, _row_sq, clip_factors
 
 __all__ = ["IsolatedGradients", "training_loss"]
 
@@ -192,9 +192,10 @@ class IsolatedGradients:
             lo = 0
             while lo < b:
                 hi = min(b, lo + chunk)
-                grads = self._chunk(leaves, spec, per_window, lo, hi)
-                sq = sum(g.reshape(hi - lo, -1).double().square().sum(1) for g in grads)
-                assert isinstance(sq, torch.Tensor)
+                grads = [g.reshape(hi - lo, -1) for g in self._chunk(leaves, spec, per_window, lo, hi)]
+                sq = torch.zeros(hi - lo, dtype=torch.float64, device=grads[0].device)
+                for g in grads:  # one fused reduction per parameter; the sum in float64
+                    sq += _row_sq(g)
                 if not bool(torch.isfinite(sq).all()):
                     windows = [lo + int(w) for w in (~torch.isfinite(sq)).nonzero().flatten()]
                     raise NonFiniteGradientError(
@@ -202,8 +203,8 @@ class IsolatedGradients:
                         "overflows); clipping cannot bound its contribution", windows,
                     )
                 factor = clip_factors(sq, max_grad_norm)
-                for total, g in zip(sums, grads, strict=True):
-                    total.add_(torch.einsum("i,i...->...", factor.to(g.dtype), g))
+                for total, g in zip(sums, grads, strict=True):  # sum_i c_i g_i: one matrix-vector product
+                    _addmv(total.view(-1), g.T, factor.to(g.dtype), 1.0)
                 lo = hi
         return sums
 

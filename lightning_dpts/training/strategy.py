@@ -19,7 +19,11 @@ Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer st
   reproduces it is stored, so a resume from any checkpoint draws new noise;
 * exactly one sampled batch reaches each optimizer step (any gradient accumulation is an error);
 * every per-window gradient is finite, else :class:`NonFiniteGradientError` names the window's series;
-* at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
+* window i's gradient depends on window i alone: by construction with ``per_window="isolated"``
+  (:mod:`~lightning_dpts.training.isolated`); on the fast path, evidence from a probe on synthetic batches shaped
+  like the real one (at the first step and at random later steps) and a per-step spot check of one window
+  recomputed alone, both before the step's update (``per_window="auto"`` switches to isolated when the first
+  probe finds a mix);
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
 
@@ -62,6 +66,7 @@ from lightning_dpts.training.engine import (
     NoiseSource,
     NonFiniteGradientError,
     PerWindowClipper,
+    _row_sq,
     add_noise_and_average,
     clip_factors,
 )
@@ -149,7 +154,8 @@ class DPForecastStrategy(Callback):
     (checked before every noisy step; changes before the first step, e.g. in the module's ``setup``, are taken at
     ``on_fit_start``), layers created after this callback's ``setup`` (``configure_model``), Lightning's
     ``LearningRateFinder`` and ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward``
-    that mixes windows (the probe at the first step), and continuing a model whose ledger is not empty without an
+    that mixes windows on the fast path (found by the probe or the spot check after the fit's first step, or with
+    ``per_window="fast"``), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
 
     Privacy ledger: every noisy step is counted in ``self.ledger`` (a
@@ -190,11 +196,13 @@ class DPForecastStrategy(Callback):
             its value. It runs at the fit's first step and at one random step in each of [2, 4), [4, 8), [8, 16),
             ... (two extra forward/backward passes of the batch each time). ``False`` skips it (only for a model
             you have verified yourself).
-        spot_check: on the fast path, the probability (in [0, 1]) that a step checks one window drawn at random
-            (a non-private draw): its clipped gradient computed with window alone must equal, within the
-            float32 tolerance, the one the batched pass attributes to it; else the step is refused before its
-            update. Skipped, with a message, for a ``training_step`` whose result is random (dropout): two calls on
-            one window then differ already. 0 switches it off.
+        spot_check: on the fast path, the probability (in [0, 1]; 0.1 by default, about 5% of a non-DP step
+            measured, docs/training.md) that a step checks one window drawn at random (a non-private draw): its
+            clipped gradient computed with that window alone must equal, within the float tolerance, the one the
+            batched pass attributes to it; else the step is refused before its update. 1.0 checks every step
+            (0.4-0.7 of a non-DP step at Lambda = 64-256 for the GluonTS feed-forward models). Skipped, with a
+            message, for a ``training_step`` whose result is random (dropout): two calls on one window then differ
+            already. 0 switches it off.
         expected_batch_size: Lambda, only for datamodules without a ``sampling_spec``; otherwise Lambda is read
             from ``sampling_spec.batch_size`` and giving a different value is an error.
         loss_reduction: ``"mean"`` (default; GluonTS modules average their loss over the windows of a batch)
@@ -232,7 +240,7 @@ class DPForecastStrategy(Callback):
         secure_mode: bool = False,
         check_independence: bool = True,
         per_window: str = "auto",
-        spot_check: float = 1.0,
+        spot_check: float = 0.1,
         expected_batch_size: int | None = None,
         loss_reduction: str = "mean",
         scaler_default_scale: float = 1.0,
@@ -307,11 +315,15 @@ class DPForecastStrategy(Callback):
         #: after the probe found a mix before the first step)
         self.isolated = per_window == "isolated"
         self._isolated: IsolatedGradients | None = None
+        #: whether the isolated per-window gradients were computed by ``vmap`` (``False``: one pass per window;
+        #: ``None``: not computed yet)
+        self.vectorised: bool | None = None
         self._isolated_sums: list[torch.Tensor] | None = None
         self._fit_steps = 0  # noisy steps taken in this fit
         self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
-        self._choices = random.Random()  # which steps and windows are checked: not a privacy draw
+        self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
+        self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         if expected_batch_size is not None and (
             isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) or expected_batch_size < 1
         ):
@@ -497,6 +509,7 @@ class DPForecastStrategy(Callback):
         iso = self._isolated_gradients(module)
         try:
             self._isolated_sums = iso.clipped_sums(batch, self.max_grad_norm)
+            self.vectorised = iso.vectorised
         except NonFiniteGradientError as err:
             raise NonFiniteGradientError(self._describe_windows(module.trainer, err.windows), err.windows) from err
         with torch.no_grad(), (self._clipper.bypassed() if self._clipper is not None else contextlib.nullcontext()):
@@ -721,6 +734,8 @@ class DPForecastStrategy(Callback):
         self._fit_steps = 0
         self._next_probe = 1 if self.check_independence and not self.isolated else None
         self._stochastic = None
+        if self._world_size > 1:  # the same probe steps on every rank (which steps are checked is not private)
+            self._schedule = random.Random(25)
         self._begun = True
         return ledger
 
@@ -799,7 +814,7 @@ class DPForecastStrategy(Callback):
     def _probe_after(self, step: int) -> int:
         """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it."""
         k = step.bit_length()
-        return self._choices.randrange(1 << k, 1 << (k + 1))
+        return self._schedule.randrange(1 << k, 1 << (k + 1))
 
     def _use_params(self, params: list[nn.Parameter]) -> None:
         """The parameters DP training updates (trainable when the per-window hooks were attached)."""
@@ -991,7 +1006,9 @@ class DPForecastStrategy(Callback):
         size = _num_windows(batch)
         if size is None:
             return
-        size = max(size, 2)
+        # several processes: every rank probes Lambda windows at the same steps (begin seeds the choices alike), so
+        # that all reach the same verdict at the same step and none is left waiting in the step's all-reduce
+        size = max(size, 2) if self._world_size == 1 else max(int(self.expected_batch_size or 2), 2)
         found: tuple[float, float, int, str, str] | None = None
         last: Exception | None = None
         saved_grads = [p.grad for p in self._params]
@@ -1012,7 +1029,7 @@ class DPForecastStrategy(Callback):
                     p.grad = g
             if base is None or moved is None:
                 return
-            found = _largest_change(base, moved, dtype, [self._param_name(pl_module, k) for k in range(len(base))])
+            found = _largest_change(base, moved, dtype, self._param_names())
             how = f"{'float64' if dtype == torch.float64 else str(dtype).removeprefix('torch.')}, " + (
                 "repeating integer features" if varied else "integer features 0")
             break
@@ -1049,10 +1066,10 @@ class DPForecastStrategy(Callback):
                 "DPForecastStrategy(per_window='isolated'), which computes each window's gradient with that window "
                 "alone." + done)
 
-    @staticmethod
-    def _param_name(pl_module: L.LightningModule, k: int) -> str:
-        names = [n for n, p in pl_module.named_parameters() if p.requires_grad]
-        return names[k] if k < len(names) else f"#{k}"
+    def _param_names(self) -> list[str]:
+        """The module's names of the trainable parameters, in gradient order."""
+        assert self._clipper is not None
+        return [self._clipper._names.get(id(p), f"#{k}") for k, p in enumerate(self._params)]
 
     def _probe_gradients(
         self, pl_module: L.LightningModule, batch: Any, windows: list[int]
@@ -1112,19 +1129,25 @@ class DPForecastStrategy(Callback):
                 )
                 return
         recorded = self._clipper.per_window_gradients(self._params, [j])
-        if any(g is None and bool(a.ne(0).any()) for g, a in zip(recorded, alone, strict=True)):
+        missing = [k for k, g in enumerate(recorded) if g is None]
+        if missing and bool(torch.stack([alone[k].abs().sum() for k in missing]).ne(0).any()):
             return  # a parameter used outside the hooked layers: the clipping refuses it, naming the parameter
-        batched = [torch.zeros(1, *p.shape, dtype=p.dtype, device=p.device) if g is None else g
-                   for p, g in zip(self._params, recorded, strict=True)]
-        if not all(bool(torch.isfinite(g).all()) for g in [*alone, *batched]):
+        flat_alone = torch.cat([g.reshape(-1) for g in alone])
+        flat_batched = torch.cat([torch.zeros_like(a).reshape(-1) if g is None else g.reshape(-1)
+                                  for a, g in zip(alone, recorded, strict=True)])
+        both = torch.stack([flat_alone, flat_batched])
+        factors = clip_factors(_row_sq(both).double(), self.max_grad_norm).to(both.dtype)
+        if not bool(torch.isfinite(factors).all()) or not bool(torch.isfinite(both).all()):
             return  # the clipping refuses the step (NonFiniteGradientError, naming the window's series)
-        clipped = [[g.unsqueeze(0) for g in alone], batched]
-        for k, grads in enumerate(clipped):
-            sq = sum(g.double().square().sum() for g in grads)
-            factor = float(clip_factors(torch.as_tensor(sq).reshape(1), self.max_grad_norm))
-            clipped[k] = [g * factor for g in grads]
-        found = _largest_change(clipped[1], clipped[0], self._params[0].dtype,
-                                [self._param_name(pl_module, k) for k in range(len(self._params))])
+        both = both * factors[:, None]
+        scale = float(torch.linalg.vector_norm(both, dim=1).max())
+        tolerance = _tolerance(both.dtype, both.shape[1], scale)
+        if float(torch.linalg.vector_norm(both[0] - both[1])) <= tolerance:
+            return
+        c_alone, c_batched = float(factors[0]), float(factors[1])
+        found = _largest_change([(g * c_batched).unsqueeze(0) if g is not None else torch.zeros_like(a).unsqueeze(0)
+                                 for a, g in zip(alone, recorded, strict=True)],
+                                [(a * c_alone).unsqueeze(0) for a in alone], both.dtype, self._param_names())
         if found is None:
             return
         change, tolerance, _, param, _ = found
@@ -1360,16 +1383,21 @@ def _float64(module: nn.Module, batch: Any, *, enabled: bool) -> Iterator[tuple[
             t.data = data
 
 
+def _tolerance(dtype: torch.dtype, numel: int, scale: float) -> float:
+    """c * eps(dtype) * sqrt(#params) * (gradient norm scale), c = :data:`_TOLERANCE_FACTOR`: the rounding error
+    that one per-window gradient's computation may carry (a reduction's error grows with eps times the size of its
+    terms), never reached by a change that is a fixed fraction of the gradient."""
+    return _TOLERANCE_FACTOR * torch.finfo(dtype).eps * math.sqrt(max(numel, 1)) * max(scale, 1e-300)
+
+
 def _largest_change(
     base: list[torch.Tensor], moved: list[torch.Tensor], dtype: torch.dtype, names: list[str]
 ) -> tuple[float, float, int, str, str] | None:
     """The largest change of a per-window gradient beyond the float tolerance, or ``None``.
 
     ``base`` and ``moved``: one ``[W, *p.shape]`` tensor per parameter, window 0 first (the probe's changed
-    window, not compared when W > 1). Tolerance: c * eps(dtype) * sqrt(#params) * (largest per-window gradient
-    norm of either), c = :data:`_TOLERANCE_FACTOR`: the rounding error that one gradient's computation may carry
-    (a reduction's error grows with eps times its terms' size), never reached by a change that is a fixed
-    fraction of the gradient. Returns (change, tolerance, window, parameter with the largest change, dtype).
+    window, not compared when W > 1), tolerance :func:`_tolerance` with the largest per-window gradient norm of
+    either. Returns (change, tolerance, window, parameter with the largest change, dtype).
     """
     w = base[0].shape[0]
     diff = torch.zeros(w, dtype=torch.float64)
@@ -1381,9 +1409,7 @@ def _largest_change(
         diff += per_param[-1]
         norms[0] += a64.square().sum(1)
         norms[1] += b64.square().sum(1)
-    numel = sum(a[0].numel() for a in base)
-    scale = max(float(norms.max().sqrt()), 1e-300)
-    tolerance = _TOLERANCE_FACTOR * torch.finfo(dtype).eps * math.sqrt(max(numel, 1)) * scale
+    tolerance = _tolerance(dtype, sum(a[0].numel() for a in base), float(norms.max().sqrt()))
     compared = diff[1:] if w > 1 else diff
     offset = 1 if w > 1 else 0
     if compared.numel() == 0 or float(compared.max().sqrt()) <= tolerance:

@@ -160,7 +160,9 @@ def sensitivity(pattern: str | None, steps: int = 1, module_type: type = Forecas
 
 
 def _outcome(pattern: str, **kwargs) -> tuple[str, float | str]:
-    steps = 2 if pattern == "from_second_step" else 1
+    # a mix from the second step on: the probe runs at a random step in each of [2, 4), [4, 8), ... and finds it
+    # by step 31 at the latest (with spot_check=0.1, the spot check may find it earlier)
+    steps = 32 if pattern == "from_second_step" else 1
     try:
         return "harmless", sensitivity(pattern, steps, **kwargs)
     except ConfigurationError as err:
@@ -171,7 +173,8 @@ def _outcome(pattern: str, **kwargs) -> tuple[str, float | str]:
 def test_each_mixing_pattern_is_refused_or_harmless_by_default(pattern):
     """The default (``per_window="auto"``): refused, or harmless (measured norm <= 2C). The issue's patterns
     present from the first step are found by the probe, and the fit computes each window's gradient alone; a mix
-    that starts later is refused (probe or spot check) before the update of its first step."""
+    that starts later is refused (probe or spot check) before the update of the step that finds it (the steps
+    between its start and then were released: see the spot_check=1.0 test below)."""
     kind, value = _outcome(pattern)
     if kind == "refused":
         assert "mixes the windows" in value and "Forecaster" in value, value
@@ -186,11 +189,11 @@ def test_each_mixing_pattern_is_refused_or_harmless_by_default(pattern):
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_each_mixing_pattern_is_refused_on_the_fast_path(pattern):
-    """``per_window="fast"``: the issue's patterns are refused by the probe or the spot check, before any update
-    from a mixing step, naming the module, the window, the parameter and the size of the change; the others are
-    refused or measured harmless (e.g. a loss normalised over the batch's observed points moves nothing once
-    every window's gradient is clipped)."""
-    kind, value = _outcome(pattern, per_window="fast")
+    """``per_window="fast"`` with a spot check every step: the issue's patterns are refused by the probe or the
+    spot check, before any update from a mixing step, naming the module, the window, the parameter and the size
+    of the change; the others are refused or measured harmless (e.g. a loss normalised over the batch's observed
+    points moves nothing once every window's gradient is clipped)."""
+    kind, value = _outcome(pattern, per_window="fast", spot_check=1.0)
     if kind == "refused":
         assert "mixes the windows" in value and "Forecaster" in value and "parameter 'net." in value, value
         assert "window" in value and "l2 norm" in value
@@ -218,7 +221,7 @@ def test_the_refusal_comes_before_the_update():
     with pytest.raises(ConfigurationError, match="mixes the windows") as info:  # probe or spot check at step 2
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer(max_steps=2, callbacks=[DPForecastStrategy(SIGMA, C, seed=0), Keep()]).fit(
+            trainer(max_steps=2, callbacks=[DPForecastStrategy(SIGMA, C, seed=0, spot_check=1.0), Keep()]).fit(
                 module, datamodule=SpecDataModule(SPEC, batches)
             )
     assert len(after_first) == 1
@@ -256,7 +259,8 @@ def test_isolated_and_fast_paths_release_the_same_update_for_independent_models(
         module = module_type()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer(max_steps=3, callbacks=[DPForecastStrategy(SIGMA, C, seed=0, per_window=mode)]).fit(
+            trainer(max_steps=3, callbacks=[DPForecastStrategy(SIGMA, C, seed=0, per_window=mode,
+                                                               spot_check=1.0)]).fit(
                 module, datamodule=SpecDataModule(SPEC, batches)
             )
         thetas.append(_theta(module))
@@ -269,3 +273,26 @@ def test_per_window_and_spot_check_are_validated():
     for bad in (-0.1, 1.5, True, "1"):
         with pytest.raises(ConfigurationError, match="spot_check"):
             DPForecastStrategy(SIGMA, C, spot_check=bad)
+
+
+class BranchingForecaster(Forecaster):
+    """Data-dependent Python control flow, which ``vmap`` cannot run: the isolated mode loops over the windows."""
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = batch["past_target"]
+        if float(x.abs().max()) > 1e6:  # a Python branch on a value
+            x = x / 1e6
+        return self.net(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=x.dtype)], dim=1))
+
+
+def test_a_training_step_vmap_cannot_run_falls_back_to_one_pass_per_window():
+    thetas, strategies = [], []
+    for mode in ("fast", "isolated"):
+        module, strategy = BranchingForecaster(), DPForecastStrategy(SIGMA, C, seed=0, per_window=mode)
+        _fit_with(strategy, module)
+        thetas.append(_theta(module))
+        strategies.append(strategy)
+    assert strategies[1].vectorised is False and strategies[0].vectorised is None
+    torch.testing.assert_close(thetas[0], thetas[1], rtol=1e-5, atol=1e-6)
+    # the isolated mode with the large neighbour: harmless (the branch then runs for window 3 alone)
+    assert sensitivity(None, module_type=BranchingForecaster, per_window="isolated") <= 2 * C * (1 + 1e-5)

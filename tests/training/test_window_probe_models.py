@@ -81,7 +81,7 @@ def _fit(name: str, missing: bool, **kwargs) -> tuple[L.LightningModule, DPForec
 @pytest.mark.parametrize("missing", [False, True])
 @pytest.mark.parametrize("name", [*MODEL_NAMES, "seasonal_linear", "lstm"])
 def test_supported_models_are_not_refused_and_stay_on_the_fast_path(name, missing):
-    module, strategy = _fit(name, missing)  # auto: probe at step 1 and one of steps 2-3, spot check every step
+    module, strategy = _fit(name, missing, spot_check=1.0)  # auto: probe at step 1 and one of steps 2-3
     assert not strategy.isolated
     assert module.trainer.global_step == 4
 
@@ -106,6 +106,6 @@ def test_a_random_training_step_skips_the_spot_check_and_is_not_refused():
         warnings.simplefilter("ignore")
         dm = StructuredSubsamplingDataModule(_series(True), batch_size=8, model=module, freq="M", seed=0,
                                              test_windows=0)
-        strategy = DPForecastStrategy(1.0, 1.0, seed=0, per_window="fast")
+        strategy = DPForecastStrategy(1.0, 1.0, seed=0, per_window="fast", spot_check=1.0)
         trainer(max_steps=3, callbacks=[strategy]).fit(module, datamodule=dm)
     assert strategy._stochastic is True and module.trainer.global_step == 3
