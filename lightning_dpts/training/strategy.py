@@ -1047,9 +1047,13 @@ class DPForecastStrategy(Callback):
         if self.per_window == "auto" and self._fit_steps == 0:
             self.isolated = True
             self._clipper.disable()
+            earlier = (f" The model's privacy ledger already holds {self.ledger.steps} noisy steps of earlier fits: if "
+                       "they used the fast path with this forward, the 2C bound did not hold for them and their "
+                       "epsilon is not a guarantee." if self.ledger.steps else "")
             rank_zero_warn(
                 f"DPForecastStrategy: {type(pl_module).__name__}'s forward mixes the windows of a batch: {evidence}. "
                 "Each window's gradient is computed with that window alone for this fit (per_window='isolated')."
+                + earlier
             )
             return
         raise ConfigurationError(

@@ -76,7 +76,7 @@ class Forecaster(L.LightningModule):
         elif p == "attention_by_category":  # contrast with the windows of the other categories
             key = batch["feat_static_cat"][:, 0]
             other = (key[:, None] != key[None, :]).to(out.dtype)
-            out = out - 0.5 * other @ out / other.sum(1, keepdim=True).clamp(min=1)
+            out = out - 2.0 * other @ out / other.sum(1, keepdim=True).clamp(min=1)
         return out
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
