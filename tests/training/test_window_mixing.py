@@ -296,3 +296,13 @@ def test_a_training_step_vmap_cannot_run_falls_back_to_one_pass_per_window():
     torch.testing.assert_close(thetas[0], thetas[1], rtol=1e-5, atol=1e-6)
     # the isolated mode with the large neighbour: harmless (the branch then runs for window 3 alone)
     assert sensitivity(None, module_type=BranchingForecaster, per_window="isolated") <= 2 * C * (1 + 1e-5)
+
+
+def test_a_non_finite_window_gradient_in_isolation_is_an_error_naming_the_window():
+    from lightning_dpts.training import NonFiniteGradientError
+
+    batch = make_batch()
+    batch["past_target"][2, 0] = float("nan")
+    with pytest.raises(NonFiniteGradientError, match=r"window\(s\) \[2\]") as info:
+        _fit(Forecaster(None), [batch], per_window="isolated")
+    assert info.value.windows == [2]
