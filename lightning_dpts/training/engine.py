@@ -576,17 +576,27 @@ class PerWindowClipper:
 
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:
-        """Run the module as without the clipper: nothing is recorded, and every layer (``DPFastLSTM`` included)
-        computes ordinary autograd gradients for its parameters (the isolated per-window gradients of
-        :mod:`~lightning_dpts.training.isolated` and the spot check use it). Records made before are kept."""
+        """Run the module as without the clipper: nothing is recorded, no Opacus hook is attached, and every layer
+        (``DPFastLSTM`` included) computes ordinary autograd gradients for its parameters (the isolated per-window
+        gradients of :mod:`~lightning_dpts.training.isolated` and the spot check use it). Records made before are
+        kept."""
         enabled = self.enabled
         recorders = [(sub, sub.recorder) for sub in self._lstm_modules]
         self.disable()
         for sub, _ in recorders:
             sub.recorder = None
+        # Opacus' hooks leave the module while bypassed: a full backward hook wraps the layer's output in an
+        # autograd.Function that functorch transforms (vmap) refuse, even with the hooks disabled
+        stashed: list[tuple[dict, int, Any]] = []
+        for handle in getattr(self.gsm, "autograd_grad_sample_hooks", None) or ():
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                stashed.append((hooks, handle.id, hooks.pop(handle.id)))
         try:
             yield
         finally:
+            for hooks, key, hook in stashed:
+                hooks[key] = hook
             for sub, recorder in recorders:
                 sub.recorder = recorder
             if enabled:

@@ -16,7 +16,8 @@ Two ways to compute the same thing:
   ``[windows, parameters]`` gradients kept at once;
 * **loop**: one forward and backward pass per window, for a ``training_step`` that ``vmap`` cannot run
   (data-dependent control flow, ``.item()``, in-place writes into a batch-of-one input, layers without a
-  batching rule). The first chunk tries ``vmap``; on any error the fit uses the loop from then on.
+  batching rule). The first chunk of a fit tries ``vmap``; on any error, or where the loop was faster per window
+  on that chunk, the fit uses the loop from then on.
 
 Each window's gradient is clipped to C with Opacus' factor and summed; the strategy then adds the same noise and
 divides by the same Lambda as on the fast path (:func:`~lightning_dpts.training.engine.add_noise_and_average`).
@@ -28,6 +29,7 @@ training are refused elsewhere.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -209,15 +211,29 @@ class IsolatedGradients:
         return sums
 
     def _chunk(self, leaves: list[Any], spec: Any, per_window: list[int], lo: int, hi: int) -> list[torch.Tensor]:
-        """Per-window gradients ``[hi - lo, *p.shape]``: vectorised when ``vmap`` runs the module, else a loop."""
-        if self.vectorised is not False:
+        """Per-window gradients ``[hi - lo, *p.shape]``, vectorised or by a loop (the same gradients).
+
+        The first call decides for the fit: the loop where ``vmap`` cannot run the module; otherwise whichever
+        took less time per window on this call (the chunk by ``vmap``, then up to 4 of its windows by the loop;
+        e.g. an LSTM, which ``vmap`` runs window by window internally, is faster in the loop)."""
+        if self.vectorised is None:
+            start = time.perf_counter()
             try:
                 out = self._vmapped(leaves, spec, per_window, lo, hi)
             except Exception:  # noqa: BLE001 - any vmap failure: the loop computes the same gradients
                 self.vectorised = False
             else:
-                self.vectorised = True
+                per_vmap = (time.perf_counter() - start) / (hi - lo)
+                start = time.perf_counter()
+                self._looped(leaves, spec, lo, min(hi, lo + 4))
+                self.vectorised = per_vmap <= (time.perf_counter() - start) / (min(hi, lo + 4) - lo)
                 return out
+        if self.vectorised:
+            return self._vmapped(leaves, spec, per_window, lo, hi)
+        return self._looped(leaves, spec, lo, hi)
+
+    def _looped(self, leaves: list[Any], spec: Any, lo: int, hi: int) -> list[torch.Tensor]:
+        """Per-window gradients ``[hi - lo, *p.shape]``, one forward and backward pass per window."""
         batch = tree_unflatten(leaves, spec)
         per = [self._loop_gradient(self.window(batch, i)) for i in range(lo, hi)]
         return [torch.stack(gs) for gs in zip(*per, strict=True)]
