@@ -186,9 +186,9 @@ class DPForecastStrategy(Callback):
             (:class:`~lightning_dpts.training.engine.PerWindowClipper`), which is window i's own gradient only if
             ``training_step`` keeps windows apart; checked by the probe and the spot check (evidence, not proof),
             and a detected mix is a :class:`~lightning_dpts.errors.ConfigurationError` before the step's update.
-            ``"auto"`` (default): ``"fast"``, but a mix that the probe finds before the fit's first noisy step
-            switches the fit to ``"isolated"`` (a warning says so); found later, it is an error as with
-            ``"fast"``.
+            ``"auto"`` (default): ``"fast"``, but a mix that the probe finds before the fit's first noisy step, or
+            a probe that cannot run on the synthetic batch, switches the fit to ``"isolated"`` (a warning says so);
+            a mix found later is an error as with ``"fast"``.
         check_independence: on the fast path, run the probe: on a synthetic batch shaped like the real one (its
             keys, its number of windows, missing values and observed masks, integer features that repeat between
             windows), in float64 where the module runs in it, change window 0 and require every other window's
@@ -1035,6 +1035,10 @@ class DPForecastStrategy(Callback):
             break
         else:
             assert last is not None
+            if self.per_window == "auto" and self._fit_steps == 0:  # no evidence for the fast path: isolate
+                self._isolate(pl_module, f"the probe could not run on a synthetic batch ({type(last).__name__}: "
+                                         f"{last}), so independence is not established")
+                return
             raise last
         if found is None:
             return
@@ -1045,16 +1049,11 @@ class DPForecastStrategy(Callback):
             f"{param!r})"
         )
         if self.per_window == "auto" and self._fit_steps == 0:
-            self.isolated = True
-            self._clipper.disable()
             earlier = (f" The model's privacy ledger already holds {self.ledger.steps} noisy steps of earlier fits: if "
                        "they used the fast path with this forward, the 2C bound did not hold for them and their "
                        "epsilon is not a guarantee." if self.ledger.steps else "")
-            rank_zero_warn(
-                f"DPForecastStrategy: {type(pl_module).__name__}'s forward mixes the windows of a batch: {evidence}. "
-                "Each window's gradient is computed with that window alone for this fit (per_window='isolated')."
-                + earlier
-            )
+            self._isolate(pl_module, f"{type(pl_module).__name__}'s forward mixes the windows of a batch: {evidence}."
+                          + earlier)
             return
         raise ConfigurationError(
             "model", type(pl_module).__name__,
@@ -1062,6 +1061,14 @@ class DPForecastStrategy(Callback):
             "and the privacy analysis does not apply (PRIVACY-NOTES trap 8); no update was made from this step. "
             f"{self._refusal_advice()}",
         )
+
+    def _isolate(self, pl_module: L.LightningModule, reason: str) -> None:
+        """``per_window="auto"`` before the fit's first noisy step: compute each window's gradient alone from now on."""
+        assert self._clipper is not None
+        self.isolated = True
+        self._clipper.disable()
+        rank_zero_warn(f"DPForecastStrategy: {reason} Each window's gradient is computed with that window alone for "
+                       "this fit (per_window='isolated').")
 
     def _refusal_advice(self) -> str:
         done = (f" The {self._fit_steps} noisy step(s) this fit already took used the fast path: their privacy "

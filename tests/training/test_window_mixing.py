@@ -306,3 +306,23 @@ def test_a_non_finite_window_gradient_in_isolation_is_an_error_naming_the_window
     with pytest.raises(NonFiniteGradientError, match=r"window\(s\) \[2\]") as info:
         _fit(Forecaster(None), [batch], per_window="isolated")
     assert info.value.windows == [2]
+
+
+class RangeCheckedForecaster(Forecaster):
+    """Refuses values above 2.5 (the synthetic probe has some): the probe cannot run, real batches can."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if bool((batch["past_target"] > 2.5).any()):
+            raise ValueError("values out of the expected range")
+        return super().training_step(batch, batch_idx)
+
+
+def test_auto_isolates_a_module_the_probe_cannot_run_and_fast_raises_its_error():
+    strategy = DPForecastStrategy(SIGMA, C, seed=0)
+    with pytest.warns(UserWarning, match="probe could not run.*ValueError.*per_window='isolated'"):
+        trainer(max_steps=2, callbacks=[strategy]).fit(
+            RangeCheckedForecaster(), datamodule=SpecDataModule(SPEC, [make_batch(0), make_batch(1)])
+        )
+    assert strategy.isolated and strategy.vectorised is False
+    with pytest.raises(ValueError, match="out of the expected range"):
+        _fit_with(DPForecastStrategy(SIGMA, C, seed=0, per_window="fast"), RangeCheckedForecaster(), steps=1)
