@@ -990,11 +990,11 @@ class DPForecastStrategy(Callback):
         """The probe: change window 0 of a synthetic batch shaped like ``batch``; no other window's per-window
         gradient (as the fast path attributes it) may move by more than the float tolerance.
 
-        The probe batch (:func:`_synthetic_probe`) has ``batch``'s keys, trailing shapes, dtypes and number of
-        windows, but synthetic values only: scales that differ between windows, observed masks with missing
-        values (the masked values set to 0), integer features that repeat between pairs of windows. Its outcome
-        depends on the model and the batch's structure, never on private values. It runs in float64 where the
-        module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7 is found), else in the
+        The probe batch (:func:`_synthetic_probe`) has ``batch``'s keys, trailing shapes and dtypes and its number
+        of windows (at least Lambda), but synthetic values only: scales that differ between windows, observed masks
+        with missing values (the masked values set to 0), integer features that repeat between pairs of windows.
+        Its outcome depends on the model and the batch's structure, never on private values. It runs in float64
+        where the module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7 is found), else in the
         module's precision; with the repeating integers where the module accepts them (an embedding of
         cardinality 1 does not), else with zeros.
 
@@ -1008,7 +1008,9 @@ class DPForecastStrategy(Callback):
             return
         # several processes: every rank probes Lambda windows at the same steps (begin seeds the choices alike), so
         # that all reach the same verdict at the same step and none is left waiting in the step's all-reduce
-        size = max(size, 2) if self._world_size == 1 else max(int(self.expected_batch_size or 2), 2)
+        # one process: the batch's own number of windows, at least Lambda (a Poisson batch may be smaller)
+        size = max(size, int(self.expected_batch_size or 0), 2) if self._world_size == 1 else \
+            max(int(self.expected_batch_size or 2), 2)
         found: tuple[float, float, int, str, str] | None = None
         last: Exception | None = None
         saved_grads = [p.grad for p in self._params]
