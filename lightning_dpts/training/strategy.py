@@ -1128,7 +1128,8 @@ class DPForecastStrategy(Callback):
         iso = self._isolated_gradients(pl_module)
         j = self._choices.randrange(size)
         devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
-        alone = iso.gradient(self._batch, j)
+        with torch.random.fork_rng(devices=devices):  # torch's random stream (dropout) is as without the check
+            alone = iso.gradient(self._batch, j)
         if self._stochastic is None:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(self._choices.randrange(1 << 62))

@@ -326,3 +326,24 @@ def test_auto_isolates_a_module_the_probe_cannot_run_and_fast_raises_its_error()
     assert strategy.isolated and strategy.vectorised is False
     with pytest.raises(ValueError, match="out of the expected range"):
         _fit_with(DPForecastStrategy(SIGMA, C, seed=0, per_window="fast"), RangeCheckedForecaster(), steps=1)
+
+
+class DropoutForecaster(Forecaster):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.net = nn.Sequential(nn.Linear(CTX + 1, 8), nn.Dropout(0.3), nn.Tanh(), nn.Linear(8, H))
+
+
+def test_the_checks_leave_training_unchanged_also_with_dropout():
+    """The probe and the spot check run under a forked torch random stream: a seeded fit with dropout releases the
+    same weights with and without them (the spot check, off after it finds the step random, changes nothing)."""
+    thetas, strategies = [], []
+    for kwargs in (dict(spot_check=1.0), dict(spot_check=0.0, check_independence=False)):
+        torch.manual_seed(0)
+        module = DropoutForecaster()
+        strategies.append(DPForecastStrategy(SIGMA, C, seed=0, per_window="fast", **kwargs))
+        torch.manual_seed(1)
+        _fit_with(strategies[-1], module)
+        thetas.append(_theta(module))
+    assert strategies[0]._stochastic is True and strategies[1]._stochastic is None
+    assert torch.equal(thetas[0], thetas[1])
