@@ -507,6 +507,7 @@ class DPForecastStrategy(Callback):
         gradient, for its logging and return value, whose loss is handed to Lightning as a leaf (its backward
         touches no parameter)."""
         iso = self._isolated_gradients(module)
+        iso.step_args = args  # the step's own batch_idx (positional, as Lightning passes it)
         try:
             self._isolated_sums = iso.clipped_sums(batch, self.max_grad_norm)
             self.vectorised = iso.vectorised
