@@ -22,8 +22,8 @@ Two ways to compute the same thing:
 Each window's gradient is clipped to C with Opacus' factor and summed; the strategy then adds the same noise and
 divides by the same Lambda as on the fast path (:func:`~lightning_dpts.training.engine.add_noise_and_average`).
 What is *not* covered by construction: state that ``training_step`` keeps between calls outside its arguments
-(a Python attribute written by one window's call and read by the next one's); buffers that change during DP
-training are refused elsewhere.
+(a Python attribute or a buffer written by one window's call and read by the next one's, in the loop); running
+statistics of batch normalisation are refused at setup (:mod:`~lightning_dpts.training.surgery`).
 """
 
 from __future__ import annotations
