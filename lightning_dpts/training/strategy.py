@@ -322,6 +322,7 @@ class DPForecastStrategy(Callback):
         self._fit_steps = 0  # noisy steps taken in this fit
         self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
+        self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
         self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
         self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         if expected_batch_size is not None and (
@@ -806,6 +807,10 @@ class DPForecastStrategy(Callback):
             self._check_window_independence(pl_module, batch)
         for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
             p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
+        # the spot check's draw: a copy of the batch as it arrived (training_step may write into its input)
+        self._spot_batch = None
+        if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
+            self._spot_batch = _copy(batch)
         self._prepare_noise()
         if self._clipper is not None and not self.isolated:
             self._clipper.enable()
@@ -887,7 +892,7 @@ class DPForecastStrategy(Callback):
         refused: ConfigurationError | None = None
         try:
             self._check_trainable(trainer, pl_module)
-            if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
+            if self._spot_batch is not None and not self.isolated:
                 self._spot_check(pl_module)
         except ConfigurationError as err:
             if self._world_size == 1:
@@ -1022,8 +1027,9 @@ class DPForecastStrategy(Callback):
             try:
                 with _float64(pl_module, probe, enabled=wide) as (probe, dtype):
                     compared = list(range(min(size, _PROBE_COMPARED)))
-                    base = self._probe_gradients(pl_module, probe, compared)
-                    moved = self._probe_gradients(pl_module, _perturb_first_window(probe, size), compared)
+                    moved_batch = _perturb_first_window(_copy(probe), size)  # each pass its own copy: a
+                    base = self._probe_gradients(pl_module, _copy(probe), compared)  # training_step may write
+                    moved = self._probe_gradients(pl_module, moved_batch, compared)  # into its input
             except Exception as err:  # noqa: BLE001 - the next, more conservative variant
                 last = err
                 continue
@@ -1123,18 +1129,19 @@ class DPForecastStrategy(Callback):
         a ``training_step`` whose result on one window is random (checked once per fit: two calls differ).
         """
         assert self._clipper is not None
-        size = _num_windows(self._batch)
+        batch, self._spot_batch = self._spot_batch, None
+        size = _num_windows(batch)
         if not size or self._stochastic is True:
             return
         iso = self._isolated_gradients(pl_module)
         j = self._choices.randrange(size)
         devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
         with torch.random.fork_rng(devices=devices):  # torch's random stream (dropout) is as without the check
-            alone = iso.gradient(self._batch, j)
+            alone = iso.gradient(batch, j)
         if self._stochastic is None:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(self._choices.randrange(1 << 62))
-                again = iso.gradient(self._batch, j)
+                again = iso.gradient(batch, j)
             self._stochastic = any(not torch.equal(a, b) for a, b in zip(alone, again, strict=True))
             if self._stochastic:
                 rank_zero_info(
@@ -1353,6 +1360,13 @@ def _masked_key(key: str, batch: dict[str, Any]) -> str | None:
                 and batch[candidate].is_floating_point():
             return candidate
     return None
+
+
+def _copy(batch: Any) -> Any:
+    """``batch`` with every tensor cloned (other values shared)."""
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor, lambda t: t.clone())
 
 
 def _perturb_first_window(batch: Any, size: int) -> Any:

@@ -347,3 +347,29 @@ def test_the_checks_leave_training_unchanged_also_with_dropout():
         thetas.append(_theta(module))
     assert strategies[0]._stochastic is True and strategies[1]._stochastic is None
     assert torch.equal(thetas[0], thetas[1])
+
+
+class InPlaceForecaster(Forecaster):
+    """Writes into its input batch (imputes masked values, rescales in place): windows stay independent."""
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = batch["past_target"]
+        x[batch["past_observed_values"] == 0] = 1.0
+        x.mul_(2.0)
+        return self.net(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=x.dtype)], dim=1))
+
+
+def test_a_training_step_that_writes_into_its_input_is_not_refused_and_isolates_alike():
+    """The probe gives each of its passes its own copy of the synthetic batch, the spot check a copy of the batch
+    as it arrived: an in-place write into the input is not mistaken for a mix."""
+    thetas = []
+    for mode in ("fast", "isolated"):
+        module = InPlaceForecaster()
+        strategy = DPForecastStrategy(SIGMA, C, seed=0, per_window=mode, spot_check=1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer(max_steps=4, callbacks=[strategy]).fit(
+                module, datamodule=SpecDataModule(SPEC, [make_batch(s) for s in range(4)])
+            )
+        thetas.append(_theta(module))
+    torch.testing.assert_close(thetas[0], thetas[1], rtol=1e-5, atol=1e-6)
