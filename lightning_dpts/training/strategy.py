@@ -323,6 +323,7 @@ class DPForecastStrategy(Callback):
         self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
         self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
+        self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
         self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
         self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         if expected_batch_size is not None and (
@@ -1161,11 +1162,24 @@ class DPForecastStrategy(Callback):
         factors = clip_factors(_row_sq(both).double(), self.max_grad_norm).to(both.dtype)
         if not bool(torch.isfinite(factors).all()) or not bool(torch.isfinite(both).all()):
             return  # the clipping refuses the step (NonFiniteGradientError, naming the window's series)
-        both = both * factors[:, None]
-        scale = float(torch.linalg.vector_norm(both, dim=1).max())
-        tolerance = _tolerance(both.dtype, both.shape[1], scale)
-        if float(torch.linalg.vector_norm(both[0] - both[1])) <= tolerance:
+        clipped = both * factors[:, None]
+        scale = float(torch.linalg.vector_norm(clipped, dim=1).max())
+        if float(torch.linalg.vector_norm(clipped[0] - clipped[1])) <= _tolerance(both.dtype, both.shape[1], scale):
             return
+        for k in (float(size), 1.0 / size):  # the batched one is k times the window's own: a loss_reduction slip
+            scaled = both[0] * k
+            tolerance = _tolerance(both.dtype, both.shape[1], float(torch.linalg.vector_norm(scaled)))
+            if size > 1 and float(torch.linalg.vector_norm(both[1] - scaled)) <= tolerance:
+                if not self._warned_reduction:
+                    self._warned_reduction = True
+                    rank_zero_warn(
+                        f"DPForecastStrategy: the per-window gradients of {type(pl_module).__name__} on the fast path "
+                        f"are {k:g} times the gradient of training_step on one window alone: loss_reduction="
+                        f"{self.loss_reduction!r} does not seem to match how training_step reduces its loss over the "
+                        "windows. Each window is still clipped on its own (no window mixes into another), but to a "
+                        "scaled gradient; pass the loss_reduction that matches"
+                    )
+                return
         c_alone, c_batched = float(factors[0]), float(factors[1])
         found = _largest_change([(g * c_batched).unsqueeze(0) if g is not None else torch.zeros_like(a).unsqueeze(0)
                                  for a, g in zip(alone, recorded, strict=True)],

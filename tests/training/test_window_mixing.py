@@ -373,3 +373,20 @@ def test_a_training_step_that_writes_into_its_input_is_not_refused_and_isolates_
             )
         thetas.append(_theta(module))
     torch.testing.assert_close(thetas[0], thetas[1], rtol=1e-5, atol=1e-6)
+
+
+class SummedLoss(Forecaster):
+    """Sums its loss over the windows while the strategy is told ``loss_reduction="mean"`` (the default)."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        err = (self(batch) - batch["future_target"]).square() * batch["future_observed_values"]
+        return (err.sum(1) / batch["future_observed_values"].sum(1).clamp(min=1)).sum() * 1e-3
+
+
+def test_a_loss_reduction_slip_is_a_warning_of_the_spot_check_not_a_mix():
+    strategy = DPForecastStrategy(SIGMA, C, seed=0, per_window="fast", spot_check=1.0)
+    with pytest.warns(UserWarning, match=r"are 8 times the gradient of training_step on one window.*loss_reduction"):
+        trainer(max_steps=2, callbacks=[strategy]).fit(
+            SummedLoss(), datamodule=SpecDataModule(SPEC, [make_batch(0), make_batch(1)])
+        )
+    assert strategy.steps == 2
