@@ -24,6 +24,11 @@ repeats. ``cpu`` columns are the same statistics of the process CPU time per ste
 background noise thread: the work done, less sensitive to other processes than wall time); ``main cpu`` is the
 CPU time of the training thread alone (the critical path when the noise thread has a core of its own). The
 load average (``os.getloadavg``) is printed before and after each model and batch size.
+``--kinds`` may add ``dp_iso`` (``per_window="isolated"``: each window's gradient from ``training_step`` on
+that window alone), ``dp_spot`` (a spot check at every step), ``dp_nospot`` (none) and ``dp_bare`` (neither
+spot check nor probe: the fast path alone); with ``--interleave step`` each gets its paired ratio to the non-DP
+step (issue 25's costs).
+``--models mlp,gru`` measures a user's own module (:class:`UserForecaster`).
 ``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
 its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
 grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
@@ -67,6 +72,14 @@ logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
 
 PREDICTION, CONTEXT = 24, 96
 
+#: DP kinds besides ``dp`` (the default strategy: fast path, probe, a spot check on 10% of the steps) and ``dp_acc``
+STRATEGY_KINDS: dict[str, dict] = {
+    "dp_iso": dict(per_window="isolated"),  # each window's gradient from training_step on that window alone
+    "dp_spot": dict(spot_check=1.0),  # a spot check at every step
+    "dp_nospot": dict(spot_check=0.0),  # fast path and probe, no per-step spot check
+    "dp_bare": dict(spot_check=0.0, check_independence=False),  # fast path alone (the cost before issue 25)
+}
+
 
 #: glibc's malloc tunables that decide whether freed memory goes back to the operating system
 ALLOCATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES",
@@ -79,12 +92,43 @@ def allocator_settings() -> str:
     return " ".join(found) if found else "glibc defaults"
 
 
+class UserForecaster(L.LightningModule):
+    """A user's own module on the datamodule's dict batches: an MLP (``kind="mlp"``, 96 -> 64 -> 64 -> 24) or a
+    GRU (``kind="gru"``, one layer of 40 units over the target and its observed mask, a linear head), squared
+    error averaged over the observed forecast steps of each window, then over the windows."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "mlp":
+            self.net = torch.nn.Sequential(torch.nn.Linear(CONTEXT, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                           torch.nn.ReLU(), torch.nn.Linear(64, PREDICTION))
+        else:
+            self.gru = torch.nn.GRU(2, 40, batch_first=True)
+            self.head = torch.nn.Linear(40, PREDICTION)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.kind == "mlp":
+            out = self.net(batch["past_target"])
+        else:
+            h, _ = self.gru(torch.stack([batch["past_target"], batch["past_observed_values"]], dim=-1))
+            out = self.head(h[:, -1])
+        observed = batch["future_observed_values"]
+        err = (out - batch["future_target"]).square() * observed
+        return (err.sum(1) / observed.sum(1).clamp(min=1)).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
 def build(name: str) -> L.LightningModule:
     from gluonts.torch.model.d_linear import DLinearLightningModule
     from gluonts.torch.model.deepar import DeepARLightningModule
     from gluonts.torch.model.simple_feedforward import SimpleFeedForwardLightningModule
 
     torch.manual_seed(0)
+    if name in ("mlp", "gru"):
+        return UserForecaster(name)
     if name == "sff":
         return SimpleFeedForwardLightningModule(
             model_kwargs=dict(prediction_length=PREDICTION, context_length=CONTEXT, hidden_dimensions=[64, 64])
@@ -104,7 +148,10 @@ def build(name: str) -> L.LightningModule:
 def batch_for(module: L.LightningModule, size: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     batch = {}
-    for key, spec in module.model.describe_inputs(size).items():
+    if isinstance(module, UserForecaster):
+        batch["past_target"] = 1.0 + torch.rand(size, CONTEXT, generator=g)
+        batch["past_observed_values"] = torch.ones(size, CONTEXT)
+    for key, spec in (module.model.describe_inputs(size).items() if hasattr(module, "model") else ()):
         if spec.dtype in (torch.long, torch.int64):
             batch[key] = torch.zeros(spec.shape, dtype=spec.dtype)
         elif "observed" in key:
@@ -132,7 +179,7 @@ class _Fixed(L.LightningDataModule):
 def fixed_data(module: L.LightningModule, size: int, steps: int) -> _Fixed:
     """``steps`` copies of one batch of ``size`` windows for ``module``, with a sampling spec of 100 x ``size``
     series long enough for the model's past window (what the strategy and the accountant read)."""
-    past = int(getattr(module.model, "_past_length", CONTEXT))
+    past = int(getattr(getattr(module, "model", None), "_past_length", CONTEXT))
     spec = SamplingSpec(num_series=100 * size, min_length=10 * (past + PREDICTION), context_length=past,
                         prediction_length=PREDICTION, batch_size=size)
     return _Fixed(batch_for(module, size), steps, spec)
@@ -337,10 +384,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--models", default="sff,dlinear,deepar")
+    parser.add_argument("--models", default="sff,dlinear,deepar", help="sff,dlinear,deepar (GluonTS), mlp,gru (a "
+                        "user's own module, UserForecaster)")
     parser.add_argument("--kinds", default="plain,dp,dp_acc",
-                        help="plain,dp[,dp_acc][,plain_b] (plain_b: a second non-DP run, the A/A control of the "
-                             "paired ratios)")
+                        help="plain,dp[,dp_acc][,plain_b][,dp_iso][,dp_spot][,dp_nospot][,dp_bare] (plain_b: a second "
+                             "non-DP run, the A/A control of the paired ratios; dp_iso: per_window='isolated'; "
+                             "dp_spot: spot_check=1.0; dp_nospot: no spot check; dp_bare: neither spot check nor "
+                             "probe)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one step")
     parser.add_argument("--interleave", choices=("step", "run"), default="step",
@@ -373,7 +423,7 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
     def callbacks_for(kind: str) -> list[Callback]:
         callbacks: list[Callback] = []
         if kind.startswith("dp"):
-            callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0))
+            callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0, **STRATEGY_KINDS.get(kind, {})))
         if kind == "dp_acc":
             callbacks.append(_TimedAccountant(8.0, 1e-6))
         return callbacks
@@ -394,6 +444,10 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
             main[kind].append(thread)
             if kind == "dp_acc":
                 hook += extra[kind][-1].hook_times  # type: ignore[attr-defined]
+    iso = [cb for cb in extra.get("dp_iso", []) if isinstance(cb, DPForecastStrategy)]
+    if iso and iso[0].vectorised is not None:
+        how = "vmap" if iso[0].vectorised else "one pass per window"
+        print(f"# {name} {size}: dp_iso computed the per-window gradients by {how}", flush=True)
     # median step time of each run; report the median over all steps and the best run (least contention)
     def stats(v: dict[str, list[list[float]]]) -> tuple[dict[str, float], ...]:
         med = {k: 1e3 * statistics.median([t for run in r for t in run]) for k, r in v.items()}

@@ -32,6 +32,8 @@ restricted to those layers. The clipping factor is Opacus': ``min(1, C / (||g_i|
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -572,6 +574,34 @@ class PerWindowClipper:
             self._lstm_records[key] = record
         record.calls.append([(x, h_prev), delta])
 
+    @contextlib.contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Run the module as without the clipper: nothing is recorded, no Opacus hook is attached, and every layer
+        (``DPFastLSTM`` included) computes ordinary autograd gradients for its parameters (the isolated per-window
+        gradients of :mod:`~lightning_dpts.training.isolated` and the spot check use it). Records made before are
+        kept."""
+        enabled = self.enabled
+        recorders = [(sub, sub.recorder) for sub in self._lstm_modules]
+        self.disable()
+        for sub, _ in recorders:
+            sub.recorder = None
+        # Opacus' hooks leave the module while bypassed: a full backward hook wraps the layer's output in an
+        # autograd.Function that functorch transforms (vmap) refuse, even with the hooks disabled
+        stashed: list[tuple[dict, int, Any]] = []
+        for handle in getattr(self.gsm, "autograd_grad_sample_hooks", None) or ():
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                stashed.append((hooks, handle.id, hooks.pop(handle.id)))
+        try:
+            yield
+        finally:
+            for hooks, key, hook in stashed:
+                hooks[key] = hook
+            for sub, recorder in recorders:
+                sub.recorder = recorder
+            if enabled:
+                self.enable()
+
     def enable(self) -> None:
         self.enabled = True
         if self.gsm is not None:
@@ -645,15 +675,23 @@ class PerWindowClipper:
         """Factor from the recorded output gradients to per-window loss gradients (Opacus semantics)."""
         return float(batch_size) if self.loss_reduction == "mean" else 1.0
 
-    def per_window_gradients(self, params: list[nn.Parameter]) -> list[torch.Tensor | None]:
-        """Materialised per-window gradients ``[B, *p.shape]`` (for tests and debugging; slow for big models)."""
+    def per_window_gradients(
+        self, params: list[nn.Parameter], windows: list[int] | None = None
+    ) -> list[torch.Tensor | None]:
+        """Materialised per-window gradients ``[B, *p.shape]`` as the batched pass attributes them to each window
+        (the probe, the spot check of :class:`~lightning_dpts.training.DPForecastStrategy`, tests; slow for big
+        models). ``windows``: only those windows' gradients (``[len(windows), *p.shape]``; cheap for one window).
+        """
         found: dict[int, torch.Tensor] = {}
         for record in [*self._records.values(), *self._lstm_records.values()]:
             pair = self._stacked(record)
             if pair is None:
                 continue
             blocks, g = pair
-            g = g * self._scale(g.shape[1])
+            scale = self._scale(g.shape[1])
+            if windows is not None:
+                blocks, g = [a[:, windows] for a in blocks], g[:, windows]
+            g = g * scale
             for w, k in record.weights:
                 found[id(w)] = torch.einsum("tbp,tbd->bpd", g, blocks[k])
             for bias in record.biases:
@@ -661,6 +699,8 @@ class PerWindowClipper:
         out: list[torch.Tensor | None] = []
         for p in params:
             gs = found.get(id(p), getattr(p, "grad_sample", None) if id(p) not in self.native else None)
+            if gs is not None and windows is not None and id(p) not in found:
+                gs = gs[windows]
             out.append(None if gs is None else gs.reshape(gs.shape[0], *p.shape))
         return out
 

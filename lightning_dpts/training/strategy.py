@@ -19,7 +19,11 @@ Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer st
   reproduces it is stored, so a resume from any checkpoint draws new noise;
 * exactly one sampled batch reaches each optimizer step (any gradient accumulation is an error);
 * every per-window gradient is finite, else :class:`NonFiniteGradientError` names the window's series;
-* at the first step of every fit a synthetic probe batch checks that ``forward`` keeps windows independent;
+* window i's gradient depends on window i alone: by construction with ``per_window="isolated"``
+  (:mod:`~lightning_dpts.training.isolated`); on the fast path, evidence from a probe on synthetic batches shaped
+  like the real one (at the first step and at random later steps) and a per-step spot check of one window
+  recomputed alone, both before the step's update (``per_window="auto"`` switches to isolated when the first
+  probe finds a mix);
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
 * no buffer of the model changes during the fit (:class:`~lightning_dpts.training.buffers.BufferGuard`: at every
@@ -34,11 +38,13 @@ the identical update (checked every step); DDP's own gradient averaging is switc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -63,16 +69,22 @@ from lightning_dpts.training.engine import (
     NoiseSource,
     NonFiniteGradientError,
     PerWindowClipper,
+    _row_sq,
     add_noise_and_average,
     clip_factors,
 )
+from lightning_dpts.training.isolated import IsolatedGradients, silenced, training_loss
 from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
 
-#: Windows in the synthetic probe batch of the window-independence check.
-_PROBE_WINDOWS = 4
+#: ``per_window`` values: how each window's gradient is computed (see :class:`DPForecastStrategy`)
+PER_WINDOW_MODES = ("auto", "fast", "isolated")
+#: at most this many windows of the probe batch have their gradients compared (window 0 and the next ones)
+_PROBE_COMPARED = 33
+#: c in the tolerance c * eps * sqrt(#params) * (gradient norm scale) of the probe and the spot check
+_TOLERANCE_FACTOR = 16.0
 
 
 class PrivacyBudgetExhausted(RuntimeError):
@@ -145,7 +157,8 @@ class DPForecastStrategy(Callback):
     (checked before every noisy step; changes before the first step, e.g. in the module's ``setup``, are taken at
     ``on_fit_start``), layers created after this callback's ``setup`` (``configure_model``), Lightning's
     ``LearningRateFinder`` and ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward``
-    that mixes windows (the probe at the first step), and continuing a model whose ledger is not empty without an
+    that mixes windows on the fast path (found by the probe or the spot check after the fit's first step, or with
+    ``per_window="fast"``), and continuing a model whose ledger is not empty without an
     :class:`~lightning_dpts.training.AccountantCallback`.
 
     Privacy ledger: every noisy step is counted in ``self.ledger`` (a
@@ -169,11 +182,30 @@ class DPForecastStrategy(Callback):
         secure_mode: draw the noise from the operating system's CSPRNG with Opacus' floating-point mitigation
             (:class:`~lightning_dpts.randomness.GaussianNoise` ``secure=True``; cost measured by
             ``benchmarks/randomness.py``). Needs ``seed=None``.
-        check_independence: at the first step of every fit, check on a synthetic probe batch that ``forward``
-            keeps windows independent: perturbing window 0 must not move any other window's per-window gradient
-            (Algorithm 2's sensitivity 2C assumes it; PRIVACY-NOTES trap 8). Costs two extra forward/backward
-            passes of 4 windows per fit. ``False`` skips the check (only for a model you have verified
-            yourself; training steps, callbacks and logging of the module's ``training_step`` are unaffected).
+        per_window: how each window's gradient g_i is computed (PRIVACY-NOTES trap 8; docs/training.md).
+            ``"isolated"``: from the module's own ``training_step`` on a batch of that window alone
+            (:mod:`~lightning_dpts.training.isolated`; vmapped, or one pass per window), so no ``forward`` can mix
+            windows: sound by construction, slower. ``"fast"``: from one pass over the whole batch
+            (:class:`~lightning_dpts.training.engine.PerWindowClipper`), which is window i's own gradient only if
+            ``training_step`` keeps windows apart; checked by the probe and the spot check (evidence, not proof),
+            and a detected mix is a :class:`~lightning_dpts.errors.ConfigurationError` before the step's update.
+            ``"auto"`` (default): ``"fast"``, but a mix that the probe finds before the fit's first noisy step, or
+            a probe that cannot run on the synthetic batch, switches the fit to ``"isolated"`` (a warning says so);
+            a mix found later is an error as with ``"fast"``.
+        check_independence: on the fast path, run the probe: on a synthetic batch shaped like the real one (its
+            keys, its number of windows, missing values and observed masks, integer features that repeat between
+            windows), in float64 where the module runs in it, change window 0 and require every other window's
+            per-window gradient to stay within c * eps * sqrt(#params) * (largest per-window gradient norm) of
+            its value. It runs at the fit's first step and at one random step in each of [2, 4), [4, 8), [8, 16),
+            ... (two extra forward/backward passes of the batch each time). ``False`` skips it (only for a model
+            you have verified yourself).
+        spot_check: on the fast path, the probability (in [0, 1]; 0.1 by default, about 5% of a non-DP step
+            measured, docs/training.md) that a step checks one window drawn at random (a non-private draw): its
+            clipped gradient computed with that window alone must equal, within the float tolerance, the one the
+            batched pass attributes to it; else the step is refused before its update. 1.0 checks every step
+            (0.4-0.7 of a non-DP step at Lambda = 64-256 for the GluonTS feed-forward models). Skipped, with a
+            message, for a ``training_step`` whose result is random (dropout): two calls on one window then differ
+            already. 0 switches it off.
         expected_batch_size: Lambda, only for datamodules without a ``sampling_spec``; otherwise Lambda is read
             from ``sampling_spec.batch_size`` and giving a different value is an error.
         loss_reduction: ``"mean"`` (default; GluonTS modules average their loss over the windows of a batch)
@@ -210,6 +242,8 @@ class DPForecastStrategy(Callback):
         seed: int | None = None,
         secure_mode: bool = False,
         check_independence: bool = True,
+        per_window: str = "auto",
+        spot_check: float = 0.1,
         expected_batch_size: int | None = None,
         loss_reduction: str = "mean",
         scaler_default_scale: float = 1.0,
@@ -268,9 +302,33 @@ class DPForecastStrategy(Callback):
             )
         if not isinstance(check_independence, bool):
             raise ConfigurationError("check_independence", check_independence, "must be True or False")
+        if per_window not in PER_WINDOW_MODES:
+            raise ConfigurationError(
+                "per_window", per_window, f"must be one of {', '.join(repr(m) for m in PER_WINDOW_MODES)}"
+            )
+        if (isinstance(spot_check, bool) or not isinstance(spot_check, (int, float))
+                or not 0.0 <= float(spot_check) <= 1.0):
+            raise ConfigurationError("spot_check", spot_check, "must be a probability in [0, 1]")
         self._seed = seed
         self.secure_mode = secure_mode
         self.check_independence = check_independence
+        self.per_window = per_window
+        self.spot_check = float(spot_check)
+        #: whether this fit computes per-window gradients in isolation (``per_window="isolated"``, or ``"auto"``
+        #: after the probe found a mix before the first step)
+        self.isolated = per_window == "isolated"
+        self._isolated: IsolatedGradients | None = None
+        #: whether the isolated per-window gradients were computed by ``vmap`` (``False``: one pass per window;
+        #: ``None``: not computed yet)
+        self.vectorised: bool | None = None
+        self._isolated_sums: list[torch.Tensor] | None = None
+        self._fit_steps = 0  # noisy steps taken in this fit
+        self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
+        self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
+        self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
+        self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
+        self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
+        self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         if expected_batch_size is not None and (
             isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) or expected_batch_size < 1
         ):
@@ -295,7 +353,6 @@ class DPForecastStrategy(Callback):
         self._new_epoch = True
         self._batches_since_step = 0
         self._batch_used = False  # whether the current batch reached the (wrapped) training_step
-        self._probed = False
         self._batch: Any = None
         self._original_training_step: Callable[..., Any] | None = None
         self.expected_batch_size: int | None = None
@@ -432,9 +489,43 @@ class DPForecastStrategy(Callback):
                 if self._world_size > 1:  # Lightning refuses a skipped step under DDP; a zero loss touches no
                     return self._params[0].new_zeros(()).requires_grad_()  # parameter: this rank adds zero
                 return None
+            if self.isolated:
+                return self._isolated_step(pl_module, original, batch, *args, **kwargs)
             return original(batch, *args, **kwargs)
 
         pl_module.training_step = training_step  # type: ignore[method-assign]
+
+    def _isolated_gradients(self, pl_module: L.LightningModule) -> IsolatedGradients:
+        """The isolated per-window gradients of this module and its trainable parameters (built on first use)."""
+        assert self._original_training_step is not None
+        iso = self._isolated
+        if iso is None or iso.params is not self._params or iso.module is not pl_module:
+            iso = IsolatedGradients(pl_module, self._original_training_step, self._probe_args, self._params,
+                                    self._clipper)
+            self._isolated = iso
+        return iso
+
+    def _isolated_step(
+        self, module: L.LightningModule, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``per_window="isolated"``: the clipped sum of the windows' gradients, each from ``training_step`` on
+        that window alone (kept for the optimizer step); then ``training_step`` once on the whole batch without
+        gradient, for its logging and return value, whose loss is handed to Lightning as a leaf (its backward
+        touches no parameter)."""
+        iso = self._isolated_gradients(module)
+        iso.step_args = args  # the step's own batch_idx (positional, as Lightning passes it)
+        try:
+            self._isolated_sums = iso.clipped_sums(batch, self.max_grad_norm)
+            self.vectorised = iso.vectorised
+        except NonFiniteGradientError as err:
+            raise NonFiniteGradientError(self._describe_windows(module.trainer, err.windows), err.windows) from err
+        with torch.no_grad(), (self._clipper.bypassed() if self._clipper is not None else contextlib.nullcontext()):
+            out = original(batch, *args, **kwargs)
+        loss = training_loss(out)
+        if loss is None:
+            return out
+        leaf = loss.detach().clone().requires_grad_()
+        return {**out, "loss": leaf} if isinstance(out, dict) else leaf
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not pl_module.automatic_optimization:
@@ -647,7 +738,13 @@ class DPForecastStrategy(Callback):
         self.noise = self._make_noise(entropy) if self._rank == 0 else None
         self._new_epoch = True
         self._batches_since_step = 0
-        self._probed = not self.check_independence
+        self.isolated = self.per_window == "isolated"
+        self._isolated_sums = None
+        self._fit_steps = 0
+        self._next_probe = 1 if self.check_independence and not self.isolated else None
+        self._stochastic = None
+        if self._world_size > 1:  # the same probe steps on every rank (which steps are checked is not private)
+            self._schedule = random.Random(25)
         self._begun = True
         return ledger
 
@@ -711,14 +808,26 @@ class DPForecastStrategy(Callback):
         self._batch_used = False
         self._batch = batch
         self._clear()
-        if not self._probed:
-            self._probed = True
+        self._isolated_sums = None
+        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
+            self._next_probe = self._probe_after(self._fit_steps + 1)
             self._check_window_independence(pl_module, batch)
         for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
             p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
+        # the spot check's draw: a copy of the batch as it arrived (training_step may write into its input)
+        self._spot_batch = None
+        if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
+            self._spot_batch = _copy(batch)
         self._prepare_noise()
-        if self._clipper is not None:
+        if self._clipper is not None and not self.isolated:
             self._clipper.enable()
+        elif self._clipper is not None:
+            self._clipper.disable()
+
+    def _probe_after(self, step: int) -> int:
+        """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it."""
+        k = step.bit_length()
+        return self._schedule.randrange(1 << k, 1 << (k + 1))
 
     def _use_params(self, params: list[nn.Parameter]) -> None:
         """The parameters DP training updates (trainable when the per-window hooks were attached)."""
@@ -790,8 +899,10 @@ class DPForecastStrategy(Callback):
         refused: ConfigurationError | None = None
         try:
             self._check_trainable(trainer, pl_module)
+            if self._spot_batch is not None and not self.isolated:
+                self._spot_check(pl_module)
             if self._buffer_guard is not None:
-                self._buffer_guard.check_step()  # a buffer changed by this step's forward: refused before any save
+                self._buffer_guard.check_step()  # a buffer changed by a forward of this step: refused before any save
         except ConfigurationError as err:
             if self._world_size == 1:
                 raise
@@ -808,9 +919,13 @@ class DPForecastStrategy(Callback):
         else:
             assert self.noise is not None
             try:
-                noisy = self._clipper.noisy_gradients(
-                    self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
-                )
+                if self.isolated:
+                    noisy = add_noise_and_average(self._take_isolated_sums(), self._params, self.noise_std,
+                                                  self.expected_batch_size, self.noise)
+                else:
+                    noisy = self._clipper.noisy_gradients(
+                        self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
+                    )
             except NonFiniteGradientError as err:
                 raise NonFiniteGradientError(self._describe_windows(trainer, err.windows), err.windows) from err
         for p, g in zip(self._params, noisy, strict=True):
@@ -818,8 +933,16 @@ class DPForecastStrategy(Callback):
         self._clear()
         self.ledger.steps = after.steps
         self.ledger.epochs = after.epochs
+        self._fit_steps += 1
         self._new_epoch = False
         self._batches_since_step = 0
+
+    def _take_isolated_sums(self) -> list[torch.Tensor | None]:
+        """This step's clipped sums from the isolated per-window gradients (zeros: the batch had no windows)."""
+        sums, self._isolated_sums = self._isolated_sums, None
+        if sums is None:
+            return [None] * len(self._params)
+        return list(sums)
 
     def _distributed_step(
         self, trainer: L.Trainer, step: int, refused: Exception | None = None
@@ -837,7 +960,8 @@ class DPForecastStrategy(Callback):
         sums: list[torch.Tensor | None] = [None] * len(self._params)
         if failed is None:
             try:
-                sums = list(self._clipper.clipped_sums(self._params, self.max_grad_norm))
+                sums = (self._take_isolated_sums() if self.isolated
+                        else list(self._clipper.clipped_sums(self._params, self.max_grad_norm)))
             except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
                 failed = err
         noisy, failures = all_reduce_noisy_sum(
@@ -878,63 +1002,207 @@ class DPForecastStrategy(Callback):
     # Window independence (PRIVACY-NOTES trap 8)
     # ------------------------------------------------------------------------------------------------
     def _check_window_independence(self, pl_module: L.LightningModule, batch: Any) -> None:
-        """Perturb window 0 of a synthetic probe batch; no other window's per-window gradient may move.
+        """The probe: change window 0 of a synthetic batch shaped like ``batch``; no other window's per-window
+        gradient (as the fast path attributes it) may move by more than the float tolerance.
 
-        The probe has the structure of ``batch`` (keys, trailing shapes, dtypes) but synthetic values (masks
-        1, integers 0, other values in [1, 2)), so its outcome depends on the model only, never on private data.
+        The probe batch (:func:`_synthetic_probe`) has ``batch``'s keys, trailing shapes and dtypes and its number
+        of windows (at least Lambda), but synthetic values only: scales that differ between windows, observed masks
+        with missing values (the masked values set to 0), integer features that repeat between pairs of windows.
+        Its outcome depends on the model and the batch's structure, never on private values. It runs in float64
+        where the module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7 is found), else in the
+        module's precision; with the repeating integers where the module accepts them (an embedding of
+        cardinality 1 does not), else with zeros.
+
+        A mix found before this fit's first noisy step switches ``per_window="auto"`` to the isolated mode (the
+        probe's data are synthetic, so the switch does not depend on private data); otherwise it is a
+        :class:`ConfigurationError` naming the window, the parameter and the size of the change.
         """
         assert self._clipper is not None and self._original_training_step is not None
-        probe = _synthetic_probe(batch)
-        if probe is None:
+        size = _num_windows(batch)
+        if size is None:
             return
-        perturbed = _perturb_first_window(probe)
-        base = self._probe_gradients(pl_module, probe)
-        moved = self._probe_gradients(pl_module, perturbed)
-        if base is None or moved is None:
+        # several processes: every rank probes Lambda windows at the same steps (begin seeds the choices alike), so
+        # that all reach the same verdict at the same step and none is left waiting in the step's all-reduce
+        # one process: the batch's own number of windows, at least Lambda (a Poisson batch may be smaller)
+        size = max(size, int(self.expected_batch_size or 0), 2) if self._world_size == 1 else \
+            max(int(self.expected_batch_size or 2), 2)
+        found: tuple[float, float, int, str, str] | None = None
+        last: Exception | None = None
+        saved_grads = [p.grad for p in self._params]
+        for p in self._params:
+            p.grad = None
+        for wide, varied in ((True, True), (True, False), (False, True), (False, False)):
+            probe = _synthetic_probe(batch, size, varied=varied)
+            try:
+                with _float64(pl_module, probe, enabled=wide) as (probe, dtype):
+                    compared = list(range(min(size, _PROBE_COMPARED)))
+                    moved_batch = _perturb_first_window(_copy(probe), size)  # each pass its own copy: a
+                    base = self._probe_gradients(pl_module, _copy(probe), compared)  # training_step may write
+                    moved = self._probe_gradients(pl_module, moved_batch, compared)  # into its input
+            except Exception as err:  # noqa: BLE001 - the next, more conservative variant
+                last = err
+                continue
+            finally:
+                for p, g in zip(self._params, saved_grads, strict=True):
+                    p.grad = g
+            if base is None or moved is None:
+                return
+            found = _largest_change(base, moved, dtype, self._param_names())
+            how = f"{'float64' if dtype == torch.float64 else str(dtype).removeprefix('torch.')}, " + (
+                "repeating integer features" if varied else "integer features 0")
+            break
+        else:
+            assert last is not None
+            if self.per_window == "auto" and self._fit_steps == 0:  # no evidence for the fast path: isolate
+                self._isolate(pl_module, f"the probe could not run on a synthetic batch ({type(last).__name__}: "
+                                         f"{last}), so independence is not established")
+                return
+            raise last
+        if found is None:
             return
-        scale = float(base.abs().max()) + 1e-12
-        diff = (base[1:] - moved[1:]).abs().amax(dim=1)
-        if bool((diff > 1e-4 * scale).any()):
-            window = int(diff.argmax()) + 1
-            raise ConfigurationError(
-                "model", type(pl_module).__name__,
-                f"forward mixes the windows of a batch: on a synthetic probe batch, changing window 0 moved the "
-                f"per-window gradient of window {window} by {float(diff.max()):.3g} (largest gradient entry "
-                f"{scale:.3g}). One window then changes the update by more than 2C and the privacy analysis does "
-                "not apply (PRIVACY-NOTES trap 8): remove batch statistics, batch-level scaling or cross-window "
-                "operations from forward. If you have verified the model yourself, pass "
-                "check_independence=False",
-            )
+        change, tolerance, window, param, _ = found
+        evidence = (
+            f"on a synthetic probe batch of {size} windows ({how}), changing window 0 moved the per-window "
+            f"gradient of window {window} by {change:.3g} in l2 norm (tolerance {tolerance:.3g}; most in parameter "
+            f"{param!r})"
+        )
+        if self.per_window == "auto" and self._fit_steps == 0:
+            earlier = (f" The model's privacy ledger already holds {self.ledger.steps} noisy steps of earlier fits: if "
+                       "they used the fast path with this forward, the 2C bound did not hold for them and their "
+                       "epsilon is not a guarantee." if self.ledger.steps else "")
+            self._isolate(pl_module, f"{type(pl_module).__name__}'s forward mixes the windows of a batch: {evidence}."
+                          + earlier)
+            return
+        raise ConfigurationError(
+            "model", type(pl_module).__name__,
+            f"forward mixes the windows of a batch: {evidence}. One window then changes the update by more than 2C "
+            "and the privacy analysis does not apply (PRIVACY-NOTES trap 8); no update was made from this step. "
+            f"{self._refusal_advice()}",
+        )
 
-    def _probe_gradients(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor | None:
-        """Per-window gradients ``[B, d]`` of the module's training loss on ``batch`` (no logging, no step)."""
+    def _isolate(self, pl_module: L.LightningModule, reason: str) -> None:
+        """``per_window="auto"`` before the fit's first noisy step: compute each window's gradient alone from now on."""
+        assert self._clipper is not None
+        self.isolated = True
+        self._clipper.disable()
+        rank_zero_warn(f"DPForecastStrategy: {reason} Each window's gradient is computed with that window alone for "
+                       "this fit (per_window='isolated').")
+
+    def _refusal_advice(self) -> str:
+        done = (f" The {self._fit_steps} noisy step(s) this fit already took used the fast path: their privacy "
+                "holds only if the forward kept windows apart on those batches." if self._fit_steps else "")
+        return ("Remove batch statistics, batch-level scaling or cross-window operations from forward, or train with "
+                "DPForecastStrategy(per_window='isolated'), which computes each window's gradient with that window "
+                "alone." + done)
+
+    def _param_names(self) -> list[str]:
+        """The module's names of the trainable parameters, in gradient order."""
+        assert self._clipper is not None
+        return [self._clipper._names.get(id(p), f"#{k}") for k, p in enumerate(self._params)]
+
+    def _probe_gradients(
+        self, pl_module: L.LightningModule, batch: Any, windows: list[int]
+    ) -> list[torch.Tensor] | None:
+        """Per-window gradients ``[len(windows), *p.shape]`` (one per trainable parameter, zeros where none) of the
+        module's training loss on ``batch``, as the fast path attributes them (no logging, no step)."""
         assert self._clipper is not None and self._original_training_step is not None
         devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
-        saved_grads = [p.grad for p in self._params]
-        pl_module.log = _no_log  # type: ignore[method-assign]
-        pl_module.log_dict = _no_log  # type: ignore[method-assign]
+        enabled = self._clipper.enabled
         try:
-            with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings():
+            with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings(), \
+                    silenced(pl_module):
                 warnings.simplefilter("ignore")
                 torch.manual_seed(0)  # the same dropout masks in both probe passes (synthetic data, no privacy draw)
                 self._clear()
                 self._clipper.enable()
                 for p in self._params:
                     p.grad = None
-                out = self._original_training_step(batch, *self._probe_args)
-                loss = out.get("loss") if isinstance(out, dict) else out
-                if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+                loss = training_loss(self._original_training_step(batch, *self._probe_args))
+                if loss is None or not loss.requires_grad:
                     return None
                 loss.backward()
-                grads = self._clipper.per_window_gradients(self._params)
-                flat = [g.reshape(g.shape[0], -1) for g in grads if g is not None]
-                return torch.cat(flat, dim=1).detach().double() if flat else None
+                grads = self._clipper.per_window_gradients(self._params, windows)
+                return [torch.zeros(len(windows), *p.shape, dtype=p.dtype, device=p.device) if g is None
+                        else g.detach() for p, g in zip(self._params, grads, strict=True)]
         finally:
             self._clear()
-            for p, g in zip(self._params, saved_grads, strict=True):
-                p.grad = g
-            del pl_module.log
-            del pl_module.log_dict
+            if not enabled:
+                self._clipper.disable()
+            for p in self._params:
+                p.grad = None
+
+    def _spot_check(self, pl_module: L.LightningModule) -> None:
+        """One window, drawn at random, recomputed alone: its clipped gradient must equal the batched one.
+
+        Runs before the step's noisy gradient is formed, so a refusal leaves no update from this step. Skipped for
+        a ``training_step`` whose result on one window is random (checked once per fit: two calls differ).
+        """
+        assert self._clipper is not None
+        batch, self._spot_batch = self._spot_batch, None
+        size = _num_windows(batch)
+        if not size or self._stochastic is True:
+            return
+        iso = self._isolated_gradients(pl_module)
+        j = self._choices.randrange(size)
+        devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
+        with torch.random.fork_rng(devices=devices):  # torch's random stream (dropout) is as without the check
+            alone = iso.gradient(batch, j)
+        if self._stochastic is None:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(self._choices.randrange(1 << 62))
+                again = iso.gradient(batch, j)
+            self._stochastic = any(not torch.equal(a, b) for a, b in zip(alone, again, strict=True))
+            if self._stochastic:
+                rank_zero_info(
+                    f"DPForecastStrategy: {type(pl_module).__name__}'s training_step is random on one window (e.g. "
+                    "dropout): the per-step spot check cannot compare windows and is off for this fit; the probe "
+                    "(fixed random draws) still runs"
+                )
+                return
+        recorded = self._clipper.per_window_gradients(self._params, [j])
+        missing = [k for k, g in enumerate(recorded) if g is None]
+        if missing and bool(torch.stack([alone[k].abs().sum() for k in missing]).ne(0).any()):
+            return  # a parameter used outside the hooked layers: the clipping refuses it, naming the parameter
+        flat_alone = torch.cat([g.reshape(-1) for g in alone])
+        flat_batched = torch.cat([torch.zeros_like(a).reshape(-1) if g is None else g.reshape(-1)
+                                  for a, g in zip(alone, recorded, strict=True)])
+        both = torch.stack([flat_alone, flat_batched])
+        factors = clip_factors(_row_sq(both).double(), self.max_grad_norm).to(both.dtype)
+        if not bool(torch.isfinite(factors).all()) or not bool(torch.isfinite(both).all()):
+            return  # the clipping refuses the step (NonFiniteGradientError, naming the window's series)
+        clipped = both * factors[:, None]
+        scale = float(torch.linalg.vector_norm(clipped, dim=1).max())
+        if float(torch.linalg.vector_norm(clipped[0] - clipped[1])) <= _tolerance(both.dtype, both.shape[1], scale):
+            return
+        for k in (float(size), 1.0 / size):  # the batched one is k times the window's own: a loss_reduction slip
+            scaled = both[0] * k
+            tolerance = _tolerance(both.dtype, both.shape[1], float(torch.linalg.vector_norm(scaled)))
+            if size > 1 and float(torch.linalg.vector_norm(both[1] - scaled)) <= tolerance:
+                if not self._warned_reduction:
+                    self._warned_reduction = True
+                    rank_zero_warn(
+                        f"DPForecastStrategy: the per-window gradients of {type(pl_module).__name__} on the fast path "
+                        f"are {k:g} times the gradient of training_step on one window alone: loss_reduction="
+                        f"{self.loss_reduction!r} does not seem to match how training_step reduces its loss over the "
+                        "windows. Each window is still clipped on its own (no window mixes into another), but to a "
+                        "scaled gradient; pass the loss_reduction that matches"
+                    )
+                return
+        c_alone, c_batched = float(factors[0]), float(factors[1])
+        found = _largest_change([(g * c_batched).unsqueeze(0) if g is not None else torch.zeros_like(a).unsqueeze(0)
+                                 for a, g in zip(alone, recorded, strict=True)],
+                                [(a * c_alone).unsqueeze(0) for a in alone], both.dtype, self._param_names())
+        if found is None:
+            return
+        change, tolerance, _, param, _ = found
+        raise ConfigurationError(
+            "model", type(pl_module).__name__,
+            f"forward mixes the windows of a batch: spot check at noisy step {self.ledger.steps + 1} (this fit's step "
+            f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
+            f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
+            f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}; most in parameter {param!r}). The step is refused "
+            f"before its update (PRIVACY-NOTES trap 8). {self._refusal_advice()}",
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data)
@@ -974,6 +1242,8 @@ class DPForecastStrategy(Callback):
             self.surgery.restore()
             self.surgery = None
         self._use_params([])
+        self._isolated = None
+        self._isolated_sums = None
         self.background_noise = None
 
     def _clear(self) -> None:
@@ -1034,10 +1304,6 @@ def _spare_core() -> bool:
     return usable > torch.get_num_threads()
 
 
-def _no_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``LightningModule.log`` during the probe passes."""
-
-
 def _has_accountant(trainer: L.Trainer) -> bool:
     from lightning_dpts.training.accountant_callback import AccountantCallback
 
@@ -1058,37 +1324,85 @@ def _num_windows(batch: Any) -> int | None:
     return max(sizes) if sizes else None
 
 
-def _synthetic_probe(batch: Any) -> Any:
-    """A batch of :data:`_PROBE_WINDOWS` synthetic windows with the structure of ``batch`` (``None``: no tensors)."""
-    size = _num_windows(batch)
-    if size is None:
-        return None
+def _synthetic_probe(batch: Any, size: int, *, varied: bool = True) -> Any:
+    """A batch of ``size`` synthetic windows with the structure of ``batch`` (keys, trailing shapes, dtypes).
+
+    No private value enters it. Real values: uniform in [1, 2) times a scale that differs between windows (1, 2,
+    0.5, ...). Observed masks (keys with ``observed`` or ``mask``): 1, except that every third window (1, 4, ...)
+    misses the second half of its time axis and the windows 2, 5, ... every third step; the values of the key the
+    mask belongs to (``past_target`` for ``past_observed_values``) are 0 where missing, as in the datamodule's
+    batches. Integers (categorical and static features, ``series_index``): ``(i // 2) % 2`` for window i with
+    ``varied`` (windows 0 and 1 share a value, 2 and 3 another, ...), else 0.
+    """
+    batch_size = _num_windows(batch)
     generator = torch.Generator().manual_seed(0)
+    scales = torch.tensor([(1.0, 2.0, 0.5)[i % 3] for i in range(size)], dtype=torch.float64)
+
+    def missing(shape: tuple[int, ...]) -> torch.Tensor:
+        """Observed mask (float64): 1, with the missing pattern above along axis 1."""
+        mask = torch.ones(shape, dtype=torch.float64)
+        if len(shape) >= 2 and shape[1] > 1:
+            for i in range(1, size, 3):
+                mask[i, shape[1] // 2 :] = 0
+            for i in range(2, size, 3):
+                mask[i, ::3] = 0
+        return mask
 
     def make(t: torch.Tensor, key: str = "") -> torch.Tensor:
-        if t.dim() == 0 or t.shape[0] != size:
+        if t.dim() == 0 or t.shape[0] != batch_size:
             return t
-        shape = (_PROBE_WINDOWS, *t.shape[1:])
+        shape = (size, *t.shape[1:])
         if not t.is_floating_point():
-            return torch.zeros(shape, dtype=t.dtype, device=t.device)
-        if "observed" in key or "mask" in key:
-            return torch.ones(shape, dtype=t.dtype, device=t.device)
-        return (1.0 + torch.rand(shape, generator=generator, dtype=torch.float64)).to(t.dtype).to(t.device)
+            if not varied or t.dtype == torch.bool:
+                return torch.zeros(shape, dtype=t.dtype, device=t.device)
+            values = (torch.arange(size) // 2) % 2
+            return values.reshape(size, *[1] * (len(shape) - 1)).expand(shape).to(t.dtype).to(t.device).clone()
+        if _is_mask(key):
+            return missing(shape).to(t.dtype).to(t.device)
+        values = (1.0 + torch.rand(shape, generator=generator, dtype=torch.float64))
+        values = values * scales.reshape(size, *[1] * (len(shape) - 1))
+        return values.to(t.dtype).to(t.device)
 
-    if isinstance(batch, dict):
-        return {k: make(v, k) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    if not isinstance(batch, dict):
+        from lightning.fabric.utilities.apply_func import apply_to_collection
+
+        return apply_to_collection(batch, torch.Tensor, make)
+    probe = {k: make(v, k) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    for key, mask in list(probe.items()):  # missing values are 0 in the values the mask belongs to
+        target = _masked_key(key, probe)
+        if target is not None and isinstance(mask, torch.Tensor) and mask.shape == probe[target].shape:
+            probe[target] = probe[target] * (mask != 0).to(probe[target].dtype)
+    return probe
+
+
+def _is_mask(key: str) -> bool:
+    return "observed" in key or "mask" in key
+
+
+def _masked_key(key: str, batch: dict[str, Any]) -> str | None:
+    """The key of the values an observed mask belongs to (``past_observed_values`` -> ``past_target``)."""
+    if not _is_mask(key):
+        return None
+    for candidate in (key.replace("observed_values", "target"), key.replace("_observed", ""),
+                      key.replace("_mask", ""), key.replace("mask", "target")):
+        if candidate != key and candidate in batch and isinstance(batch[candidate], torch.Tensor) \
+                and batch[candidate].is_floating_point():
+            return candidate
+    return None
+
+
+def _copy(batch: Any) -> Any:
+    """``batch`` with every tensor cloned (other values shared)."""
     from lightning.fabric.utilities.apply_func import apply_to_collection
 
-    return apply_to_collection(batch, torch.Tensor, make)
+    return apply_to_collection(batch, torch.Tensor, lambda t: t.clone())
 
 
-def _perturb_first_window(batch: Any) -> Any:
+def _perturb_first_window(batch: Any, size: int) -> Any:
     """A copy of a probe batch with window 0's real values changed (masks and integers kept)."""
 
     def change(t: torch.Tensor, key: str = "") -> torch.Tensor:
-        if t.dim() == 0 or t.shape[0] != _PROBE_WINDOWS or not t.is_floating_point():
-            return t
-        if "observed" in key or "mask" in key:
+        if t.dim() == 0 or t.shape[0] != size or not t.is_floating_point() or _is_mask(key):
             return t
         out = t.clone()
         out[0] = out[0] * 3.0 + 0.5
@@ -1099,6 +1413,68 @@ def _perturb_first_window(batch: Any) -> Any:
     from lightning.fabric.utilities.apply_func import apply_to_collection
 
     return apply_to_collection(batch, torch.Tensor, change)
+
+
+@contextlib.contextmanager
+def _float64(module: nn.Module, batch: Any, *, enabled: bool) -> Iterator[tuple[Any, torch.dtype]]:
+    """Run ``module`` in float64 inside (``enabled``): its floating parameters and buffers, the floating tensors
+    of ``batch`` and torch's default dtype; yields (the batch, the dtype). Every tensor gets its own storage back
+    afterwards (nothing is rounded). Not thread-safe: the default dtype is process-wide."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    dtype = params[0].dtype if params else torch.float32
+    if not enabled or dtype == torch.float64:
+        yield batch, dtype
+        return
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    saved = [(t, t.data) for t in [*params, *module.buffers()] if t.is_floating_point()]
+    default = torch.get_default_dtype()
+    try:
+        for t, data in saved:
+            t.data = data.double()
+        torch.set_default_dtype(torch.float64)
+        yield apply_to_collection(batch, torch.Tensor, lambda t: t.double() if t.is_floating_point() else t), \
+            torch.float64
+    finally:
+        torch.set_default_dtype(default)
+        for t, data in saved:
+            t.data = data
+
+
+def _tolerance(dtype: torch.dtype, numel: int, scale: float) -> float:
+    """c * eps(dtype) * sqrt(#params) * (gradient norm scale), c = :data:`_TOLERANCE_FACTOR`: the rounding error
+    that one per-window gradient's computation may carry (a reduction's error grows with eps times the size of its
+    terms), never reached by a change that is a fixed fraction of the gradient."""
+    return _TOLERANCE_FACTOR * torch.finfo(dtype).eps * math.sqrt(max(numel, 1)) * max(scale, 1e-300)
+
+
+def _largest_change(
+    base: list[torch.Tensor], moved: list[torch.Tensor], dtype: torch.dtype, names: list[str]
+) -> tuple[float, float, int, str, str] | None:
+    """The largest change of a per-window gradient beyond the float tolerance, or ``None``.
+
+    ``base`` and ``moved``: one ``[W, *p.shape]`` tensor per parameter, window 0 first (the probe's changed
+    window, not compared when W > 1), tolerance :func:`_tolerance` with the largest per-window gradient norm of
+    either. Returns (change, tolerance, window, parameter with the largest change, dtype).
+    """
+    w = base[0].shape[0]
+    diff = torch.zeros(w, dtype=torch.float64)
+    norms = torch.zeros(2, w, dtype=torch.float64)
+    per_param = []
+    for a, b in zip(base, moved, strict=True):
+        a64, b64 = a.reshape(w, -1).double().cpu(), b.reshape(w, -1).double().cpu()
+        per_param.append((a64 - b64).square().sum(1))
+        diff += per_param[-1]
+        norms[0] += a64.square().sum(1)
+        norms[1] += b64.square().sum(1)
+    tolerance = _tolerance(dtype, sum(a[0].numel() for a in base), float(norms.max().sqrt()))
+    compared = diff[1:] if w > 1 else diff
+    offset = 1 if w > 1 else 0
+    if compared.numel() == 0 or float(compared.max().sqrt()) <= tolerance:
+        return None
+    window = int(compared.argmax()) + offset
+    param = int(torch.stack([d[window] for d in per_param]).argmax())
+    return float(diff[window].sqrt()), tolerance, window, names[param], str(dtype)
 
 
 def _spec_or_none(trainer: L.Trainer) -> SamplingSpec | None:

@@ -9,7 +9,8 @@ what it observed to ``<out>/rank<r>.json``; the test reads both files. Phases:
    and - playing an observer of this rank's process - what this rank put into the gradient all-reduce and
    what came back.
 2. ``poisson``: Poisson top and bottom levels with an expected global batch of 2 windows (many empty local
-   batches), 30 steps.
+   batches), 30 steps. ``isolated``: the same levels, 12 steps of a forward that mixes windows, which the default
+   strategy isolates on every rank.
 3. ``sampler``: the training loader alone over many passes from fresh per-rank entropy (the broadcast must make
    the shares one global sample), and rank 0's single-process reference batches from the shared entropy.
 4. ``nan``: windows of series 3 have a NaN gradient; every rank must raise at the same step, none hang.
@@ -85,6 +86,14 @@ class Tiny(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.5)
+
+
+class MixingTiny(Tiny):
+    """Subtracts the local batch mean (a forward that mixes windows): the default strategy must isolate it."""
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x = batch["past_target"]
+        return (self.net(x - x.mean(0)) - batch["future_target"]).square().mean()
 
 
 class NanOnSeries3(Tiny):
@@ -209,6 +218,15 @@ def main(out: Path) -> None:
     t.fit(model, datamodule=dm)
     result["poisson"] = {"shares": recorder.shares, "global_step": t.global_step,
                          "ledger_steps": strategy.ledger.steps, "weights": weights(model)}
+
+    # -- 2b. Isolated per-window gradients (issue 25): a forward that mixes the windows of the local batch, under
+    # the default per_window="auto" (every rank's probe finds it at the first step and isolates), Poisson levels
+    model, dm = MixingTiny(), datamodule("poisson")
+    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
+    t = trainer(out, [strategy], max_steps=12, logger=False, enable_checkpointing=False)
+    t.fit(model, datamodule=dm)
+    result["isolated"] = {"isolated": strategy.isolated, "global_step": t.global_step,
+                          "ledger_steps": strategy.ledger.steps, "weights": weights(model)}
 
     # -- 3. The sampler alone: the shares of many passes, and rank 0's single-process reference -----------
     dm = datamodule()

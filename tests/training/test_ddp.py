@@ -184,6 +184,13 @@ def test_poisson_levels_with_empty_local_batches_run(run: dict) -> None:
     assert (0, 0) in sizes  # the noise-only step on every rank
 
 
+def test_a_forward_that_mixes_windows_is_isolated_on_every_rank(run: dict) -> None:
+    p = [r["isolated"] for r in run["ranks"]]
+    assert p[0]["isolated"] and p[1]["isolated"]
+    assert p[0]["global_step"] == p[1]["global_step"] == p[0]["ledger_steps"] == p[1]["ledger_steps"] == 12
+    assert p[0]["weights"] == p[1]["weights"]
+
+
 def test_a_non_finite_gradient_on_one_rank_stops_every_rank_at_the_same_step(run: dict) -> None:
     nan = [r["nan"] for r in run["ranks"]]
     assert {n["error"] for n in nan} <= {"NonFiniteGradientError", "RuntimeError"}

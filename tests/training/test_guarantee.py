@@ -233,8 +233,14 @@ class _Mixing(LinearModule):
 
 def test_a_forward_that_mixes_windows_is_refused_at_the_first_step():
     with pytest.raises(ConfigurationError, match="mixes the windows") as info:
-        _run(module=_Mixing(DIM), accountant=False, max_steps=2)
+        _run(module=_Mixing(DIM), accountant=False, max_steps=2,
+             strategy=DPForecastStrategy(SIGMA, 1.0, per_window="fast"))
     assert info.value.parameter == "model"
+    # by default (per_window="auto") the probe's finding switches the fit to isolated per-window gradients
+    strategy = DPForecastStrategy(SIGMA, 1.0)
+    with pytest.warns(UserWarning, match="mixes the windows"):
+        t, *_ = _run(module=_Mixing(DIM), accountant=False, max_steps=2, strategy=strategy)
+    assert t.global_step == 2 and strategy.isolated
     # the check can be turned off for a model verified otherwise
     t, *_ = _run(module=_Mixing(DIM), accountant=False, max_steps=2,
                  strategy=DPForecastStrategy(SIGMA, 1.0, check_independence=False))
