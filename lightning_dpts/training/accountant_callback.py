@@ -190,7 +190,7 @@ class AccountantCallback(Callback):
                     "noise_multiplier", sigma,
                     f"the checkpoint's steps were accounted with noise_multiplier={saved_sigma}; keep it to resume",
                 )
-            if saved_spec is not None and saved_spec != repr(spec):
+            if saved_spec is not None and not spec.matches_repr(saved_spec):
                 raise ConfigurationError(
                     "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
                 )
