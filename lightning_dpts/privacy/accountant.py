@@ -255,7 +255,8 @@ class StructuredSubsamplingAccountant:
 
     def _plain(self, compositions: int, level: int) -> tuple[int, PrivacyLossDistribution]:
         """(grid, untilted composed PLD) for ``compositions`` units at ``level`` on :meth:`_grid`'s grid, or the
-        next coarser grids if its range exceeds the memory bound (raises _TooLarge at ``discretization``)."""
+        next coarser grids if its range exceeds the memory bound (raises _TooLarge at ``discretization``).
+        """
         if compositions > MAX_COMPOSITIONS:
             raise _TooLarge
         grid = self._grid(compositions, level)
@@ -336,10 +337,19 @@ class StructuredSubsamplingAccountant:
             return 0.0
         if compositions == 1:  # one unit: the profile itself, no discretisation
             return float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
+        if self._fine_only(compositions):
+            return self._eps(compositions, 1, delta)
         if delta >= FINE_DELTA:
             return self._eps(compositions, 0, delta)
         # Finer truncation below FINE_DELTA; never below the value at the level boundary (monotone in delta).
         return max(self._eps(compositions, 1, delta), self._eps(compositions, 0, FINE_DELTA))
+
+    def _fine_only(self, compositions: int) -> bool:
+        """Whether ``compositions`` units are read at the fine level for every delta: the coarse level's tail,
+        ``tail_mass_truncation`` per unit, would add up to more than 1e-3 FINE_DELTA at +infinity (n > 10^6 at
+        the default 1e-15), which is not negligible against delta >= FINE_DELTA. One level for every delta keeps
+        the read-outs monotone in delta."""
+        return compositions * self.tail_mass_truncation > 1e-3 * FINE_DELTA
 
     def epsilon_curve(self, compositions: int, delta: float, *, rtol: float = 0.01,
                       start: int = 1) -> Iterator[tuple[int, float]]:
@@ -364,6 +374,8 @@ class StructuredSubsamplingAccountant:
             try:
                 if c == 1:
                     return self._epsilon_units(1, delta)
+                if self._fine_only(c):
+                    return epsilon_from_pld(self._plain(c, 1)[1], delta)
                 if delta >= FINE_DELTA:
                     return epsilon_from_pld(self._plain(c, 0)[1], delta)
                 # as _epsilon_units, without the tilted composition (which only lowers the result)
@@ -422,6 +434,8 @@ class StructuredSubsamplingAccountant:
             value = float(self.profile.delta(min(epsilon, 700.0))[0])
             return min(1.0, max(0.0, value))
         try:
+            if self._fine_only(n):
+                return self._delta(n, 1, epsilon)
             coarse = self._delta(n, 0, epsilon)
             if coarse >= FINE_DELTA:
                 return coarse
