@@ -37,7 +37,8 @@ from lightning_dpts.privacy.pld import (
 from lightning_dpts.privacy.profiles import PrivacyProfile
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["MIN_DELTA", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier", "PrivacyReport"]
+__all__ = ["MIN_DELTA", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
+           "PrivacyReport"]
 
 _CACHE_SIZE = 32
 
@@ -99,101 +100,93 @@ class PrivacyReport:
     kind: str
 
 
-class StructuredSubsamplingAccountant:
-    """Privacy accounting for DP-SGD with bi-level structured subsampling (the paper's Sections 4.1-4.3).
+class ProfileAccountant:
+    """Composition of one privacy profile with itself: the package's one composition path.
 
-    The accountant selects the theorem for ``spec`` (see :func:`~lightning_dpts.privacy.bounds.select_profile`),
-    turns that single per-step (or per-epoch) privacy profile into a pessimistic connect-the-dots privacy-loss
-    distribution (Lemma D.16) and composes it with dp_accounting's FFT routines.
+    The profile of one composition unit becomes a pessimistic connect-the-dots PLD (Lemma D.16) on the grid
+    :meth:`_grid` picks for the count read out, composed by :class:`~lightning_dpts.privacy.pld.Composition`
+    (tilted FFT with an explicit round-off bound), with tail truncations chosen from delta and the count
+    (:data:`FINE_DELTA`, :meth:`_fine_only`). :class:`StructuredSubsamplingAccountant` (DP-SGD steps), the PETS
+    accountant (:mod:`lightning_dpts.synthetic.privacy`, rounds) and the release accountant
+    (:mod:`lightning_dpts.release.accounting`, releases) compose through it.
 
     Args:
-        spec: the sampling description, e.g. ``datamodule.sampling_spec``.
-        noise_multiplier: sigma > 0; the noise std on the summed clipped gradient is ``sigma * C``.
-        bound: ``"upper"`` (default; the best sound guarantee) or ``"lower"`` (the paper's optimistic lower
-            bound, Theorems 4.3/F.7/F.8 -- useful for comparisons, never as a guarantee).
-        discretization: the coarsest privacy-loss grid spacing (default 1e-3, as in Appendix B.4.3).
-        tail_mass_truncation: mass allowed beyond the grid, accounted as infinite loss (default 1e-15).
-        min_grid_points: refine the grid below ``discretization`` until the per-unit loss range holds this
-            many points (default 4096; 0 disables). See :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
-        naive: if ``True``, account naive DP-SGD over the flattened set of all windows instead
-            (Proposition C.1 for ``bound="upper"``: what standard DP-SGD would report; Proposition C.2 for
-            ``bound="lower"``: its true leakage under the spec's relation). For comparisons only.
+        profile: the (symmetric) privacy profile of one unit.
+        discretization: the coarsest privacy-loss grid spacing (Appendix B.4.3: 1e-3).
+        tail_mass_truncation: mass beyond the grid, accounted as infinite loss (Appendix B.4.3: 1e-15).
+        min_grid_points: refine grid 0 until the unit's loss range holds this many points (0: the fixed
+            ``discretization`` grid).
+        scale: (name, value) of the parameter that sets the noise, for error messages.
     """
 
-    def __init__(
-        self,
-        spec: SamplingSpec,
-        noise_multiplier: float,
-        *,
-        bound: str = "upper",
-        discretization: float = DEFAULT_DISCRETIZATION,
-        tail_mass_truncation: float = DEFAULT_TAIL_MASS,
-        min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
-        naive: bool = False,
-    ) -> None:
-        if not isinstance(spec, SamplingSpec):
-            raise ConfigurationError("spec", spec, "must be a lightning_dpts.privacy.SamplingSpec")
-        if spec.top_level == "b_min_sep":
-            raise ConfigurationError(
-                "spec.top_level", "b_min_sep",
-                "is not covered by the structured (PLD) accountant: b-min-sep sampling is accounted by the Monte "
-                "Carlo accountant, lightning_dpts.privacy.montecarlo.MonteCarloAccountant (AccountantCallback builds "
-                "it for you; docs/bandmf.md)",
-            )
-        if bound not in BOUNDS:
-            raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
+    def __init__(self, profile: PrivacyProfile, *, discretization: float = DEFAULT_DISCRETIZATION,
+                 tail_mass_truncation: float = DEFAULT_TAIL_MASS, min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
+                 scale: tuple[str, float] = ("noise_multiplier", math.nan)) -> None:
         if not (isinstance(discretization, (int, float)) and 0 < discretization <= 1):
             raise ConfigurationError("discretization", discretization, "must lie in (0, 1]")
         if not (isinstance(tail_mass_truncation, (int, float)) and 0 < tail_mass_truncation <= 1e-6):
             raise ConfigurationError("tail_mass_truncation", tail_mass_truncation, "must lie in (0, 1e-6]")
         if isinstance(min_grid_points, bool) or not isinstance(min_grid_points, int) or min_grid_points < 0:
             raise ConfigurationError("min_grid_points", min_grid_points, "must be an integer >= 0")
-        self.min_grid_points = min_grid_points
-        self.spec = spec
-        self.bound = bound
-        self.naive = bool(naive)
+        self.profile = profile
         self.discretization = float(discretization)
         self.tail_mass_truncation = float(tail_mass_truncation)
-        if self.naive:
-            self.profile: PrivacyProfile = naive_dpsgd_profile(spec, noise_multiplier, bound)
-        else:
-            self.profile = select_profile(spec, noise_multiplier, bound)
-        self.noise_multiplier = float(noise_multiplier)
-        self._unit_plds: dict[tuple[int, bool], PrivacyLossDistribution] = {}
-        self._compositions: dict[tuple[int, bool], Composition] = {}
-        self._composed: OrderedDict[tuple[int, bool, int], list[PrivacyLossDistribution]] = OrderedDict()
+        self.min_grid_points = min_grid_points
+        self._scale = scale
+        self._unit_plds: dict[tuple[int, int], PrivacyLossDistribution] = {}
+        self._compositions: dict[tuple[int, int], Composition] = {}
+        self._composed: OrderedDict[tuple[int, int], list[PrivacyLossDistribution]] = OrderedDict()
 
-    def clone(self) -> StructuredSubsamplingAccountant:
-        """A new accountant with the same settings and empty caches (e.g. for another thread: the caches are not
-        thread-safe)."""
-        return StructuredSubsamplingAccountant(
-            self.spec, self.noise_multiplier, bound=self.bound, discretization=self.discretization,
-            tail_mass_truncation=self.tail_mass_truncation, min_grid_points=self.min_grid_points, naive=self.naive,
+    def epsilon_after(self, compositions: int, delta: float) -> float:
+        """epsilon after ``compositions`` units at ``delta`` (one unit: the profile itself, no discretisation).
+
+        Raises ConfigurationError (``compositions``) beyond the memory bound."""
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        try:
+            return self._epsilon_units(compositions, delta)
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def delta_after(self, compositions: int, epsilon: float) -> float:
+        """The smallest delta (in [0, 1]) after ``compositions`` units at ``epsilon``."""
+        epsilon = _check_epsilon(epsilon)
+        _check_steps("compositions", compositions)
+        if compositions == 0:
+            return 0.0
+        if compositions == 1:
+            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
+            value = float(self.profile.delta(min(epsilon, 700.0))[0])
+            return min(1.0, max(0.0, value))
+        try:
+            if self._fine_only(compositions):
+                return self._delta(compositions, 1, epsilon)
+            coarse = self._delta(compositions, 0, epsilon)
+            if coarse >= FINE_DELTA:
+                return coarse
+            return min(coarse, self._delta(compositions, 1, epsilon))
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def composed_pld(self, compositions: int) -> PrivacyLossDistribution:
+        """PLD after ``compositions`` units at the default tail truncation (cached, most recent first).
+
+        Raises:
+            ConfigurationError: the composition would exceed the memory bound (``steps`` for DP-SGD, ``compositions``
+                otherwise).
+        """
+        try:
+            plds = self._composed_at(compositions, 0)
+            return plds[-1]
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def _too_many(self, compositions: int) -> ConfigurationError:
+        return ConfigurationError(
+            "compositions", compositions,
+            f"more than this accountant composes in bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss "
+            "grid points)",
         )
-
-    # ------------------------------------------------------------------------------------------------
-    @property
-    def theorem(self) -> str:
-        """The result that proves the bound in use, e.g. ``"Theorem 4.4"``."""
-        return self.profile.theorem
-
-    @property
-    def kind(self) -> str:
-        """``"tight"``, ``"upper"`` or ``"lower"`` (see :class:`~lightning_dpts.privacy.profiles.PrivacyProfile`)."""
-        return self.profile.kind
-
-    @property
-    def unit(self) -> str:
-        """The unit of composition: ``"epoch"`` for iteration/shuffling, ``"step"`` otherwise."""
-        return "epoch" if (self.spec.accounts_per_epoch and not self.naive) else "step"
-
-    def compositions(self, steps: int) -> int:
-        """How many units ``steps`` optimizer steps compose (a started epoch counts whole)."""
-        _check_steps("steps", steps)
-        return steps if self.naive else self.spec.compositions(steps)
-
-    def _steps_for(self, compositions: int) -> int:
-        return compositions if self.naive else self.spec.max_steps_for_compositions(compositions)
 
     def _tails(self, level: int) -> tuple[float, float]:
         """(unit, composition) tail-mass truncation of read-out level 0 (delta >= FINE_DELTA) or 1."""
@@ -217,8 +210,7 @@ class StructuredSubsamplingAccountant:
                                             self._tails(level)[0], 0)
             except ValueError as err:  # the loss range does not fit the grid bound: sigma far too small
                 raise ConfigurationError(
-                    "noise_multiplier", self.noise_multiplier,
-                    f"is too small to account ({err}); raise the noise multiplier",
+                    self._scale[0], self._scale[1], f"is too small to account ({err}); raise the noise",
                 ) from None
             self._unit_plds[key] = unit
         return self._unit_plds[key]
@@ -312,25 +304,6 @@ class StructuredSubsamplingAccountant:
     def _delta(self, compositions: int, level: int, epsilon: float) -> float:
         return min(delta_from_pld(p, epsilon) for p in self._composed_at(compositions, level))
 
-    def composed_pld(self, compositions: int) -> PrivacyLossDistribution:
-        """PLD after ``compositions`` units at the default tail truncation (cached, most recent first).
-
-        Raises:
-            ConfigurationError: the composition would exceed the memory bound (``steps``).
-        """
-        try:
-            plds = self._composed_at(compositions, 0)
-            return plds[-1]
-        except _TooLarge:
-            raise self._too_many(compositions) from None
-
-    def _too_many(self, compositions: int) -> ConfigurationError:
-        return ConfigurationError(
-            "steps", self._steps_for(compositions),
-            f"{compositions} {self.unit}s are more than this accountant composes in bounded memory "
-            f"(at most {MAX_COMPOSED_POINTS} privacy-loss grid points); account fewer steps",
-        )
-
     def _epsilon_units(self, compositions: int, delta: float) -> float:
         """epsilon after ``compositions`` units (raises _TooLarge); monotone in delta and compositions."""
         if compositions == 0:
@@ -350,6 +323,101 @@ class StructuredSubsamplingAccountant:
         the default 1e-15), which is not negligible against delta >= FINE_DELTA. One level for every delta keeps
         the read-outs monotone in delta."""
         return compositions * self.tail_mass_truncation > 1e-3 * FINE_DELTA
+
+
+
+class StructuredSubsamplingAccountant(ProfileAccountant):
+    """Privacy accounting for DP-SGD with bi-level structured subsampling (the paper's Sections 4.1-4.3).
+
+    The accountant selects the theorem for ``spec`` (see :func:`~lightning_dpts.privacy.bounds.select_profile`),
+    turns that single per-step (or per-epoch) privacy profile into a pessimistic connect-the-dots privacy-loss
+    distribution (Lemma D.16) and composes it with dp_accounting's FFT routines.
+
+    Args:
+        spec: the sampling description, e.g. ``datamodule.sampling_spec``.
+        noise_multiplier: sigma > 0; the noise std on the summed clipped gradient is ``sigma * C``.
+        bound: ``"upper"`` (default; the best sound guarantee) or ``"lower"`` (the paper's optimistic lower
+            bound, Theorems 4.3/F.7/F.8 -- useful for comparisons, never as a guarantee).
+        discretization: the coarsest privacy-loss grid spacing (default 1e-3, as in Appendix B.4.3).
+        tail_mass_truncation: mass allowed beyond the grid, accounted as infinite loss (default 1e-15).
+        min_grid_points: refine the grid below ``discretization`` until the per-unit loss range holds this
+            many points (default 4096; 0 disables). See :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
+        naive: if ``True``, account naive DP-SGD over the flattened set of all windows instead
+            (Proposition C.1 for ``bound="upper"``: what standard DP-SGD would report; Proposition C.2 for
+            ``bound="lower"``: its true leakage under the spec's relation). For comparisons only.
+    """
+
+    def __init__(
+        self,
+        spec: SamplingSpec,
+        noise_multiplier: float,
+        *,
+        bound: str = "upper",
+        discretization: float = DEFAULT_DISCRETIZATION,
+        tail_mass_truncation: float = DEFAULT_TAIL_MASS,
+        min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
+        naive: bool = False,
+    ) -> None:
+        if not isinstance(spec, SamplingSpec):
+            raise ConfigurationError("spec", spec, "must be a lightning_dpts.privacy.SamplingSpec")
+        if spec.top_level == "b_min_sep":
+            raise ConfigurationError(
+                "spec.top_level", "b_min_sep",
+                "is not covered by the structured (PLD) accountant: b-min-sep sampling is accounted by the Monte "
+                "Carlo accountant, lightning_dpts.privacy.montecarlo.MonteCarloAccountant (AccountantCallback builds "
+                "it for you; docs/bandmf.md)",
+            )
+        if bound not in BOUNDS:
+            raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
+        self.spec = spec
+        self.bound = bound
+        self.naive = bool(naive)
+        if self.naive:
+            profile = naive_dpsgd_profile(spec, noise_multiplier, bound)
+        else:
+            profile = select_profile(spec, noise_multiplier, bound)
+        self.noise_multiplier = float(noise_multiplier)
+        super().__init__(profile, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
+                         min_grid_points=min_grid_points, scale=("noise_multiplier", self.noise_multiplier))
+
+    def clone(self) -> StructuredSubsamplingAccountant:
+        """A new accountant with the same settings and empty caches (e.g. for another thread: the caches are not
+        thread-safe)."""
+        return StructuredSubsamplingAccountant(
+            self.spec, self.noise_multiplier, bound=self.bound, discretization=self.discretization,
+            tail_mass_truncation=self.tail_mass_truncation, min_grid_points=self.min_grid_points, naive=self.naive,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def theorem(self) -> str:
+        """The result that proves the bound in use, e.g. ``"Theorem 4.4"``."""
+        return self.profile.theorem
+
+    @property
+    def kind(self) -> str:
+        """``"tight"``, ``"upper"`` or ``"lower"`` (see :class:`~lightning_dpts.privacy.profiles.PrivacyProfile`)."""
+        return self.profile.kind
+
+    @property
+    def unit(self) -> str:
+        """The unit of composition: ``"epoch"`` for iteration/shuffling, ``"step"`` otherwise."""
+        return "epoch" if (self.spec.accounts_per_epoch and not self.naive) else "step"
+
+    def compositions(self, steps: int) -> int:
+        """How many units ``steps`` optimizer steps compose (a started epoch counts whole)."""
+        _check_steps("steps", steps)
+        return steps if self.naive else self.spec.compositions(steps)
+
+    def _steps_for(self, compositions: int) -> int:
+        return compositions if self.naive else self.spec.max_steps_for_compositions(compositions)
+
+    def _too_many(self, compositions: int) -> ConfigurationError:
+        return ConfigurationError(
+            "steps", self._steps_for(compositions),
+            f"{compositions} {self.unit}s are more than this accountant composes in bounded memory "
+            f"(at most {MAX_COMPOSED_POINTS} privacy-loss grid points); account fewer steps",
+        )
 
     def epsilon_curve(self, compositions: int, delta: float, *, rtol: float = 0.01,
                       start: int = 1) -> Iterator[tuple[int, float]]:
@@ -426,22 +494,7 @@ class StructuredSubsamplingAccountant:
     def delta(self, steps: int, epsilon: float) -> float:
         """The smallest delta (in [0, 1]) such that training for ``steps`` steps is (epsilon, delta)-DP."""
         epsilon = _check_epsilon(epsilon)
-        n = self.compositions(steps)
-        if n == 0:
-            return 0.0
-        if n == 1:
-            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
-            value = float(self.profile.delta(min(epsilon, 700.0))[0])
-            return min(1.0, max(0.0, value))
-        try:
-            if self._fine_only(n):
-                return self._delta(n, 1, epsilon)
-            coarse = self._delta(n, 0, epsilon)
-            if coarse >= FINE_DELTA:
-                return coarse
-            return min(coarse, self._delta(n, 1, epsilon))
-        except _TooLarge:
-            raise self._too_many(n) from None
+        return self.delta_after(self.compositions(steps), epsilon)
 
     def max_steps(self, epsilon: float, delta: float, *, limit: int = 10**9, stop_at: int | None = None) -> int:
         """The largest number of optimizer steps whose composed epsilon stays <= ``epsilon`` at ``delta``.
