@@ -25,8 +25,9 @@ at most a factor 1 + ``grid_rtol`` (default 1%) wherever one composition does no
 c_i >= n. Epsilon is nondecreasing in the count, so that value is a sound upper bound, and it exceeds the
 epsilon actually spent by at most 1 + ``grid_rtol``. If the thread has not reached n yet, the callback waits for
 it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper bound, is logged). The
-per-step cost is a table look-up plus the logger calls (``benchmarks/dp_training.py --accountant-overhead``
-measures it). The final report is computed exactly.
+per-step cost is a table look-up plus the logger calls; the table's thread competes with training for the
+CPU (``benchmarks/dp_training.py --kinds plain,dp,dp_acc --interleave run`` measures both side by side). The
+final report is computed exactly.
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
 broadcasts it, so every rank caps the Trainer at the same step and stops there; only rank 0 evaluates and logs
