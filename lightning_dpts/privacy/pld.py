@@ -140,8 +140,34 @@ def pld_from_profile(
     deltas = np.clip(np.concatenate([lower, upper]), 0.0, 1.0)
     # A profile is non-increasing; remove rounding-level wiggles pessimistically (raise, never lower).
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, -n_hi, n_hi, deltas)
-    return PrivacyLossDistribution(pmf)
+    return PrivacyLossDistribution(_connect_the_dots(discretization, -n_hi, n_hi, deltas))
+
+
+def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray) -> pld_pmf.PLDPmf:
+    """The pessimistic connect-the-dots pmf (Doroshenko et al. 2022; Lemma D.16) of non-increasing ``deltas`` =
+    H(e^eps) at eps = j * ``spacing``, j = ``lower`` .. ``upper``, with a sound repair of round-off.
+
+    Its probabilities are second differences of the deltas divided by e^spacing - 1, so the round-off of the
+    profile values (about 1e-16) becomes about 1e-16 / spacing per grid point, of either sign. dp_accounting
+    clips the negative ones to 0, which adds their mass (1e-9 per unit at spacing 1e-7, and that excess
+    compounds: (1 + 1e-9)^(10^9)). Here the suffix sums S_i = sum_{j >= i} p_j are replaced by
+    S'_i = max(0, max_{k >= i} S_k) instead: p'_i = S'_i - S'_{i+1} >= 0, and since
+    delta(eps) = sum_i S_i (g(l_i) - g(l_{i-1})) with g(l) = (1 - e^{eps - l})_+ nondecreasing in l (summation by
+    parts), S' >= S raises delta(eps) at every eps (pessimistic) while S' <= the clipped pmf's suffix sums: the
+    excess mass falls about 100-fold.
+    """
+    if upper == lower:
+        return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(spacing, lower, upper, deltas)
+    deltas = np.minimum.accumulate(np.asarray(deltas, dtype=np.float64))
+    diffs = np.diff(deltas)
+    probs = np.empty_like(deltas)
+    probs[0] = 1.0 - deltas[0] + diffs[0] / math.expm1(spacing)
+    probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(spacing)) / math.expm1(spacing)
+    probs[-1] = diffs[-1] / math.expm1(-spacing)
+    suffix = np.cumsum(probs[::-1])[::-1]
+    repaired = np.maximum(np.maximum.accumulate(suffix[::-1])[::-1], 0.0)
+    probs = repaired - np.concatenate([repaired[1:], [0.0]])
+    return pld_pmf.DensePLDPmf(spacing, lower, probs, float(deltas[-1]), True)
 
 
 def _dense_pmf(pld: PrivacyLossDistribution) -> tuple[float, int, np.ndarray, float]:

@@ -17,9 +17,9 @@ from . import reference as R
 
 FULL = SamplingSpec(num_series=10, min_length=6, context_length=5, prediction_length=2, batch_size=10)
 
-# Measured relative excess (docs/privacy.md): <= 0.7% up to 10^7 steps, about 1% at 10^8, 14-20% at 10^9 (the
-# grid that fits 2^21 points is then too coarse for 10^9 compositions, and the unit's rounding adds up).
-BOUND = {10**8: 1.02, 10**9: 1.25}
+# Measured relative excess (docs/privacy.md): <= 0.7% up to 10^7 steps, about 1% at 10^8, 4-11% at 10^9 (the
+# grid that fits 2^21 points is then too coarse for 10^9 compositions, and the unit's round-off adds up).
+BOUND = {10**8: 1.02, 10**9: 1.12}
 
 
 @pytest.mark.parametrize("steps", [10**e for e in range(10)])
