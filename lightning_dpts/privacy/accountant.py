@@ -331,7 +331,8 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
 
     The accountant selects the theorem for ``spec`` (see :func:`~lightning_dpts.privacy.bounds.select_profile`),
     turns that single per-step (or per-epoch) privacy profile into a pessimistic connect-the-dots privacy-loss
-    distribution (Lemma D.16) and composes it with dp_accounting's FFT routines.
+    distribution (Lemma D.16) and composes it through :class:`ProfileAccountant` (grid chosen for the count,
+    tails from delta and the count, bounded tilted FFT).
 
     Args:
         spec: the sampling description, e.g. ``datamodule.sampling_spec``.
@@ -341,7 +342,9 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         discretization: the coarsest privacy-loss grid spacing (default 1e-3, as in Appendix B.4.3).
         tail_mass_truncation: mass allowed beyond the grid, accounted as infinite loss (default 1e-15).
         min_grid_points: refine the grid below ``discretization`` until the per-unit loss range holds this
-            many points (default 4096; 0 disables). See :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
+            many points (default 4096; 0 disables, and with it the grid ladder: the fixed grid of Appendix B.4.3).
+            Each read-out then refines further for its count (``_grid``). See
+            :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
         naive: if ``True``, account naive DP-SGD over the flattened set of all windows instead
             (Proposition C.1 for ``bound="upper"``: what standard DP-SGD would report; Proposition C.2 for
             ``bound="lower"``: its true leakage under the spec's relation). For comparisons only.

@@ -4,8 +4,11 @@ Connect-the-dots (Doroshenko et al., 2022) builds the best pessimistic discrete 
 privacy losses from the values H(e^eps) of a profile at the grid points alone. We evaluate the single
 (switching or opposed-mixture) profile of one composition unit on eps = j * d for |eps| <= eps_max, where
 eps_max is the smallest grid point with H(e^eps_max) <= tail_mass_truncation; that remaining mass goes to
-+infinity (pessimistic). Composition and the (eps, delta) read-outs are dp_accounting's FFT-based routines
-on a *symmetric* PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes.
++infinity (pessimistic); :func:`_connect_the_dots` repairs the round-off of the resulting probabilities
+soundly. Composition (:class:`Composition`: tilted FFT, Chernoff range, explicit round-off bound) and the
+(eps, delta) read-outs (:func:`epsilon_from_pld`, :func:`delta_from_pld`) are ours, on a *symmetric*
+dp_accounting PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes; this module is the one place
+that reads dp_accounting's private pmf attributes (:func:`_dense_pmf`).
 """
 
 from __future__ import annotations
