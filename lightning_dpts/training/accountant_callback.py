@@ -609,7 +609,7 @@ class EpsilonTable:
                     self._cond.notify_all()
                     if count >= self._limit:  # every count up to the limit is covered
                         break
-        except BaseException as err:  # surfaced by lookup(wait=True); the logged value falls back to the budget's
+        except Exception as err:  # kept in .error; the callback then logs the budget's epsilon (an upper bound)
             self.error = err
         finally:
             with self._cond:
@@ -618,15 +618,13 @@ class EpsilonTable:
 
     def lookup(self, count: int, wait: bool = False) -> float | None:
         """The value at the first computed count >= ``count``; ``None`` if none is computed yet (``wait``: block
-        until it is, or until the thread ends). Raises the thread's error when it failed before ``count``."""
+        until it is, or until the thread ends; a thread that failed, see :attr:`error`, leaves ``None``)."""
         with self._cond:
             while True:
                 i = bisect.bisect_left(self._counts, count)
                 if i < len(self._counts):
                     return self._values[i]
                 if self._done or not wait:
-                    if wait and self.error is not None:
-                        raise self.error
                     return None
                 self._cond.wait()
 

@@ -65,3 +65,18 @@ def test_ten_thousand_step_run_logs_epsilon_within_one_percent(tmp_path):
     assert [s for s, _ in logged] == list(range(1, 10_001))
     steps = {*range(1, 50), *range(50, 10_001, 61), 10_000}
     _assert_within_one_percent(acc, logged, delta, steps)
+
+
+def test_table_thread_failure_leaves_lookups_empty_not_raising():
+    from lightning_dpts.errors import ConfigurationError
+    from lightning_dpts.training.accountant_callback import EpsilonTable
+
+    class Failing:
+        def epsilon_curve(self, last, delta, *, rtol, start):
+            yield 1, 0.1
+            raise ConfigurationError("steps", last, "too many")
+
+    table = EpsilonTable(Failing(), 1e-6, 10)  # type: ignore[arg-type]
+    table.join(5.0)
+    assert table.lookup(1, wait=True) == 0.1
+    assert table.lookup(2, wait=True) is None and isinstance(table.error, ConfigurationError)
