@@ -7,6 +7,12 @@ privacy-loss grid, build the PLD with dp_accounting's connect-the-dots, and comp
 ratio is speed only; epsilons are printed to show they agree.
 
 Run:  python benchmarks/accountant.py [--quick]
+      python benchmarks/accountant.py --train-start   (issue 26: AccountantCallback's start-up and per-step table)
+
+``--train-start`` times, side by side for sigma = 5, 10, 20 at delta = 1e-7 on the traffic geometry with a
+budget of epsilon = 8 and a Trainer plan of 10^4 steps: ``max_steps`` searched up to the budget (what the callback
+did) against ``max_steps(..., stop_at=plan)`` (what it does), and the epsilon table of the plan
+(``epsilon_curve``, 1% steps), which the callback computes in a background thread.
 Targets (this machine, 2 CPU cores): any scheme's per-step PLD < 0.5 s, steps-for-budget < 2 s, noise
 calibration < 10 s. Absolute seconds are noisy here; read the ratios.
 """
@@ -130,10 +136,29 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
+def train_start(plan: int = 10_000, budget: float = 8.0) -> None:
+    """AccountantCallback's start-up: the budget search with and without the Trainer's plan, and the table."""
+    print(f"{'sigma':>6} {'max_steps (budget)':>22} {'s':>7} {'max_steps (plan)':>18} {'s':>7} {'ratio':>7} "
+          f"{'table points':>13} {'table s':>8}")
+    for sigma in (5.0, 10.0, 20.0):
+        full, t_full = timed(lambda s=sigma: StructuredSubsamplingAccountant(traffic(), s).max_steps(budget, DELTA))
+        capped, t_cap = timed(lambda s=sigma: StructuredSubsamplingAccountant(traffic(), s).max_steps(
+            budget, DELTA, stop_at=plan))
+        last = min(plan, capped)
+        points, t_table = timed(lambda s=sigma, n=last: list(
+            StructuredSubsamplingAccountant(traffic(), s).epsilon_curve(n, DELTA)))
+        print(f"{sigma:6.1f} {full:22d} {t_full:7.2f} {capped:18d} {t_cap:7.2f} {t_full / t_cap:7.1f} "
+              f"{len(points):13d} {t_table:8.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter baseline loops (for smoke runs)")
+    parser.add_argument("--train-start", action="store_true", help="only the AccountantCallback start-up timings")
     args = parser.parse_args()
+    if args.train_start:
+        train_start()
+        return
     loop_limit = 5.0 if args.quick else 30.0
 
     print(f"sigma={SIGMA}, delta={DELTA}, traffic geometry (N=862, L=13916, L_F=24, L_C=96, Lambda=256)\n")

@@ -29,14 +29,16 @@ that window alone), ``dp_spot`` (a spot check at every step), ``dp_nospot`` (non
 spot check nor probe: the fast path alone); with ``--interleave step`` each gets its paired ratio to the non-DP
 step (issue 25's costs).
 ``--models mlp,gru`` measures a user's own module (:class:`UserForecaster`).
-``+acc`` adds an :class:`AccountantCallback` (epsilon logging) to the DP run; ``acc hook`` is the time of
-its per-step hook alone (median, and mean over all steps including the steps that evaluate a new epsilon
-grid point). ``--memory`` also records, for one step after warm-up of each configuration, the peak of the memory
-allocated by torch during the step above what was allocated at its start (torch profiler memory events:
-activations, gradients, temporaries; the parameters and optimizer state, equal in both, are not included; for
-DP, the step's one noise vector, when drawn in the background thread from the step's start - the profiler does
-not see that thread's allocation - and then handed out as the step's gradient, is added for the whole step; with
-no spare core the strategy draws it at the optimizer step, where the profiler counts it).
+``+acc`` adds an :class:`AccountantCallback` (epsilon logging; budget 8 at ``--accountant-delta``) to the DP run;
+``acc hook`` is the time of its per-step hook alone (median, and mean over all steps including any step that waits
+for the background epsilon table). With ``dp`` and ``dp_acc`` both measured, a ``dp_acc/dp`` line gives the
+accountant's share of the DP step side by side; use ``--interleave run`` for it, so that the table's background
+thread runs only during the ``dp_acc`` runs. ``--memory`` also records, for one step after warm-up of each
+configuration, the peak of the memory allocated by torch during the step above what was allocated at its start
+(torch profiler memory events: activations, gradients, temporaries; the parameters and optimizer state, equal in
+both, are not included; for DP, the step's one noise vector, when drawn in the background thread from the step's
+start - the profiler does not see that thread's allocation - and then handed out as the step's gradient, is added
+for the whole step; with no spare core the strategy draws it at the optimizer step, where the profiler counts it).
 ``--threads`` sets ``torch.set_num_threads`` (default: torch's default). The header names the C allocator settings
 in force (:func:`allocator_settings`): with glibc's defaults, memory freed at the end of a step may go back to the
 operating system and be faulted in again by the next step (DeepAR's large temporaries);
@@ -392,6 +394,7 @@ def main() -> None:
                              "dp_spot: spot_check=1.0; dp_nospot: no spot check; dp_bare: neither spot check nor "
                              "probe)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--accountant-delta", type=float, default=1e-6, help="delta of the dp_acc budget")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one step")
     parser.add_argument("--interleave", choices=("step", "run"), default="step",
                         help="step (default): the configurations take turns step by step (one thread each, one "
@@ -425,7 +428,7 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
         if kind.startswith("dp"):
             callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0, **STRATEGY_KINDS.get(kind, {})))
         if kind == "dp_acc":
-            callbacks.append(_TimedAccountant(8.0, 1e-6))
+            callbacks.append(_TimedAccountant(8.0, args.accountant_delta))
         return callbacks
 
     n_kinds = len(order)
@@ -463,6 +466,15 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
             spread = [statistics.median(rep) for rep in per_repeat]
             print(f"{name:8s} {size:6d} {'paired':8s} {kind}: median of the per-step ratios {every:.3f} (median of "
                   f"each repeat {min(spread):.3f} - {max(spread):.3f})", flush=True)
+    if "dp" in order and "dp_acc" in order:  # the accountant's share: the same DP step with and without it
+        per_repeat = [[a / d for a, d in zip(ra, rd, strict=False)]
+                      for ra, rd in zip(runs["dp_acc"], runs["dp"], strict=True)]
+        ratios = [r for rep in per_repeat for r in rep]
+        spread = [statistics.median(rep) for rep in per_repeat]
+        totals = [sum(ra) / sum(rd) for ra, rd in zip(runs["dp_acc"], runs["dp"], strict=True)]
+        print(f"{name:8s} {size:6d} {'paired':8s} dp_acc/dp: median of the per-step ratios "
+              f"{statistics.median(ratios):.3f} (median of each repeat {min(spread):.3f} - {max(spread):.3f}); "
+              f"total step time of each repeat {' '.join(f'{t:.3f}' for t in totals)}", flush=True)
     med, best, low = stats(runs)
     cpu_med, cpu_best, cpu_low = stats(cpu)
     main_med, main_best, main_low = stats(main)

@@ -89,10 +89,12 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     data = parser.add_argument_group("data and sampling (from the datamodule)")
     data.add_argument("--num-series", type=int, required=True, metavar="N", help="number of training series")
     data.add_argument("--min-length", type=int, required=True, metavar="L",
-                      help="length of the shortest training series (time steps); alone, every series has L steps")
+                      help="length of the shortest training series (time steps); alone, every series has at least "
+                           "L steps and the bound is the worst case over all lengths >= L")
     data.add_argument("--lengths", type=int, nargs="+", default=None, metavar="LEN",
-                      help="the distinct lengths of all training series, if they differ (the bound is the maximum "
-                           "over them; the smallest must equal --min-length)")
+                      help="the exact distinct lengths of all training series (the bound is the maximum over them; "
+                           "the smallest must equal --min-length; --lengths L alone: every series has exactly L "
+                           "steps)")
     data.add_argument("--context-length", type=int, required=True, metavar="LC",
                       help="past window length the model reads, including every lag (time steps)")
     data.add_argument("--prediction-length", type=int, required=True, metavar="LF",

@@ -10,6 +10,7 @@ written atomically (:func:`save_figure`).
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,7 +61,8 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     Args:
         path: the PNG file to write.
         steps: optimizer step numbers (1-based).
-        epsilon: the logged epsilon after each step (a sound upper bound; see AccountantCallback).
+        epsilon: the logged epsilon after each step (a sound upper bound within 1% of the epsilon spent; see
+            AccountantCallback).
         budget: the epsilon budget.
         delta: the delta of every epsilon on the plot.
         theorem, kind: the accountant's theorem and bound kind (e.g. ``"Theorem 4.4"``, ``"tight"``).
@@ -70,7 +72,7 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     steps = np.asarray(steps)
     epsilon = np.asarray(epsilon, dtype=float)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ax.step(steps, epsilon, where="post", color="C0", label=f"epsilon spent, logged upper bound (delta = {delta:g})")
+    ax.plot(steps, epsilon, color="C0", label=f"epsilon spent after each step (upper bound, delta = {delta:g})")
     ax.axhline(budget, color="C3", linestyle="--", label=f"budget epsilon = {budget:g}")
     if spent is not None and len(steps):
         ax.plot([steps[-1]], [spent], "o", color="C0", label=f"final epsilon = {spent:.4g}")
@@ -80,7 +82,10 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     if len(steps):
         ax.set_xlim(0, max(int(steps[-1]), 1))
     source = ", ".join(x for x in (theorem, None if kind is None else f"{kind} bound") if x)
-    ax.set_title(f"Privacy spent, delta = {delta:g}" + (f" ({source})" if source else ""), fontsize=10)
+    # the theorem can be long ("Theorem 4.4, max over 10 series lengths (...)"): wrap it below the headline
+    lines = [f"Privacy spent after each optimizer step, delta = {delta:g}"]
+    lines += textwrap.wrap(source, width=80) if source else []
+    ax.set_title("\n".join(lines), fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

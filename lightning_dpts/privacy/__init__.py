@@ -7,6 +7,7 @@ Start with :class:`SamplingSpec` (what the data pipeline does) and :class:`Struc
 
 from lightning_dpts.privacy.accountant import (
     PrivacyReport,
+    ProfileAccountant,
     StructuredSubsamplingAccountant,
     calibrate_noise_multiplier,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "NeighbouringRelation",
     "PrivacyProfile",
     "PrivacyReport",
+    "ProfileAccountant",
     "SamplingSpec",
     "StructuredSubsamplingAccountant",
     "augmentation_leak_probability",

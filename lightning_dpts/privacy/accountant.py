@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -25,6 +25,8 @@ from lightning_dpts.privacy.pld import (
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
     MAX_COMPOSED_POINTS,
+    MAX_GRID_POINTS,
+    Composition,
     compose,
     delta_from_pld,
     epsilon_for_delta,
@@ -35,7 +37,8 @@ from lightning_dpts.privacy.pld import (
 from lightning_dpts.privacy.profiles import PrivacyProfile
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["MIN_DELTA", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier", "PrivacyReport"]
+__all__ = ["MIN_DELTA", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
+           "PrivacyReport"]
 
 _CACHE_SIZE = 32
 
@@ -51,6 +54,11 @@ _FINE_COMPOSE_TAIL = 1e-22
 _TILT_DELTA = {0: 1e-6, 1: 1e-12}
 #: Largest epsilon :func:`calibrate_noise_multiplier` accepts.
 MAX_CALIBRATION_EPSILON = 1e3
+#: The grid of a composed read-out is refined (halving the spacing) until n h^2 / s_n <= this (about 0.03%
+#: relative excess of epsilon; see StructuredSubsamplingAccountant._grid).
+GRID_ERROR = 1e-3
+#: At most 2^this times finer than the unit's own refined grid.
+MAX_REFINEMENT = 6
 #: Largest number of compositions any read-out attempts.
 MAX_COMPOSITIONS = 10**12
 
@@ -92,12 +100,239 @@ class PrivacyReport:
     kind: str
 
 
-class StructuredSubsamplingAccountant:
+class ProfileAccountant:
+    """Composition of one privacy profile with itself: the package's one composition path.
+
+    The profile of one composition unit becomes a pessimistic connect-the-dots PLD (Lemma D.16) on the grid
+    :meth:`_grid` picks for the count read out, composed by :class:`~lightning_dpts.privacy.pld.Composition`
+    (tilted FFT with an explicit round-off bound), with tail truncations chosen from delta and the count
+    (:data:`FINE_DELTA`, :meth:`_fine_only`). :class:`StructuredSubsamplingAccountant` (DP-SGD steps), the PETS
+    accountant (:mod:`lightning_dpts.synthetic.privacy`, rounds) and the release accountant
+    (:mod:`lightning_dpts.release.accounting`, releases) compose through it.
+
+    Args:
+        profile: the (symmetric) privacy profile of one unit.
+        discretization: the coarsest privacy-loss grid spacing (Appendix B.4.3: 1e-3).
+        tail_mass_truncation: mass beyond the grid, accounted as infinite loss (Appendix B.4.3: 1e-15).
+        min_grid_points: refine grid 0 until the unit's loss range holds this many points (0: the fixed
+            ``discretization`` grid).
+        scale: (name, value) of the parameter that sets the noise, for error messages.
+    """
+
+    def __init__(self, profile: PrivacyProfile, *, discretization: float = DEFAULT_DISCRETIZATION,
+                 tail_mass_truncation: float = DEFAULT_TAIL_MASS, min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
+                 scale: tuple[str, float] = ("noise_multiplier", math.nan)) -> None:
+        if not (isinstance(discretization, (int, float)) and 0 < discretization <= 1):
+            raise ConfigurationError("discretization", discretization, "must lie in (0, 1]")
+        if not (isinstance(tail_mass_truncation, (int, float)) and 0 < tail_mass_truncation <= 1e-6):
+            raise ConfigurationError("tail_mass_truncation", tail_mass_truncation, "must lie in (0, 1e-6]")
+        if isinstance(min_grid_points, bool) or not isinstance(min_grid_points, int) or min_grid_points < 0:
+            raise ConfigurationError("min_grid_points", min_grid_points, "must be an integer >= 0")
+        self.profile = profile
+        self.discretization = float(discretization)
+        self.tail_mass_truncation = float(tail_mass_truncation)
+        self.min_grid_points = min_grid_points
+        self._scale = scale
+        self._unit_plds: dict[tuple[int, int], PrivacyLossDistribution] = {}
+        self._compositions: dict[tuple[int, int], Composition] = {}
+        self._composed: OrderedDict[tuple[int, int], list[PrivacyLossDistribution]] = OrderedDict()
+
+    def epsilon_after(self, compositions: int, delta: float) -> float:
+        """epsilon after ``compositions`` units at ``delta`` (one unit: the profile itself, no discretisation).
+
+        Raises ConfigurationError (``compositions``) beyond the memory bound."""
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        try:
+            return self._epsilon_units(compositions, delta)
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def delta_after(self, compositions: int, epsilon: float) -> float:
+        """The smallest delta (in [0, 1]) after ``compositions`` units at ``epsilon``."""
+        epsilon = _check_epsilon(epsilon)
+        _check_steps("compositions", compositions)
+        if compositions == 0:
+            return 0.0
+        if compositions == 1:
+            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
+            value = float(self.profile.delta(min(epsilon, 700.0))[0])
+            return min(1.0, max(0.0, value))
+        try:
+            if self._fine_only(compositions):
+                return self._delta(compositions, 1, epsilon)
+            coarse = self._delta(compositions, 0, epsilon)
+            if coarse >= FINE_DELTA:
+                return coarse
+            return min(coarse, self._delta(compositions, 1, epsilon))
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def composed_pld(self, compositions: int) -> PrivacyLossDistribution:
+        """PLD after ``compositions`` units at the default tail truncation (cached, most recent first).
+
+        Raises:
+            ConfigurationError: the composition would exceed the memory bound (``steps`` for DP-SGD, ``compositions``
+                otherwise).
+        """
+        try:
+            plds = self._composed_at(compositions, 0)
+            return plds[-1]
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def _too_many(self, compositions: int) -> ConfigurationError:
+        return ConfigurationError(
+            "compositions", compositions,
+            f"more than this accountant composes in bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss "
+            "grid points)",
+        )
+
+    def _tails(self, level: int) -> tuple[float, float]:
+        """(unit, composition) tail-mass truncation of read-out level 0 (delta >= FINE_DELTA) or 1."""
+        if level == 0:
+            return self.tail_mass_truncation, self.tail_mass_truncation
+        return min(self.tail_mass_truncation, _FINE_UNIT_TAIL), min(self.tail_mass_truncation, _FINE_COMPOSE_TAIL)
+
+    def _unit(self, level: int, grid: int = 0) -> PrivacyLossDistribution:
+        """The unit PLD at read-out ``level`` on grid ``grid`` of the ladder: grid 0 is the refined spacing h_0
+        (``discretization``, refined to ``min_grid_points`` points, :func:`~lightning_dpts.privacy.pld.grid_spacing`),
+        grid j the spacing h_0 / 2^j, never coarser than ``discretization``."""
+        key = (level, grid)
+        if key not in self._unit_plds:
+            try:
+                if grid == 0:
+                    unit = pld_from_profile(self.profile, self.discretization, self._tails(level)[0],
+                                            self.min_grid_points)
+                else:
+                    h0 = self._composition(level, 0).h
+                    unit = pld_from_profile(self.profile, min(self.discretization, h0 * 2.0**-grid),
+                                            self._tails(level)[0], 0)
+            except ValueError as err:  # the loss range does not fit the grid bound: sigma far too small
+                raise ConfigurationError(
+                    self._scale[0], self._scale[1], f"is too small to account ({err}); raise the noise",
+                ) from None
+            self._unit_plds[key] = unit
+        return self._unit_plds[key]
+
+    def _composition(self, level: int, grid: int = 0) -> Composition:
+        """The untilted :class:`~lightning_dpts.privacy.pld.Composition` of :meth:`_unit` (kept, so its Chernoff
+        log-MGF and FFT spectrum serve every count)."""
+        key = (level, grid)
+        if key not in self._compositions:
+            self._compositions[key] = Composition(self._unit(level, grid), self._tails(level)[1], 0.0)
+        return self._compositions[key]
+
+    def _grid(self, compositions: int, level: int) -> int:
+        """The ladder grid for ``compositions`` units (see :meth:`_unit`).
+
+        The connect-the-dots error of every unit (Lemma D.16) adds up over the compositions: on the paper's
+        configurations the relative excess of epsilon after n units on spacing h is about 0.3 n h^2 / s_n, with
+        s_n = sqrt(n Var[L]) the standard deviation of the composed privacy loss (electricity-like, n = 10^4:
+        0.34% at h = 4e-4, 0.08% at 2e-4, 0.016% at 1e-4). The grid is the coarsest with n h^2 / s_n <=
+        :data:`GRID_ERROR` (at most 2^:data:`MAX_REFINEMENT` times finer than grid 0), unless the composed range
+        would exceed :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`: then the finest that fits (coarser
+        than grid 0 if needed, down to ``discretization``)."""
+        if compositions <= 1 or self.min_grid_points == 0:  # min_grid_points=0: the fixed grid of Appendix B.4.3
+            return 0
+        base = self._composition(level, 0)
+        lo, hi = base.window(compositions)
+        width = hi - lo + 1
+        spread = math.sqrt(max(compositions * base.var, 1e-300))
+        excess = compositions * base.h**2 / (spread * GRID_ERROR)  # n h^2 / (s_n GRID_ERROR) on grid 0
+        finer = max(0, math.ceil(0.5 * math.log2(excess))) if excess > 1 else 0
+        fits = math.floor(math.log2(MAX_COMPOSED_POINTS / width))  # the composed range at grid j: width 2^j
+        unit_limit = math.floor(math.log2(MAX_GRID_POINTS / base.probs.size)) - 1
+        return min(finer, MAX_REFINEMENT, unit_limit, fits)
+
+    def _plain(self, compositions: int, level: int) -> tuple[int, PrivacyLossDistribution]:
+        """(grid, untilted composed PLD) for ``compositions`` units at ``level`` on :meth:`_grid`'s grid, or the
+        next coarser grids if its range exceeds the memory bound (raises _TooLarge at ``discretization``).
+        """
+        if compositions > MAX_COMPOSITIONS:
+            raise _TooLarge
+        grid = self._grid(compositions, level)
+        while True:
+            try:
+                return grid, self._composition(level, grid).power(compositions)
+            except OverflowError:
+                h0 = self._composition(level, 0).h
+                if self.min_grid_points == 0 or h0 * 2.0**-grid >= self.discretization:
+                    raise _TooLarge from None
+                grid -= 1
+
+    @property
+    def unit_pld(self) -> PrivacyLossDistribution:
+        """The PLD of one composition unit at the default tail truncation (built once, lazily)."""
+        return self._unit(0, 0)
+
+    def _composed_at(self, compositions: int, level: int) -> list[PrivacyLossDistribution]:
+        """Upper-bounding PLDs after ``compositions`` units at read-out ``level`` (each is pessimistic; the
+        read-outs take the best of them, so they stay monotone in delta and inverse to each other).
+
+        On the grid of :meth:`_grid` (the finest that fits the count; coarser, still pessimistic, when the range
+        would exceed :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`). Composed by
+        :class:`~lightning_dpts.privacy.pld.Composition` untilted and, for the fine level, also tilted at the
+        saddle point of the epsilon the untilted one gives at delta = :data:`_TILT_DELTA` of the level.
+        """
+        key = (level, compositions)
+        if key in self._composed:
+            self._composed.move_to_end(key)
+            return self._composed[key]
+        if compositions == 1:
+            plds = [self._unit(level, 0)]
+        else:
+            grid, plain = self._plain(compositions, level)
+            tilt = 0.0
+            if level > 0:  # below FINE_DELTA the untilted FFT round-off can matter: add the tilted one
+                unit = self._unit(level, grid)
+                tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plain, _TILT_DELTA[level]))
+            plds = [plain]
+            if tilt != 0.0:
+                try:
+                    plds.append(compose(unit, compositions, self._tails(level)[1], tilt))
+                except OverflowError:
+                    pass  # the untilted one alone is an upper bound
+        self._composed[key] = plds
+        if len(self._composed) > _CACHE_SIZE:
+            self._composed.popitem(last=False)
+        return plds
+
+    def _eps(self, compositions: int, level: int, delta: float) -> float:
+        return min(epsilon_from_pld(p, delta) for p in self._composed_at(compositions, level))
+
+    def _delta(self, compositions: int, level: int, epsilon: float) -> float:
+        return min(delta_from_pld(p, epsilon) for p in self._composed_at(compositions, level))
+
+    def _epsilon_units(self, compositions: int, delta: float) -> float:
+        """epsilon after ``compositions`` units (raises _TooLarge); monotone in delta and compositions."""
+        if compositions == 0:
+            return 0.0
+        if compositions == 1:  # one unit: the profile itself, no discretisation
+            return float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
+        if self._fine_only(compositions):
+            return self._eps(compositions, 1, delta)
+        if delta >= FINE_DELTA:
+            return self._eps(compositions, 0, delta)
+        # Finer truncation below FINE_DELTA; never below the value at the level boundary (monotone in delta).
+        return max(self._eps(compositions, 1, delta), self._eps(compositions, 0, FINE_DELTA))
+
+    def _fine_only(self, compositions: int) -> bool:
+        """Whether ``compositions`` units are read at the fine level for every delta: the coarse level's tail,
+        ``tail_mass_truncation`` per unit, would add up to more than 1e-3 FINE_DELTA at +infinity (n > 10^6 at
+        the default 1e-15), which is not negligible against delta >= FINE_DELTA. One level for every delta keeps
+        the read-outs monotone in delta."""
+        return compositions * self.tail_mass_truncation > 1e-3 * FINE_DELTA
+
+
+
+class StructuredSubsamplingAccountant(ProfileAccountant):
     """Privacy accounting for DP-SGD with bi-level structured subsampling (the paper's Sections 4.1-4.3).
 
     The accountant selects the theorem for ``spec`` (see :func:`~lightning_dpts.privacy.bounds.select_profile`),
     turns that single per-step (or per-epoch) privacy profile into a pessimistic connect-the-dots privacy-loss
-    distribution (Lemma D.16) and composes it with dp_accounting's FFT routines.
+    distribution (Lemma D.16) and composes it through :class:`ProfileAccountant` (grid chosen for the count,
+    tails from delta and the count, bounded tilted FFT).
 
     Args:
         spec: the sampling description, e.g. ``datamodule.sampling_spec``.
@@ -107,7 +342,9 @@ class StructuredSubsamplingAccountant:
         discretization: the coarsest privacy-loss grid spacing (default 1e-3, as in Appendix B.4.3).
         tail_mass_truncation: mass allowed beyond the grid, accounted as infinite loss (default 1e-15).
         min_grid_points: refine the grid below ``discretization`` until the per-unit loss range holds this
-            many points (default 4096; 0 disables). See :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
+            many points (default 4096; 0 disables, and with it the grid ladder: the fixed grid of Appendix B.4.3).
+            Each read-out then refines further for its count (``_grid``). See
+            :func:`~lightning_dpts.privacy.pld.pld_from_profile`.
         naive: if ``True``, account naive DP-SGD over the flattened set of all windows instead
             (Proposition C.1 for ``bound="upper"``: what standard DP-SGD would report; Proposition C.2 for
             ``bound="lower"``: its true leakage under the spec's relation). For comparisons only.
@@ -135,25 +372,24 @@ class StructuredSubsamplingAccountant:
             )
         if bound not in BOUNDS:
             raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
-        if not (isinstance(discretization, (int, float)) and 0 < discretization <= 1):
-            raise ConfigurationError("discretization", discretization, "must lie in (0, 1]")
-        if not (isinstance(tail_mass_truncation, (int, float)) and 0 < tail_mass_truncation <= 1e-6):
-            raise ConfigurationError("tail_mass_truncation", tail_mass_truncation, "must lie in (0, 1e-6]")
-        if isinstance(min_grid_points, bool) or not isinstance(min_grid_points, int) or min_grid_points < 0:
-            raise ConfigurationError("min_grid_points", min_grid_points, "must be an integer >= 0")
-        self.min_grid_points = min_grid_points
         self.spec = spec
         self.bound = bound
         self.naive = bool(naive)
-        self.discretization = float(discretization)
-        self.tail_mass_truncation = float(tail_mass_truncation)
         if self.naive:
-            self.profile: PrivacyProfile = naive_dpsgd_profile(spec, noise_multiplier, bound)
+            profile = naive_dpsgd_profile(spec, noise_multiplier, bound)
         else:
-            self.profile = select_profile(spec, noise_multiplier, bound)
+            profile = select_profile(spec, noise_multiplier, bound)
         self.noise_multiplier = float(noise_multiplier)
-        self._unit_plds: dict[tuple[int, bool], PrivacyLossDistribution] = {}
-        self._composed: OrderedDict[tuple[int, bool, int], list[PrivacyLossDistribution]] = OrderedDict()
+        super().__init__(profile, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
+                         min_grid_points=min_grid_points, scale=("noise_multiplier", self.noise_multiplier))
+
+    def clone(self) -> StructuredSubsamplingAccountant:
+        """A new accountant with the same settings and empty caches (e.g. for another thread: the caches are not
+        thread-safe)."""
+        return StructuredSubsamplingAccountant(
+            self.spec, self.noise_multiplier, bound=self.bound, discretization=self.discretization,
+            tail_mass_truncation=self.tail_mass_truncation, min_grid_points=self.min_grid_points, naive=self.naive,
+        )
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -179,86 +415,6 @@ class StructuredSubsamplingAccountant:
     def _steps_for(self, compositions: int) -> int:
         return compositions if self.naive else self.spec.max_steps_for_compositions(compositions)
 
-    def _tails(self, level: int) -> tuple[float, float]:
-        """(unit, composition) tail-mass truncation of read-out level 0 (delta >= FINE_DELTA) or 1."""
-        if level == 0:
-            return self.tail_mass_truncation, self.tail_mass_truncation
-        return min(self.tail_mass_truncation, _FINE_UNIT_TAIL), min(self.tail_mass_truncation, _FINE_COMPOSE_TAIL)
-
-    def _unit(self, level: int, refined: bool) -> PrivacyLossDistribution:
-        key = (level, refined)
-        if key not in self._unit_plds:
-            try:
-                self._unit_plds[key] = pld_from_profile(
-                    self.profile, self.discretization, self._tails(level)[0], self.min_grid_points if refined else 0
-                )
-            except ValueError as err:  # the loss range does not fit the grid bound: sigma far too small
-                raise ConfigurationError(
-                    "noise_multiplier", self.noise_multiplier,
-                    f"is too small to account ({err}); raise the noise multiplier",
-                ) from None
-        return self._unit_plds[key]
-
-    @property
-    def unit_pld(self) -> PrivacyLossDistribution:
-        """The PLD of one composition unit at the default tail truncation (built once, lazily)."""
-        return self._unit(0, True)
-
-    def _composed_at(self, compositions: int, level: int) -> list[PrivacyLossDistribution]:
-        """Upper-bounding PLDs after ``compositions`` units at read-out ``level`` (each is pessimistic; the
-        read-outs take the best of them, so they stay monotone in delta and inverse to each other).
-
-        The refined grid when it fits in :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`, else the
-        coarse one (``discretization``; looser, still pessimistic). Composed by
-        :func:`~lightning_dpts.privacy.pld.compose` untilted and, for the fine level, also tilted at the
-        saddle point of the epsilon the untilted one gives at delta = :data:`_TILT_DELTA` of the level.
-        """
-        if compositions > MAX_COMPOSITIONS:
-            raise _TooLarge
-        for refined in (True, False):
-            key = (level, refined, compositions)
-            if key in self._composed:
-                self._composed.move_to_end(key)
-                return self._composed[key]
-            unit = self._unit(level, refined)
-            if compositions == 1:
-                plds = [unit]
-            else:
-                tail = self._tails(level)[1]
-                try:
-                    plain = compose(unit, compositions, tail, 0.0)
-                    tilt = 0.0
-                    if level > 0:  # below FINE_DELTA the untilted FFT round-off can matter: add the tilted one
-                        tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plain, _TILT_DELTA[level]))
-                    plds = [plain] if tilt == 0.0 else [plain, compose(unit, compositions, tail, tilt)]
-                except OverflowError:
-                    if refined and self.min_grid_points > 0:
-                        continue
-                    raise _TooLarge from None
-            self._composed[key] = plds
-            if len(self._composed) > _CACHE_SIZE:
-                self._composed.popitem(last=False)
-            return plds
-        raise _TooLarge
-
-    def _eps(self, compositions: int, level: int, delta: float) -> float:
-        return min(epsilon_from_pld(p, delta) for p in self._composed_at(compositions, level))
-
-    def _delta(self, compositions: int, level: int, epsilon: float) -> float:
-        return min(delta_from_pld(p, epsilon) for p in self._composed_at(compositions, level))
-
-    def composed_pld(self, compositions: int) -> PrivacyLossDistribution:
-        """PLD after ``compositions`` units at the default tail truncation (cached, most recent first).
-
-        Raises:
-            ConfigurationError: the composition would exceed the memory bound (``steps``).
-        """
-        try:
-            plds = self._composed_at(compositions, 0)
-            return plds[-1]
-        except _TooLarge:
-            raise self._too_many(compositions) from None
-
     def _too_many(self, compositions: int) -> ConfigurationError:
         return ConfigurationError(
             "steps", self._steps_for(compositions),
@@ -266,16 +422,56 @@ class StructuredSubsamplingAccountant:
             f"(at most {MAX_COMPOSED_POINTS} privacy-loss grid points); account fewer steps",
         )
 
-    def _epsilon_units(self, compositions: int, delta: float) -> float:
-        """epsilon after ``compositions`` units (raises _TooLarge); monotone in delta and compositions."""
-        if compositions == 0:
-            return 0.0
-        if compositions == 1:  # one unit: the profile itself, no discretisation
-            return float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
-        if delta >= FINE_DELTA:
-            return self._eps(compositions, 0, delta)
-        # Finer truncation below FINE_DELTA; never below the value at the level boundary (monotone in delta).
-        return max(self._eps(compositions, 1, delta), self._eps(compositions, 0, FINE_DELTA))
+    def epsilon_curve(self, compositions: int, delta: float, *, rtol: float = 0.01,
+                      start: int = 1) -> Iterator[tuple[int, float]]:
+        """Epsilon at increasing composition counts ``start = c_0 < c_1 < ... = compositions``, lazily.
+
+        Each value e_i is a sound upper bound on epsilon after c_i units at ``delta`` (a pessimistic PLD of
+        Lemma D.16, composed by :class:`~lightning_dpts.privacy.pld.Composition` without tilt on the read-out
+        level's grid of :meth:`_grid`; the tilted composition :meth:`epsilon` adds below :data:`FINE_DELTA` is
+        skipped, so every value is >= :meth:`epsilon` at the same count and costs a few FFTs of the composed
+        length). The counts are chosen so that e_{i+1} <= (1 + ``rtol``) e_i wherever one
+        composition does not already step further (then c_{i+1} = c_i + 1). Since the true epsilon is
+        nondecreasing in the count, e_{i+1} bounds epsilon at every count in (c_i, c_{i+1}] and, for every such
+        count c, is within a factor (1 + rtol) of any upper bound at c that is at least e_i.
+
+        Raises ConfigurationError (``steps``) when a count exceeds the memory bound.
+        """
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        if not 0 < rtol <= 1:
+            raise ConfigurationError("rtol", rtol, "must lie in (0, 1]")
+        def value(c: int) -> float:
+            try:
+                if c == 1:
+                    return self._epsilon_units(1, delta)
+                if self._fine_only(c):
+                    return epsilon_from_pld(self._plain(c, 1)[1], delta)
+                if delta >= FINE_DELTA:
+                    return epsilon_from_pld(self._plain(c, 0)[1], delta)
+                # as _epsilon_units, without the tilted composition (which only lowers the result)
+                return max(epsilon_from_pld(self._plain(c, 1)[1], delta),
+                           epsilon_from_pld(self._plain(c, 0)[1], FINE_DELTA))
+            except _TooLarge:
+                raise self._too_many(c) from None
+
+        if compositions < max(start, 1):
+            return
+        c_prev = max(start, 1)
+        e_prev = value(c_prev)
+        yield c_prev, e_prev
+        exponent = 0.5  # local d log eps / d log c; sqrt growth until measured
+        while c_prev < compositions:
+            c = min(compositions, c_prev + max(1, int(c_prev * ((1.0 + rtol) ** (1.0 / exponent) - 1.0))))
+            while True:
+                e = value(c)
+                if e <= (1.0 + rtol) * e_prev or c == c_prev + 1:
+                    break
+                c = c_prev + max(1, (c - c_prev) // 2)
+            if e > e_prev > 0:
+                exponent = min(1.0, max(0.1, math.log(e / e_prev) / math.log(c / c_prev)))
+            yield c, e
+            c_prev, e_prev = c, e
 
     # ------------------------------------------------------------------------------------------------
     # read-outs
@@ -301,28 +497,19 @@ class StructuredSubsamplingAccountant:
     def delta(self, steps: int, epsilon: float) -> float:
         """The smallest delta (in [0, 1]) such that training for ``steps`` steps is (epsilon, delta)-DP."""
         epsilon = _check_epsilon(epsilon)
-        n = self.compositions(steps)
-        if n == 0:
-            return 0.0
-        if n == 1:
-            # e^eps overflows beyond eps ~ 709; delta is non-increasing, so its value at 700 bounds it there
-            value = float(self.profile.delta(min(epsilon, 700.0))[0])
-            return min(1.0, max(0.0, value))
-        try:
-            coarse = self._delta(n, 0, epsilon)
-            if coarse >= FINE_DELTA:
-                return coarse
-            return min(coarse, self._delta(n, 1, epsilon))
-        except _TooLarge:
-            raise self._too_many(n) from None
+        return self.delta_after(self.compositions(steps), epsilon)
 
-    def max_steps(self, epsilon: float, delta: float, *, limit: int = 10**9) -> int:
+    def max_steps(self, epsilon: float, delta: float, *, limit: int = 10**9, stop_at: int | None = None) -> int:
         """The largest number of optimizer steps whose composed epsilon stays <= ``epsilon`` at ``delta``.
 
         For iteration/shuffling this is a whole number of epochs times the steps per epoch. Returns 0 if even
         one unit exceeds the budget. Time and memory are bounded: raises ConfigurationError (``epsilon``) if
         the budget allows more than ``limit`` steps, or more compositions than the accountant evaluates in
         bounded memory (the message gives the number of steps known to fit).
+
+        Args:
+            stop_at: search only up to this many steps (e.g. a Trainer's plan): if the budget allows them (their
+                compositions), return ``stop_at`` rounded up to whole units without searching further.
         """
         epsilon = _check_epsilon(epsilon)
         delta = _check_delta(delta)
@@ -332,6 +519,14 @@ class StructuredSubsamplingAccountant:
 
         if not fits(1):
             return 0
+        if stop_at is not None:
+            _check_steps("stop_at", stop_at)
+            planned = max(1, self.compositions(stop_at))
+            try:
+                if fits(planned):
+                    return self._steps_for(planned)
+            except _TooLarge:
+                pass  # the plan is beyond the memory bound: search below it
         lo, hi = 1, 2
         try:
             while fits(hi):

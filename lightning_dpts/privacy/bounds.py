@@ -91,7 +91,9 @@ def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "up
     """The privacy profile of one composition unit for ``spec`` (see the module docstring).
 
     With series of different lengths (``spec.lengths``) this is the pointwise maximum of the per-length
-    profiles, reduced to the lengths that can attain it (docs/privacy.md, "Series of different lengths"):
+    profiles, reduced to the lengths that can attain it (docs/privacy.md, "Series of different lengths"); with
+    ``lengths=None`` (every series has *at least* ``min_length`` steps) the maximum over every length >=
+    ``min_length``, which is attained in the finite range :meth:`~lightning_dpts.privacy.SamplingSpec.at_least_lengths`:
 
     * bottom level with replacement, no augmentation (Theorems 4.2, 4.4, E.1, F.1): every profile is
       non-decreasing in r = min(k, T)/T, which is non-increasing in T, so the shortest series decides;
@@ -116,7 +118,15 @@ def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "up
     sigma = _check_sigma(noise_multiplier)
     if bound not in BOUNDS:
         raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
-    if spec.lengths is None:
+    if spec.lengths is None:  # every series has at least min_length steps: the worst case over those lengths
+        lengths = spec.at_least_lengths()
+        label = f"worst case over lengths >= {spec.min_length}"
+        if len(lengths) == 1:  # the shortest decides: the same profile as exactly min_length steps
+            return _single_length_profile(spec, sigma, bound)
+        profile = select_profile(dataclasses.replace(spec, lengths=lengths), sigma, bound)
+        return _relabel(profile, profile.theorem.replace(f"max over {len(lengths)} series lengths", label),
+                        profile.kind)
+    if len(spec.lengths) == 1:
         return _single_length_profile(spec, sigma, bound)
     count = len(spec.lengths)
     if spec.has_augmentation:

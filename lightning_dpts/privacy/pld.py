@@ -4,8 +4,11 @@ Connect-the-dots (Doroshenko et al., 2022) builds the best pessimistic discrete 
 privacy losses from the values H(e^eps) of a profile at the grid points alone. We evaluate the single
 (switching or opposed-mixture) profile of one composition unit on eps = j * d for |eps| <= eps_max, where
 eps_max is the smallest grid point with H(e^eps_max) <= tail_mass_truncation; that remaining mass goes to
-+infinity (pessimistic). Composition and the (eps, delta) read-outs are dp_accounting's FFT-based routines
-on a *symmetric* PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes.
++infinity (pessimistic); :func:`_connect_the_dots` repairs the round-off of the resulting probabilities
+soundly. Composition (:class:`Composition`: tilted FFT, Chernoff range, explicit round-off bound) and the
+(eps, delta) read-outs (:func:`epsilon_from_pld`, :func:`delta_from_pld`) are ours, on a *symmetric*
+dp_accounting PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes; this module is the one place
+that reads dp_accounting's private pmf attributes (:func:`_dense_pmf`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
+    "Composition",
     "MAX_COMPOSED_POINTS",
     "compose",
     "composed_size",
@@ -139,8 +143,34 @@ def pld_from_profile(
     deltas = np.clip(np.concatenate([lower, upper]), 0.0, 1.0)
     # A profile is non-increasing; remove rounding-level wiggles pessimistically (raise, never lower).
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, -n_hi, n_hi, deltas)
-    return PrivacyLossDistribution(pmf)
+    return PrivacyLossDistribution(_connect_the_dots(discretization, -n_hi, n_hi, deltas))
+
+
+def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray) -> pld_pmf.PLDPmf:
+    """The pessimistic connect-the-dots pmf (Doroshenko et al. 2022; Lemma D.16) of non-increasing ``deltas`` =
+    H(e^eps) at eps = j * ``spacing``, j = ``lower`` .. ``upper``, with a sound repair of round-off.
+
+    Its probabilities are second differences of the deltas divided by e^spacing - 1, so the round-off of the
+    profile values (about 1e-16) becomes about 1e-16 / spacing per grid point, of either sign. dp_accounting
+    clips the negative ones to 0, which adds their mass (1e-9 per unit at spacing 1e-7, and that excess
+    compounds: (1 + 1e-9)^(10^9)). Here the suffix sums S_i = sum_{j >= i} p_j are replaced by
+    S'_i = max(0, max_{k >= i} S_k) instead: p'_i = S'_i - S'_{i+1} >= 0, and since
+    delta(eps) = sum_i S_i (g(l_i) - g(l_{i-1})) with g(l) = (1 - e^{eps - l})_+ nondecreasing in l (summation by
+    parts), S' >= S raises delta(eps) at every eps (pessimistic) while S' <= the clipped pmf's suffix sums: the
+    excess mass falls about 100-fold.
+    """
+    if upper == lower:
+        return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(spacing, lower, upper, deltas)
+    deltas = np.minimum.accumulate(np.asarray(deltas, dtype=np.float64))
+    diffs = np.diff(deltas)
+    probs = np.empty_like(deltas)
+    probs[0] = 1.0 - deltas[0] + diffs[0] / math.expm1(spacing)
+    probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(spacing)) / math.expm1(spacing)
+    probs[-1] = diffs[-1] / math.expm1(-spacing)
+    suffix = np.cumsum(probs[::-1])[::-1]
+    repaired = np.maximum(np.maximum.accumulate(suffix[::-1])[::-1], 0.0)
+    probs = repaired - np.concatenate([repaired[1:], [0.0]])
+    return pld_pmf.DensePLDPmf(spacing, lower, probs, float(deltas[-1]), True)
 
 
 def _dense_pmf(pld: PrivacyLossDistribution) -> tuple[float, int, np.ndarray, float]:
@@ -196,11 +226,17 @@ def epsilon_from_pld(pld: PrivacyLossDistribution, delta: float) -> float:
         return math.inf
     probs = np.maximum(probs, 0.0)
     losses = (lower + np.arange(probs.size)) * h
-    with np.errstate(divide="ignore"):
-        log_terms = np.log(probs) - losses
     # suffix sums over i > j: A_j = inf + sum p_i, log B_j = logsumexp(log p_i - l_i)
     tail_mass = np.concatenate([np.cumsum(probs[::-1])[::-1][1:], [0.0]]) + inf_mass
-    log_b = np.concatenate([np.logaddexp.accumulate(log_terms[::-1])[::-1][1:], [-np.inf]])
+    if probs.size and float(losses[-1] - losses[0]) < 600.0:
+        # e^{l_max - l_i} <= e^600: the suffix sums in the linear domain (positive terms, summed from the top)
+        with np.errstate(divide="ignore"):
+            suffix = np.cumsum((probs * np.exp(float(losses[-1]) - losses))[::-1])[::-1]
+            log_b = np.concatenate([np.log(suffix[1:]) - float(losses[-1]), [-np.inf]])
+    else:
+        with np.errstate(divide="ignore"):
+            log_terms = np.log(probs) - losses
+        log_b = np.concatenate([np.logaddexp.accumulate(log_terms[::-1])[::-1][1:], [-np.inf]])
     with np.errstate(over="ignore"):
         at_grid = tail_mass - np.exp(np.minimum(losses + log_b, 700.0))  # delta(l_j)
     at_grid = np.where(losses >= 0, at_grid, np.inf)
@@ -232,11 +268,26 @@ def unit_moments(pld: PrivacyLossDistribution) -> tuple[float, float]:
 
 
 _UNIT_ROUNDOFF = 1.12e-16
+_MGF_BLOCK = 1 << 22
 
 
-def compose(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float, tilt: float = 0.0,
-            max_points: int = MAX_COMPOSED_POINTS) -> PrivacyLossDistribution:
-    """``num_times``-fold composition of a symmetric PLD by an exponentially tilted FFT, pessimistically.
+def _log_mgf(log_q: np.ndarray, losses: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """log sum_i exp(log_q_i + t losses_i) for every t in ``ts`` (a vectorised logsumexp, blocks of ts so that
+    at most :data:`_MGF_BLOCK` terms are held at once)."""
+    out = np.empty(ts.size)
+    block = max(1, _MGF_BLOCK // max(losses.size, 1))
+    for start in range(0, ts.size, block):
+        t = ts[start:start + block, None]
+        terms = log_q[None, :] + t * losses[None, :]
+        top = np.max(terms, axis=1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        out[start:start + block] = top[:, 0] + np.log(np.sum(np.exp(terms - top), axis=1))
+    return out
+
+
+class Composition:
+    """Self-compositions of one symmetric PLD by an exponentially tilted FFT, pessimistically (one code path for
+    every composition in the package: :func:`compose`, the accountant's read-outs and its epsilon curve).
 
     dp_accounting's ``self_compose`` raises the FFT of the pmf to the n-th power; its round-off (about n * 1e-16
     of the largest probability per grid point) is of the order of delta itself for delta <= 1e-12 and
@@ -244,57 +295,136 @@ def compose(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: 
     Here the pmf is tilted by e^{tilt * loss} before the FFT (composition commutes with tilting), so the losses
     near e^{...} of interest are computed with a small relative error, and an explicit bound on the round-off,
     8 u (n + 2 log2 M) mean_k |W_k|^n per tilted point, is *added* to every probability after un-tilting.
-    The range kept is fixed by Chernoff bounds with the exact log-MGF; the mass outside it (<= tail/2) and
-    the mass the circular FFT folds into it (<= tail/2) are put at +infinity. Every step raises delta(eps).
+    The range kept is fixed by Chernoff bounds with the exact log-MGF (at every t = 2^(j/4) / sqrt(n var) in
+    [1e-2, 1e3] / sqrt(n var), the log-MGF cached across n); the mass outside it (<= tail/2) and the mass the
+    circular FFT folds into it (<= tail/2) are put at +infinity. Every step raises delta(eps).
+
+    One object composes the same unit for many counts n; :meth:`power` with a shared FFT ``size`` reuses one
+    spectrum, so a whole epsilon curve costs one inverse FFT per count.
+
+    Args:
+        pld: the unit PLD (symmetric, as built by :func:`pld_from_profile`).
+        tail_mass_truncation: mass put at +infinity per composition (see above).
+        tilt: theta >= 0 of the exponential tilt (0: plain FFT).
+    """
+
+    def __init__(self, pld: PrivacyLossDistribution, tail_mass_truncation: float, tilt: float = 0.0) -> None:
+        from scipy.special import logsumexp
+
+        self.pld = pld
+        self.h, self.lower, probs, self.inf_mass = _dense_pmf(pld)
+        self.probs = np.maximum(probs, 0.0)
+        self.losses = (self.lower + np.arange(self.probs.size)) * self.h
+        with np.errstate(divide="ignore"):
+            self.log_p = np.log(self.probs)
+        self.mean, self.var = unit_moments(pld)
+        self.tail = float(tail_mass_truncation)
+        self.tilt = float(tilt)
+        self.log_w = self.log_p + self.tilt * self.losses
+        self.log_z = float(logsumexp(self.log_w))
+        self._mgf: dict[tuple[bool, bool, int], float] = {}
+        self._spectra: dict[int, np.ndarray] = {}
+
+    def _log_mgf_at(self, tilted: bool, upper: bool, js: np.ndarray) -> np.ndarray:
+        """log-MGF of the (tilted) unit at t_j = 2^(j/4) / sqrt(var) (sign + for the upper tail), cached."""
+        missing = [int(j) for j in js if (tilted, upper, int(j)) not in self._mgf]
+        if missing:
+            ts = 2.0 ** (np.asarray(missing, dtype=float) / 4.0) / math.sqrt(max(self.var, 1e-300))
+            log_q = self.log_w - self.log_z if tilted else self.log_p
+            values = _log_mgf(log_q, self.losses if upper else -self.losses, ts)
+            self._mgf.update({(tilted, upper, j): float(v) for j, v in zip(missing, values, strict=True)})
+        return np.array([self._mgf[(tilted, upper, int(j))] for j in js])
+
+    def _bounds(self, n: int, tilted: bool) -> tuple[float, float]:
+        """Chernoff: the n-fold sum of the (sub-)pmf exceeds hi, or falls below lo, w.p. <= tail/4 each."""
+        log_tail = math.log(self.tail / 4.0)
+        base = 2.0 * math.log2(n)  # t_j sqrt(n var) = 2^((j + base) / 4) in [1e-2, 1e3]
+        js = np.arange(math.ceil(4.0 * math.log2(1e-2) - base), math.floor(4.0 * math.log2(1e3) - base) + 1)
+        ts = 2.0 ** (js / 4.0) / math.sqrt(max(self.var, 1e-300))
+        hi = float(np.min((n * self._log_mgf_at(tilted, True, js) - log_tail) / ts))
+        lo = float(np.max(-(n * self._log_mgf_at(tilted, False, js) - log_tail) / ts))
+        return lo, hi
+
+    def window(self, num_times: int) -> tuple[int, int]:
+        """(lowest, highest) grid index of the loss range kept for ``num_times`` compositions."""
+        n = int(num_times)
+        lo_p, hi_p = self._bounds(n, False)  # the true composition: mass outside goes to +infinity
+        lo_w, hi_w = self._bounds(n, True) if self.tilt else (lo_p, hi_p)  # keeps the wrap-around negligible
+        upper = min(max(hi_p, hi_w), n * float(self.losses[-1]))
+        lower_loss = max(min(lo_p, lo_w), n * float(self.losses[0]))
+        return math.floor(lower_loss / self.h), math.ceil(upper / self.h)
+
+    def fft_size(self, num_times: int) -> int:
+        """The FFT length :meth:`power` uses for ``num_times`` compositions by default."""
+        from scipy import fft as sfft
+
+        lo_index, hi_index = self.window(num_times)
+        return int(sfft.next_fast_len(max(hi_index - lo_index + 1, self.probs.size), real=True))
+
+    def power(self, num_times: int, max_points: int = MAX_COMPOSED_POINTS,
+              size: int | None = None) -> PrivacyLossDistribution:
+        """The ``num_times``-fold composition (pessimistic; see the class docstring).
+
+        Args:
+            num_times: n >= 1.
+            max_points: refuse a kept range of more grid points.
+            size: FFT length (>= the kept range; default :meth:`fft_size`); one length for many n reuses the
+                spectrum of the unit.
+
+        Raises:
+            OverflowError: the kept range would exceed ``max_points`` grid points (or ``size``).
+        """
+        from scipy import fft as sfft
+
+        n = int(num_times)
+        if n == 1:
+            return self.pld
+        lo_index, hi_index = self.window(n)
+        width = hi_index - lo_index + 1
+        if width > max_points:
+            raise OverflowError(f"{width} grid points")
+        if size is None:
+            size = int(sfft.next_fast_len(max(width, self.probs.size), real=True))
+        if size < max(width, self.probs.size):
+            raise OverflowError(f"{width} grid points exceed the FFT length {size}")
+        if size not in self._spectra:  # one length at a time: counts are composed in increasing order
+            spectrum = sfft.rfft(np.exp(self.log_w - self.log_z), size)
+            with np.errstate(divide="ignore"):
+                self._spectra = {size: (np.log(np.abs(spectrum)), np.angle(spectrum))}
+        log_magnitude, angle = self._spectra[size]
+        # W^n in polar form (faster than complex **): the phase n angle is off by at most pi n u and the
+        # magnitude exp(n log|W|) by n u (1 + |log|W||) relative; the first two are within the bound's 8 n u,
+        # the |log|W|| part is added explicitly (it is what exp(n log W), numpy's ** for n >= 100, also incurs)
+        magnitude = np.exp(n * log_magnitude)
+        tilted = sfft.irfft(magnitude * np.exp(1j * (n * angle)), size)
+        weights = np.ones(magnitude.size)
+        weights[1:] = 2.0  # rfft holds half of the spectrum: every bin but the first stands for two
+        mean_power = float(weights @ magnitude) / size
+        with np.errstate(invalid="ignore"):
+            log_term = np.where(magnitude > 0.0, -log_magnitude * magnitude, 0.0)
+        error = _UNIT_ROUNDOFF * (8.0 * (n + 2.0 * math.log2(size)) * mean_power
+                                  + 2.0 * n * float(weights @ log_term) / size)
+        index = np.arange(lo_index, hi_index + 1)
+        values = tilted[(index - n * self.lower) % size]
+        if self.tilt == 0.0:
+            factor: float | np.ndarray = math.exp(min(n * self.log_z, 700.0))
+        else:
+            factor = np.exp(np.minimum(n * self.log_z - self.tilt * index * self.h, 700.0))
+        out = np.minimum((np.maximum(values, 0.0) + error) * factor, 1.0)
+        composed_inf = -math.expm1(n * math.log1p(-self.inf_mass)) + self.tail
+        pmf = pld_pmf.DensePLDPmf(self.h, lo_index, out, min(1.0, composed_inf), True)
+        return PrivacyLossDistribution(pmf)
+
+
+def compose(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float, tilt: float = 0.0,
+            max_points: int = MAX_COMPOSED_POINTS) -> PrivacyLossDistribution:
+    """``num_times``-fold composition of a symmetric PLD by an exponentially tilted FFT, pessimistically
+    (:class:`Composition`).
 
     Raises:
         OverflowError: the kept range would exceed ``max_points`` grid points.
     """
-    from scipy import fft as sfft
-    from scipy.special import logsumexp
-
-    h, lower, probs, inf_mass = _dense_pmf(pld)
-    probs = np.maximum(probs, 0.0)
-    n = int(num_times)
-    if n == 1:
-        return pld
-    losses = (lower + np.arange(probs.size)) * h
-    with np.errstate(divide="ignore"):
-        log_p = np.log(probs)
-    mean, var = unit_moments(pld)
-    scale = math.sqrt(max(var, 1e-300) * n)
-    ts = np.geomspace(1e-2, 1e3, 31) / scale
-    log_tail = math.log(tail_mass_truncation / 4.0)
-    log_w = log_p + tilt * losses
-    log_z = float(logsumexp(log_w))
-
-    def bounds(log_q: np.ndarray) -> tuple[float, float]:
-        """Chernoff: the n-fold sum of the (sub-)pmf exp(log_q) exceeds hi, or falls below lo, w.p. <= tail/4."""
-        hi = min((n * float(logsumexp(log_q + t * losses)) - log_tail) / t for t in ts)
-        lo = max(-(n * float(logsumexp(log_q - t * losses)) - log_tail) / t for t in ts)
-        return lo, hi
-
-    lo_p, hi_p = bounds(log_p)  # the true composition: mass outside goes to +infinity below
-    lo_w, hi_w = bounds(log_w - log_z)  # the tilted one: keeps the circular wrap-around negligible
-    upper = min(max(hi_p, hi_w), n * float(losses[-1]))
-    lower_loss = max(min(lo_p, lo_w), n * float(losses[0]))
-    lo_index, hi_index = math.floor(lower_loss / h), math.ceil(upper / h)
-    width = hi_index - lo_index + 1
-    if width > max_points:
-        raise OverflowError(f"{width} grid points")
-    size = sfft.next_fast_len(max(width, probs.size), real=True)
-    spectrum = sfft.rfft(np.exp(log_w - log_z), size) ** n
-    tilted = sfft.irfft(spectrum, size)
-    magnitude = np.abs(spectrum)
-    mean_power = (2.0 * float(magnitude.sum()) - float(magnitude[0])) / size
-    error = 8.0 * _UNIT_ROUNDOFF * (n + 2.0 * math.log2(size)) * mean_power
-    index = np.arange(lo_index, hi_index + 1)
-    values = tilted[(index - n * lower) % size]
-    log_factor = np.minimum(n * log_z - tilt * index * h, 700.0)
-    out = np.minimum((np.maximum(values, 0.0) + error) * np.exp(log_factor), 1.0)
-    composed_inf = -math.expm1(n * math.log1p(-inf_mass)) + tail_mass_truncation
-    pmf = pld_pmf.DensePLDPmf(h, lo_index, out, min(1.0, composed_inf), True)
-    return PrivacyLossDistribution(pmf)
+    return Composition(pld, tail_mass_truncation, tilt).power(num_times, max_points)
 
 
 def saddlepoint_tilt(pld: PrivacyLossDistribution, num_times: int, target: float, max_tilt: float = 50.0) -> float:

@@ -123,12 +123,14 @@ class SamplingSpec:
     Args:
         num_series: N, the number of training series.
         min_length: L, the length of the *shortest* training series, in time steps.
-        lengths: the distinct lengths of all training series (time steps), or ``None`` when every series has
-            ``min_length`` steps. The protected unit lies in one series, so the accountant takes the pointwise
-            maximum of the per-length privacy profiles (see :func:`~lightning_dpts.privacy.bounds.select_profile`
-            and docs/privacy.md): "the shortest series decides" is *not* sound for the Poisson bottom level or
-            for augmentation with sigma_F != sigma_C. Stored sorted and deduplicated; must contain
-            ``min_length`` and nothing shorter.
+        lengths: the distinct lengths of all training series (time steps; ``(L,)``: every series has exactly L
+            steps), or ``None``: every series has *at least* ``min_length`` steps, and the accountant takes the
+            worst case over all lengths >= ``min_length`` (a finite range, :meth:`at_least_lengths`). The
+            protected unit lies in one series, so the accountant takes the pointwise maximum of the per-length
+            privacy profiles (see :func:`~lightning_dpts.privacy.bounds.select_profile` and docs/privacy.md):
+            "the shortest series decides" is *not* sound for the Poisson bottom level or for augmentation with
+            sigma_F != sigma_C. Stored sorted and deduplicated; must contain ``min_length`` and nothing
+            shorter. The datamodule passes the exact lengths.
         context_length: L_C, the past window length actually read by the model, **including every lag**
             (DeepAR's context_length + max(lags_seq); Appendix B.4.2). Time steps.
         prediction_length: L_F, the forecast window length, in time steps.
@@ -238,8 +240,7 @@ class SamplingSpec:
             raise ConfigurationError(
                 "lengths", min(out), f"the shortest of the lengths must equal min_length={self.min_length}"
             )
-        ordered = tuple(sorted(out))
-        return None if ordered == (self.min_length,) else ordered
+        return tuple(sorted(out))
 
     @property
     def distinct_lengths(self) -> tuple[int, ...]:
@@ -247,8 +248,42 @@ class SamplingSpec:
         return (self.min_length,) if self.lengths is None else self.lengths
 
     def at_length(self, length: int) -> SamplingSpec:
-        """This spec for a dataset in which every series has ``length`` steps (one member of the maximum)."""
-        return dataclasses.replace(self, min_length=int(length), lengths=None)
+        """This spec for a dataset in which every series has exactly ``length`` steps (one member of the
+        maximum)."""
+        return dataclasses.replace(self, min_length=int(length), lengths=(int(length),))
+
+    def at_least_lengths(self) -> tuple[int, ...]:
+        """The lengths L >= ``min_length`` whose profiles can attain the worst case over *every* length >=
+        ``min_length`` (the reading of ``lengths=None``), with T = L - L_F + 1:
+
+        * bottom level with replacement, no augmentation (Theorems 4.2, 4.4, E.1, F.1): r = min(k, T)/T is
+          non-increasing in T and the profile non-decreasing in r: ``(min_length,)``;
+        * augmentation (Theorem G.1): beyond T = L_C + L_F the worst-placed step is in every window and
+          p2 = rho k (phi tau_F + (1 - phi) tau_C)/T falls as 1/T; the profile is non-decreasing in p2, so
+          the maximum is attained at some T <= max(T_min, L_C + L_F);
+        * bottom-level Poisson (Theorems E.8, F.2): k = min(k_max, T) and r = min(1, lambda/T), with the
+          profile non-decreasing in both; for T >= max(k_max, lambda), k = k_max is constant and r falls, so
+          the maximum is attained at some T <= max(T_min, k_max, lambda).
+
+        (docs/privacy.md, "Series of different lengths".) The range is finite; as L -> infinity r = k/T -> 0.
+        """
+        if self.bottom_level == "with_replacement" and not self.has_augmentation:
+            return (self.min_length,)
+        first = self.num_start_positions
+        k_max = self.relation.windows_containing(self.window_length, 2**62)
+        if self.has_augmentation:  # (k_max >= L_C + L_F; for T in [L_C + L_F, k_max] p2 is constant)
+            last = max(first, k_max)
+        else:
+            last = max(first, k_max, self.instances_per_series)
+        return tuple(range(self.min_length, self.min_length + last - first + 1))
+
+    def matches_repr(self, text: str) -> bool:
+        """Whether ``text`` is ``repr(self)``, or the repr this spec had before issue 26 (exactly one length
+        was stored as ``lengths=None``): checkpoints and ledgers written then still resume."""
+        if text == repr(self):
+            return True
+        return self.lengths is not None and len(self.lengths) == 1 and text == repr(
+            dataclasses.replace(self, lengths=None))
 
     # ----------------------------------------------------------------------------------------------
     # Derived quantities (never stored twice)

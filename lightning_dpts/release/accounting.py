@@ -29,8 +29,9 @@ Bounds (all in ``bound=...``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -38,19 +39,18 @@ from scipy import stats
 from scipy.special import log_ndtr
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.accountant import ProfileAccountant
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
     DEFAULT_TAIL_MASS,
     MAX_COMPOSED_POINTS,
-    compose,
-    delta_from_pld,
     epsilon_for_delta,
-    epsilon_from_pld,
-    pld_from_profile,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile
 from lightning_dpts.privacy.spec import NeighbouringRelation
+
+_T = TypeVar("_T")
 
 __all__ = [
     "BOUNDS",
@@ -514,8 +514,7 @@ class ReleaseAccountant:
         self.discretization = float(discretization)
         self.tail_mass_truncation = float(tail_mass_truncation)
         self.min_grid_points = int(min_grid_points)
-        self._pld: PrivacyLossDistribution | None = None
-        self._composed: dict[int, PrivacyLossDistribution] = {}
+        self._accountant: ProfileAccountant | None = None
 
     @property
     def theorem(self) -> str:
@@ -529,31 +528,37 @@ class ReleaseAccountant:
             raise ConfigurationError("bound", self.bound, "only the exact bound is a full privacy profile")
         return exact_release_profile(self.spec, self.noise_std)
 
-    def composed_pld(self, releases: int) -> PrivacyLossDistribution:
-        """PLD of ``releases`` releases (``bound="exact"`` only)."""
-        releases = _check_releases(releases)
-        if self._pld is None:
-            try:
-                self._pld = pld_from_profile(self.profile(), self.discretization, self.tail_mass_truncation,
-                                             self.min_grid_points)
-            except ValueError:  # the privacy loss does not fit a bounded grid: v / s is far too large
+    def _composition(self) -> ProfileAccountant:
+        """The package's one composition path for the exact profile (``bound="exact"`` only): tail truncation
+        chosen from delta and the number of releases, grid chosen for the count, FFT round-off bounded."""
+        if self._accountant is None:
+            self._accountant = ProfileAccountant(self.profile(), discretization=self.discretization,
+                                                 tail_mass_truncation=self.tail_mass_truncation,
+                                                 min_grid_points=self.min_grid_points,
+                                                 scale=("noise_std", self.noise_std))
+        return self._accountant
+
+    def _releases(self, releases: int, read: Callable[[ProfileAccountant], _T]) -> _T:
+        try:
+            return read(self._composition())
+        except ConfigurationError as err:
+            if err.parameter == "compositions":
+                raise ConfigurationError(
+                    "releases", releases, f"{releases} releases are more than the exact bound composes in "
+                    f"bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss grid points); use fewer "
+                    "releases, or --bound koga (closed form)") from None
+            if err.parameter == "noise_std":  # the loss scales with v / s: name the bound as well as the noise
                 raise ConfigurationError(
                     "value_bound", self.spec.relation.value_bound, f"is too large against the noise std "
                     f"{self.noise_std:g} for the exact bound to compose {releases} releases (the privacy loss "
                     "exceeds what a bounded privacy-loss grid holds, i.e. epsilon is enormous): add noise (a larger "
                     "--noise-std) or lower --value-bound") from None
-        if releases not in self._composed:
-            if releases == 1:
-                self._composed[releases] = self._pld
-            else:
-                try:  # tilted FFT with an explicit round-off bound, bounded in memory (privacy.pld.compose)
-                    self._composed[releases] = compose(self._pld, releases, self.tail_mass_truncation)
-                except (OverflowError, ValueError):
-                    raise ConfigurationError(
-                        "releases", releases, f"{releases} releases are more than the exact bound composes in "
-                        f"bounded memory (at most {MAX_COMPOSED_POINTS} privacy-loss grid points); use fewer "
-                        "releases, or --bound koga (closed form)") from None
-        return self._composed[releases]
+            raise
+
+    def composed_pld(self, releases: int) -> PrivacyLossDistribution:
+        """PLD of ``releases`` releases (``bound="exact"`` only) at the configured tail truncation."""
+        releases = _check_releases(releases)
+        return self._releases(releases, lambda acc: acc.composed_pld(releases))
 
     def _exact_single_epsilon(self, delta: float) -> float:
         return epsilon_for_delta(exact_release_profile(self.spec, self.noise_std), delta, rtol=1e-10)
@@ -565,7 +570,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return self._exact_single_epsilon(delta)
-            return epsilon_from_pld(self.composed_pld(releases), delta)
+            return self._releases(releases, lambda acc: acc.epsilon_after(releases, delta))
         return _compose_koga(lambda d: koga_epsilon(self.spec, self.noise_std, d, self.gaussian), delta, releases)
 
     def delta(self, epsilon: float, releases: int = 1) -> float:
@@ -576,7 +581,7 @@ class ReleaseAccountant:
         if self.bound == "exact":
             if releases == 1:
                 return float(exact_release_delta(self.spec, self.noise_std, epsilon)[0])
-            return delta_from_pld(self.composed_pld(releases), epsilon)
+            return self._releases(releases, lambda acc: acc.delta_after(releases, epsilon))
         if releases != 1:
             raise ConfigurationError("releases", releases, "delta(eps) of the Koga bound is only available for a "
                                      "single release; use epsilon(delta, releases) for K > 1")

@@ -19,8 +19,9 @@ Gaussian mechanism with Delta / std = 1 / sigma (PETS Theorem 1). Its privacy pr
 
     H(e^eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu),   mu = Delta / std,
 
-which is what :func:`gaussian_mechanism_profile` returns. The T rounds are composed with the project's
-connect-the-dots PLD code (:func:`~lightning_dpts.privacy.pld.pld_from_profile`, pessimistic), and the result
+which is what :func:`gaussian_mechanism_profile` returns. The T rounds are composed by the package's one
+composition path (:class:`~lightning_dpts.privacy.accountant.ProfileAccountant`: connect-the-dots PLD,
+pessimistic, tail truncation chosen from delta and T, FFT round-off bounded), and the result
 is checked in the tests against PETS Theorem 2's closed form (T Gaussian mechanisms compose to one with
 mu_T = sqrt(T) * Delta / std): the PLD epsilon is never below it and exceeds it only by the discretisation.
 Thresholding, normalisation, resampling and variation are post-processing.
@@ -29,6 +30,7 @@ Thresholding, normalisation, resampling and variation are post-processing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +38,7 @@ from scipy import optimize
 from scipy.special import log_ndtr, ndtr
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.privacy.pld import pld_from_profile
+from lightning_dpts.privacy.accountant import ProfileAccountant
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
@@ -135,21 +137,28 @@ class PETSAccountant:
     def __post_init__(self) -> None:
         self.noise_multiplier = _check_sigma(self.noise_multiplier)
         self.profile = gaussian_mechanism_profile(self.noise_multiplier)
-        self._pld = pld_from_profile(self.profile, discretization=self.discretization)
+        self._accountant = ProfileAccountant(self.profile, discretization=self.discretization,
+                                             scale=("noise_multiplier", self.noise_multiplier))
+
+    def _rounds(self, rounds: int, read: Callable[[int], float]) -> float:
+        rounds = _check_rounds(rounds)
+        try:
+            return float(read(rounds))
+        except ConfigurationError as err:
+            if err.parameter == "compositions":
+                raise ConfigurationError("iterations", rounds, "are more rounds than the accountant composes in "
+                                         "bounded memory; raise the noise multiplier or use fewer rounds") from None
+            raise
 
     def epsilon(self, rounds: int, delta: float) -> float:
         """The epsilon (an upper bound, PLD-pessimistic) after ``rounds`` adaptive rounds at ``delta``."""
-        rounds = _check_rounds(rounds)
-        if not 0 < delta < 1:
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
             raise ConfigurationError("delta", delta, "must lie strictly between 0 and 1")
-        pld = self._pld if rounds == 1 else self._pld.self_compose(rounds)
-        return float(pld.get_epsilon_for_delta(delta))
+        return self._rounds(rounds, lambda n: self._accountant.epsilon_after(n, float(delta)))
 
     def delta(self, rounds: int, epsilon: float) -> float:
         """The delta (an upper bound) after ``rounds`` rounds at ``epsilon``."""
-        rounds = _check_rounds(rounds)
-        pld = self._pld if rounds == 1 else self._pld.self_compose(rounds)
-        return float(pld.get_delta_for_epsilon(float(epsilon)))
+        return self._rounds(rounds, lambda n: self._accountant.delta_after(n, float(epsilon)))
 
 
 def calibrate_pets_noise(epsilon: float, delta: float, rounds: int, rtol: float = 1e-3) -> float:

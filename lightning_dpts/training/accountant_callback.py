@@ -5,9 +5,9 @@ It reads the sampling description from ``trainer.datamodule.sampling_spec`` and 
 :class:`~lightning_dpts.privacy.StructuredSubsamplingAccountant` (which picks the theorem of the paper for the
 configuration) and
 
-* computes once the largest number of optimizer steps whose composed epsilon stays within the budget
-  (``max_steps``, a whole number of epochs for iteration/shuffling top levels, which are accounted per
-  epoch) and lowers the Trainer's ``max_steps`` to it, so no step beyond the budget is ever taken;
+* computes once the largest number of optimizer steps whose composed epsilon stays within the budget, up to
+  the Trainer's plan (``max_steps``, a whole number of epochs for iteration/shuffling top levels, which are
+  accounted per epoch) and lowers the Trainer's ``max_steps`` to it, so no step beyond the budget is ever taken;
 * logs ``epsilon`` after every optimizer step to every attached logger and to the progress bar.
 
 The step count is not kept here: the strategy's :class:`~lightning_dpts.training.ledger.PrivacyLedger` is the
@@ -16,14 +16,18 @@ single source of truth (it travels with the weights, through checkpoints, second
 per-epoch accounting the epochs started (a resumed partial epoch is a new epoch). The budget is the *total*
 for the model, over every fit. The strategy refuses to continue a non-empty ledger without this callback.
 
-Per-step cost. Composing a privacy-loss distribution takes ~10-50 ms, more than a small training step, so
-epsilon is not recomputed every step. At step n (n compositions, or the number of started epochs) the callback
-logs epsilon at a *grid point* g >= n, computed exactly; epsilon grows with the number of compositions, so
-this is a sound upper bound. When n passes g, the next point is the largest of n, g * (1 + ``grid_rtol``)
-and n + k - 1, where k is chosen so that one evaluation is spread over k steps and costs at most
-``max_overhead`` (default 5%) of the measured training time; it is capped at the budget's last count, whose
-epsilon is computed before training. Between evaluations the per-step cost is a comparison plus the logger
-calls (measured by ``benchmarks/dp_training.py``). The final report is exact.
+Per-step epsilon. Composing a privacy-loss distribution takes milliseconds, often more than a small training
+step, so epsilon is not recomputed every step. At train start a background thread computes a table of epsilon
+at composition counts c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget)
+with :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`: consecutive values differ by
+at most a factor 1 + ``grid_rtol`` (default 1%) wherever one composition does not step further. After step n
+(n compositions, or the number of started epochs) the callback logs the table's value at the first count
+c_i >= n. Epsilon is nondecreasing in the count, so that value is a sound upper bound, and it exceeds the
+epsilon actually spent by at most 1 + ``grid_rtol``. If the thread has not reached n yet, the callback waits for
+it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper bound, is logged). The
+per-step cost is a table look-up plus the logger calls; the table's thread competes with training for the
+CPU (``benchmarks/dp_training.py --kinds plain,dp,dp_acc --interleave run`` measures both side by side). The
+final report is computed exactly.
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
 broadcasts it, so every rank caps the Trainer at the same step and stops there; only rank 0 evaluates and logs
@@ -33,7 +37,9 @@ Lightning writes checkpoints from rank 0 only.
 
 from __future__ import annotations
 
+import bisect
 import math
+import threading
 import time
 from typing import Any
 
@@ -48,7 +54,7 @@ from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccount
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
 
-__all__ = ["AccountantCallback", "PrivacyBudgetExhausted"]
+__all__ = ["AccountantCallback", "EpsilonTable", "PrivacyBudgetExhausted"]
 
 
 class AccountantCallback(Callback):
@@ -59,10 +65,13 @@ class AccountantCallback(Callback):
         delta: the budget delta in (0, 1).
         bound: ``"upper"`` (default, the sound guarantee) or ``"lower"`` (the paper's optimistic lower bound;
             only for comparisons - training then stops at a count the guarantee does *not* cover).
-        grid_rtol: relative spacing (> 0, <= 0.5) of the composition counts at which epsilon is computed exactly
-            for logging; the logged value is a sound upper bound within one grid step.
-        max_overhead: the largest fraction (> 0) of training time that computing the logged epsilon may take;
-            ``None`` disables the cap (epsilon then follows the ``grid_rtol`` grid exactly - deterministic).
+        grid_rtol: the largest relative step (> 0, <= 0.5) between consecutive values of the epsilon table
+            (default 0.01); every logged value is a sound upper bound within a factor 1 + grid_rtol of the epsilon
+            spent at that step.
+        max_overhead: ``None`` (default): when the background table has not reached the current step, wait for
+            it (every logged value is within ``grid_rtol``). A fraction (> 0): wait only while the total waiting
+            stays below this fraction of the measured training time; otherwise log the budget's epsilon, a
+            looser sound bound.
         log_name: metric name (default ``"epsilon"``) of the PLD path; the Monte Carlo path logs under
             ``MonteCarloAccountant.log_name`` (``"epsilon_monte_carlo_upper"``) so the value is never mistaken for
             a closed-form accountant's.
@@ -72,7 +81,8 @@ class AccountantCallback(Callback):
             many (``samples_for_target_delta``: about 7.5e4 for delta = 1e-3, 1.1e7 for 1e-5).
 
     Attributes:
-        max_steps: the largest accounted-step count the budget allows (after ``on_train_start``).
+        max_steps: the largest accounted-step count the budget allows, searched only up to the Trainer's plan
+            (``max_steps``, else ``max_epochs`` x batches; after ``on_train_start``).
         steps: noisy steps accounted for the model so far, over every fit (read from the strategy's ledger).
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
         hyperparameters: the DP settings logged once per run through every logger's ``log_hyperparams`` under
@@ -87,7 +97,7 @@ class AccountantCallback(Callback):
         *,
         bound: str = "upper",
         grid_rtol: float = 0.01,
-        max_overhead: float | None = 0.05,
+        max_overhead: float | None = None,
         log_name: str = "epsilon",
         monte_carlo_samples: int = 100_000,
     ) -> None:
@@ -115,6 +125,7 @@ class AccountantCallback(Callback):
         self.log_name = log_name
         self._strategy_ref: DPForecastStrategy | None = None
         self._loaded: dict[str, Any] | None = None
+        self.table: EpsilonTable | None = None
         self._rank = 0
         self._reset()
 
@@ -162,9 +173,9 @@ class AccountantCallback(Callback):
         self.monte_carlo: MonteCarloAccountant | None = None
         self.monte_carlo_epsilon: float | None = None
         self.monte_carlo_report: dict[str, Any] | None = None
-        self.grid_points: list[tuple[int, float]] = []  # (compositions, epsilon) computed for logging
+        self._stop_table()  # a table of an earlier fit (kept for inspection) ends here
         self._last: tuple[int, float] = (0, 0.0)
-        self._eval_time = 0.0
+        self._wait_time = 0.0
         self._train_time = 0.0
         self._timed_steps = 0
         self._tick: float | None = None
@@ -187,7 +198,7 @@ class AccountantCallback(Callback):
                     "noise_multiplier", sigma,
                     f"the checkpoint's steps were accounted with noise_multiplier={saved_sigma}; keep it to resume",
                 )
-            if saved_spec is not None and saved_spec != repr(spec):
+            if saved_spec is not None and not spec.matches_repr(saved_spec):
                 raise ConfigurationError(
                     "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
                 )
@@ -210,9 +221,18 @@ class AccountantCallback(Callback):
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound)
         self.accountant = acc
         self._rank = rank_and_world_size(trainer)[0]
-        self.max_steps = _from_rank_zero(trainer, lambda: acc.max_steps(self.epsilon, self.delta))
-        strategy.step_cap = self.max_steps
         accounted = ledger.accounted_steps(spec)
+        left = self._trainer_steps_left(trainer)
+        plan = None if left is None else accounted + left  # the search stops at the Trainer's plan
+        self._stop_table()
+        if self._rank == 0 and plan is not None:  # start the epsilon table now, while max_steps is searched
+            self._start_table(accounted, plan)
+        try:
+            self.max_steps = _from_rank_zero(trainer, lambda: acc.max_steps(self.epsilon, self.delta, stop_at=plan))
+        except BaseException:
+            self._stop_table()
+            raise
+        strategy.step_cap = self.max_steps
         if spec.accounts_per_epoch:
             # Whole epochs remain; a partially done Trainer epoch (mid-epoch resume) finishes as a *new* epoch.
             spe = spec.steps_per_epoch
@@ -239,7 +259,7 @@ class AccountantCallback(Callback):
         )
         self._log_hyperparameters(trainer, spec, strategy, sigma)
         if self._rank == 0:  # the other ranks neither evaluate nor log epsilon
-            self._start_grid()
+            self._start_logging(accounted)
 
     # ------------------------------------------------------------------------------------------------
     # Monte Carlo path (BandMF noise / b-min-sep sampling; docs/bandmf.md)
@@ -384,51 +404,75 @@ class AccountantCallback(Callback):
         for logger in trainer.loggers:
             logger.log_hyperparams({HPARAMS_KEY: dict(self.hyperparameters)})
 
-    def _start_grid(self) -> None:
-        assert self.accountant is not None and self.max_steps is not None
-        last = self.accountant.compositions(self.max_steps)
-        eps = self.accountant.epsilon(self.max_steps, self.delta) if last else 0.0  # cached by max_steps
-        self._last = (last, eps)
-        self.grid_points = []
-        self._tick = None
-        self._bar_value = None
+    @staticmethod
+    def _trainer_steps_left(trainer: L.Trainer) -> int | None:
+        """Optimizer steps the Trainer will still take at most (its step limit, else max_epochs x batches);
+        ``None`` when it has neither."""
+        loop = trainer.fit_loop.epoch_loop
+        left = []
+        if loop.max_steps is not None and loop.max_steps >= 0:
+            left.append(int(loop.max_steps) - trainer.global_step)
+        epochs = trainer.max_epochs
+        if epochs is not None and epochs >= 0 and math.isfinite(trainer.num_training_batches):
+            left.append(int(epochs) * int(trainer.num_training_batches) - trainer.global_step)
+        return max(0, min(left)) if left else None
 
-    def _next_point(self, c: int) -> int:
-        """The grid point at which to evaluate epsilon when ``c`` compositions passed the previous point."""
+    def _start_table(self, accounted: int, planned: int) -> None:
+        """Start the background epsilon table over the compositions of steps (accounted, planned], with an
+        accountant of its own (the caches are not shared between threads)."""
         assert self.accountant is not None
-        point = c
-        if self.grid_points:
-            point = max(point, math.ceil(self.grid_points[-1][0] * (1.0 + self.grid_rtol)))
-        if self.max_overhead is not None and self._timed_steps and self._eval_time > 0:
-            per_unit = self._train_time / self._timed_steps
-            if self.accountant.unit == "epoch":
-                per_unit *= self.accountant.spec.steps_per_epoch
-            evals_per_unit = (self._eval_time / len(self.grid_points)) / max(per_unit, 1e-9)
-            point = max(point, c + math.ceil(evals_per_unit / self.max_overhead) - 1)
-        return min(point, self._last[0])
+        acc = self.accountant
+        first, last = acc.compositions(accounted + 1), acc.compositions(max(planned, accounted + 1))
+        self.table = EpsilonTable(acc.clone(), self.delta, last, rtol=self.grid_rtol, start=first)
+
+    def _stop_table(self) -> None:
+        if self.table is not None:
+            self.table.stop()
+        self.table = None
+
+    def _start_logging(self, accounted: int) -> None:
+        """Before the first step: epsilon at the budget's last count, the table up to it, the timers."""
+        assert self.accountant is not None and self.max_steps is not None
+        acc = self.accountant
+        last = acc.compositions(self.max_steps)
+        eps = acc.epsilon(self.max_steps, self.delta) if last else 0.0  # cached by max_steps
+        self._last = (last, eps)
+        self._bar_value = None
+        self._tick = None
+        self._wait_time = self._train_time = 0.0
+        self._timed_steps = 0
+        if self.table is None:  # no Trainer plan: the table runs up to the budget
+            self._start_table(accounted, self.max_steps)
+        else:
+            self.table.limit(last)
+
+    @property
+    def grid_points(self) -> list[tuple[int, float]]:
+        """(compositions, epsilon) of the table computed so far (see the module docstring)."""
+        return [] if self.table is None else self.table.points()
 
     def epsilon_upper_bound(self, steps: int) -> float:
-        """A sound upper bound on epsilon after ``steps`` optimizer steps: epsilon at a grid point >= steps.
-
-        Computes a new grid point when ``steps`` passed the last one (see the module docstring).
-        """
+        """A sound upper bound on epsilon after ``steps`` optimizer steps, within a factor 1 + ``grid_rtol``
+        of the exact one: the table's value at the first count >= the compositions of ``steps`` (waits for the
+        background table as ``max_overhead`` allows; beyond the planned run: exact)."""
         assert self.accountant is not None
         c = self.accountant.compositions(steps)
         if c == 0:
             return 0.0
-        if self.grid_points and c <= self.grid_points[-1][0]:
-            return self.grid_points[-1][1]
-        if c > self._last[0]:  # beyond the budget: exact (never happens while the budget is enforced)
-            return self.accountant.epsilon(steps, self.delta)
-        point = self._next_point(c)
-        if point == self._last[0]:
-            value = self._last[1]
-        else:
-            start = time.perf_counter()
-            value = self.accountant.epsilon(self.accountant.spec.max_steps_for_compositions(point), self.delta)
-            self._eval_time += time.perf_counter() - start
-        self.grid_points.append((point, value))
-        return value
+        table = self.table
+        if table is not None and c <= table.last:
+            value = table.lookup(c)
+            if value is None:
+                allowed = None if self.max_overhead is None else self.max_overhead * self._train_time
+                if allowed is None or self._wait_time < allowed:
+                    start = time.perf_counter()
+                    value = table.lookup(c, wait=True)
+                    self._wait_time += time.perf_counter() - start
+            if value is not None:
+                return value
+            if c <= self._last[0]:
+                return self._last[1]  # the budget's epsilon: an upper bound for every count the budget allows
+        return self.accountant.epsilon(steps, self.delta)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -458,6 +502,8 @@ class AccountantCallback(Callback):
         self._tick = time.perf_counter()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.table is not None:
+            self.table.stop()  # kept (grid_points) for inspection; the thread ends after its current count
         if self.monte_carlo is not None:
             acc, eps = self.monte_carlo, float(self.monte_carlo_epsilon or 0.0)
             steps = self.steps
@@ -528,3 +574,83 @@ def _from_rank_zero(trainer: L.Trainer, compute: Any) -> Any:
     if message is not None:
         raise RuntimeError(f"rank 0 failed while accounting: {message}")
     return value
+
+
+class EpsilonTable:
+    """Epsilon of a planned run at a grid of composition counts, computed by a background thread.
+
+    The thread runs :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve` from count
+    ``start`` to ``last``; :meth:`lookup` returns the value at the first computed count >= c (a sound upper
+    bound on epsilon after c compositions, within a factor 1 + ``rtol`` of the exact one).
+
+    Args:
+        accountant: the run's accountant.
+        delta: the delta of every value.
+        last: the largest composition count of the plan.
+        rtol: the largest relative step between consecutive values (see ``epsilon_curve``).
+        start: the first count (the run's first step; earlier steps of a resumed model are not looked up).
+    """
+
+    def __init__(self, accountant: StructuredSubsamplingAccountant, delta: float, last: int, *, rtol: float = 0.01,
+                 start: int = 1) -> None:
+        self.last = int(last)
+        self._limit = self.last
+        self._counts: list[int] = []
+        self._values: list[float] = []
+        self._done = False
+        self._stop = False
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._curve = accountant.epsilon_curve(self.last, delta, rtol=rtol, start=start)
+        self._thread = threading.Thread(target=self._run, name="dpts-epsilon-table", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for count, value in self._curve:
+                with self._cond:
+                    if self._stop:
+                        break
+                    self._counts.append(count)
+                    self._values.append(value)
+                    self._cond.notify_all()
+                    if count >= self._limit:  # every count up to the limit is covered
+                        break
+        except Exception as err:  # kept in .error; the callback then logs the budget's epsilon (an upper bound)
+            self.error = err
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def lookup(self, count: int, wait: bool = False) -> float | None:
+        """The value at the first computed count >= ``count``; ``None`` if none is computed yet (``wait``: block
+        until it is, or until the thread ends; a thread that failed, see :attr:`error`, leaves ``None``)."""
+        with self._cond:
+            while True:
+                i = bisect.bisect_left(self._counts, count)
+                if i < len(self._counts):
+                    return self._values[i]
+                if self._done or not wait:
+                    return None
+                self._cond.wait()
+
+    def points(self) -> list[tuple[int, float]]:
+        """The (count, epsilon) pairs computed so far."""
+        with self._cond:
+            return list(zip(self._counts, self._values, strict=True))
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to finish the table."""
+        self._thread.join(timeout)
+
+    def limit(self, last: int) -> None:
+        """Stop once a count >= ``last`` is computed (the budget allows fewer steps than the plan)."""
+        with self._cond:
+            self._limit = min(self._limit, int(last))
+            self.last = min(self.last, self._limit)
+
+    def stop(self) -> None:
+        """Ask the thread to stop after its current count (training ended before the plan)."""
+        with self._cond:
+            self._stop = True

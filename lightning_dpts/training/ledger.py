@@ -125,7 +125,7 @@ class PrivacyLedger:
                     f"the model's privacy ledger has {self.steps} noisy steps taken with {name}={saved}; a "
                     f"continuation must use the same value (or start from freshly initialised weights)",
                 )
-        if spec is not None and self.sampling_spec is not None and repr(spec) != self.sampling_spec:
+        if spec is not None and self.sampling_spec is not None and not spec.matches_repr(self.sampling_spec):
             raise ConfigurationError(
                 "datamodule.sampling_spec", spec,
                 f"the model's privacy ledger accounted {self.steps} noisy steps with {self.sampling_spec}; a "

@@ -121,4 +121,5 @@ def test_lengths_are_validated(lengths):
 def test_lengths_are_deduplicated_and_sorted():
     spec = SamplingSpec(min_length=5, lengths=[9, 5, 9, np.int64(7)], **ISSUE_8A)
     assert spec.lengths == (5, 7, 9)
-    assert SamplingSpec(min_length=5, lengths=(5, 5), **ISSUE_8A).lengths is None
+    # exactly one length stays a length (issue 26: lengths=None now means "at least min_length")
+    assert SamplingSpec(min_length=5, lengths=(5, 5), **ISSUE_8A).lengths == (5,)
