@@ -223,8 +223,9 @@ def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags)
 
     windows = max(k for k in range(1, 5) if 60 - k * H >= H and rate(k) <= 1.25 * rate(1))
     assert windows == (2 if lags == 0 else 4)  # dlinear: r 15/49 -> 15/43 (1.14x), 15/37 (1.32x); deepar: r = 1
-    assert spec == SamplingSpec(num_series=24, min_length=60 - windows * H, context_length=past, prediction_length=H,
-                                batch_size=8)
+    # every series has exactly this length: the exact mix (lengths=(L,)), not "at least L" (lengths=None)
+    assert spec == SamplingSpec(num_series=24, min_length=60 - windows * H, lengths=(60 - windows * H,),
+                                context_length=past, prediction_length=H, batch_size=8)
     assert args.steps == [3, 9]  # floor(24 / 8) = 3 steps per epoch
     # and what the datamodule builds for the same model
     from lightning_dpts.fit import FitConfig, _estimator, load_long_table
