@@ -43,7 +43,7 @@ def test_default_job_logs_epsilon_within_one_percent_at_every_step(tmp_path):
     spec_dict["lengths"] = tuple(spec_dict["lengths"]) if spec_dict["lengths"] else None
     spec = SamplingSpec(relation=relation, **spec_dict)
     acc = StructuredSubsamplingAccountant(spec, report["noise_multiplier"])
-    logged = _logged(glob.glob(str(out / "logs" / "*" / "metrics.csv"))[0])
+    logged = _logged(glob.glob(str(out / "private" / "logs" / "*" / "metrics.csv"))[0])  # private (issue 24)
     assert [s for s, _ in logged] == list(range(1, report["steps"] + 1))  # one value after every step
     assert len({v for _, v in logged}) > report["steps"] // 4  # no staircase
     _assert_within_one_percent(acc, logged, report["delta"])
