@@ -75,6 +75,7 @@ from lightning_dpts.training.engine import (
 )
 from lightning_dpts.training.isolated import IsolatedGradients, silenced, training_loss
 from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
+from lightning_dpts.training.roles import StepAccountant
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
@@ -1305,9 +1306,7 @@ def _spare_core() -> bool:
 
 
 def _has_accountant(trainer: L.Trainer) -> bool:
-    from lightning_dpts.training.accountant_callback import AccountantCallback
-
-    return any(isinstance(cb, AccountantCallback) for cb in trainer.callbacks)
+    return any(isinstance(cb, StepAccountant) for cb in trainer.callbacks)
 
 
 def _leading_sizes(batch: Any) -> list[int]:
