@@ -44,7 +44,6 @@ the constructor, the Lightning hooks that call them in order, and the layer swap
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,9 +57,7 @@ from torch import nn
 from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
-from lightning_dpts.randomness import resolve_entropy
 from lightning_dpts.training.buffers import BufferGuard
-from lightning_dpts.training.correlated_noise import NOISE_KINDS, banded_sqrt_coefficients, check_coefficients
 from lightning_dpts.training.engine import NoiseSource, NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.guards import (
     check_distributed,
@@ -79,24 +76,21 @@ from lightning_dpts.training.isolated import IsolatedGradients
 from lightning_dpts.training.ledger import PrivacyLedger
 from lightning_dpts.training.ledger_wiring import LedgerWiring
 from lightning_dpts.training.noisy_step import NoisyStep, clip_and_noise
+from lightning_dpts.training.options import (
+    check_independence_options,
+    check_noise,
+    check_sigma_or_target,
+    check_step_options,
+    positive,
+)
 from lightning_dpts.training.probe_batches import copy_batch
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
 
-#: ``per_window`` values: how each window's gradient is computed (see :class:`DPForecastStrategy`)
-PER_WINDOW_MODES = ("auto", "fast", "isolated")
-
-
 
 class PrivacyBudgetExhausted(RuntimeError):
     """Raised instead of taking an optimizer step the privacy budget does not cover (a safety net)."""
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(name, value, "must be a finite number > 0")
-    return float(value)
 
 
 class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
@@ -222,67 +216,22 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         coefficients: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
-        if noise not in NOISE_KINDS:
-            raise ConfigurationError("noise", noise, f"must be one of {', '.join(repr(k) for k in NOISE_KINDS)}")
+        self.coefficients: tuple[float, ...] | None = check_noise(noise, bands, coefficients)
         self.noise_kind = noise
-        self.coefficients: tuple[float, ...] | None = None
-        if noise == "bandmf":
-            if coefficients is None:
-                if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
-                    raise ConfigurationError("bands", bands, "noise='bandmf' needs bands: an integer >= 1")
-                c = banded_sqrt_coefficients(bands)
-            else:
-                c = check_coefficients(coefficients, bands)
-            self.coefficients = tuple(float(v) for v in c)
-        elif bands not in (None, 1) or coefficients is not None:
-            raise ConfigurationError("bands", bands, "bands/coefficients are only for noise='bandmf'")
         self.bands = 1 if self.coefficients is None else len(self.coefficients)
-        self.max_grad_norm = _positive("max_grad_norm", max_grad_norm)
-        target = (target_epsilon, target_delta, epochs)
-        if noise_multiplier is not None:
-            if any(t is not None for t in target):
-                raise ConfigurationError(
-                    "noise_multiplier", noise_multiplier,
-                    "give either noise_multiplier or (target_epsilon, target_delta, epochs), not both",
-                )
-            noise_multiplier = _positive("noise_multiplier", noise_multiplier)
-        elif any(t is None for t in target):
-            raise ConfigurationError(
-                "noise_multiplier", None,
-                "give noise_multiplier, or all of target_epsilon, target_delta and epochs to calibrate it",
-            )
-        else:
-            _positive("target_epsilon", target_epsilon)
-            if not (isinstance(target_delta, float) and 0 < target_delta < 1):
-                raise ConfigurationError("target_delta", target_delta, "must lie strictly between 0 and 1")
-            if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-                raise ConfigurationError("epochs", epochs, "must be an integer >= 1")
-        self._noise_multiplier: float | None = noise_multiplier
+        self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
+        self._noise_multiplier: float | None = check_sigma_or_target(noise_multiplier, target_epsilon, target_delta,
+                                                                     epochs)
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
         self.epochs = epochs
-        if seed is not None:
-            resolve_entropy(seed, "seed")  # validates; the entropy itself is drawn at every fit start
-        if not isinstance(secure_mode, bool):
-            raise ConfigurationError("secure_mode", secure_mode, "must be True or False")
-        if secure_mode and seed is not None:
-            raise ConfigurationError(
-                "secure_mode", True, "draws from the operating system's CSPRNG and cannot be seeded; use seed=None"
-            )
-        if not isinstance(check_independence, bool):
-            raise ConfigurationError("check_independence", check_independence, "must be True or False")
-        if per_window not in PER_WINDOW_MODES:
-            raise ConfigurationError(
-                "per_window", per_window, f"must be one of {', '.join(repr(m) for m in PER_WINDOW_MODES)}"
-            )
-        if (isinstance(spot_check, bool) or not isinstance(spot_check, (int, float))
-                or not 0.0 <= float(spot_check) <= 1.0):
-            raise ConfigurationError("spot_check", spot_check, "must be a probability in [0, 1]")
+        self.spot_check = check_independence_options(seed, secure_mode, check_independence, per_window, spot_check)
+        self.scaler_default_scale = check_step_options(expected_batch_size, loss_reduction, scaler_default_scale,
+                                                       data_dependent_schedulers)
         self._seed = seed
         self.secure_mode = secure_mode
         self.check_independence = check_independence
         self.per_window = per_window
-        self.spot_check = float(spot_check)
         #: whether this fit computes per-window gradients in isolation (``per_window="isolated"``, or ``"auto"``
         #: after the probe found a mix before the first step)
         self.isolated = per_window == "isolated"
@@ -298,18 +247,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
         self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
         self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
-        if expected_batch_size is not None and (
-            isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) or expected_batch_size < 1
-        ):
-            raise ConfigurationError("expected_batch_size", expected_batch_size, "must be an integer >= 1")
         self._given_batch_size = expected_batch_size
-        if loss_reduction not in ("mean", "sum"):
-            raise ConfigurationError("loss_reduction", loss_reduction, "must be 'mean' or 'sum'")
         self.loss_reduction = loss_reduction
-        self.scaler_default_scale = _positive("scaler_default_scale", scaler_default_scale)
-        if data_dependent_schedulers not in ("disable", "error"):
-            raise ConfigurationError("data_dependent_schedulers", data_dependent_schedulers,
-                                     "must be 'disable' or 'error'")
         self.data_dependent_schedulers = data_dependent_schedulers
         self.noise: NoiseSource | None = None
         #: whether each step's noise is drawn in a background thread (decided at the first step, see
