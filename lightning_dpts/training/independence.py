@@ -77,7 +77,6 @@ class IndependenceChecks:
         k = step.bit_length()
         return self._schedule.randrange(1 << k, 1 << (k + 1))
 
-
     def _check_window_independence(self, pl_module: L.LightningModule, batch: Any) -> None:
         """The probe: change window 0 of a synthetic batch shaped like ``batch``; no other window's per-window
         gradient (as the fast path attributes it) may move by more than the float tolerance.

@@ -130,7 +130,6 @@ class LedgerWiring:
         self._begun = True
         return ledger
 
-
     def state_dict(self) -> dict[str, Any]:
         """Sigma, C and the privacy ledger (with the noise kind and bands) - never a seed, a generator state or a
         BandMF band (nothing that reproduces noise).

@@ -126,7 +126,6 @@ class NoisyStep:
             return make_noise("bandmf", entropy, secure=self.secure_mode, coefficients=self.coefficients)
         return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
 
-
     def _wrap_training_step(self, pl_module: L.LightningModule) -> None:
         """A batch without windows (Poisson sampling) skips the model: ``None`` loss, then the noise-only step."""
         from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -180,7 +179,6 @@ class NoisyStep:
         leaf = loss.detach().clone().requires_grad_()
         return {**out, "loss": leaf} if isinstance(out, dict) else leaf
 
-
     def _prepare_noise(self) -> None:
         """Start this step's noise draw in the background (:meth:`GaussianNoise.prepare`) now that the previous
         step's noisy gradients are released: the draw overlaps the forward and backward pass, and only one noise
@@ -202,7 +200,6 @@ class NoisyStep:
             return
         std = self.noise_std if self._world_size > 1 else self.noise_std / self.expected_batch_size
         prepare(self._noise_numel, std, self._params[0].dtype)
-
 
     def _noisy_gradients(self, trainer: L.Trainer, step: int, refused: Exception | None) -> list[torch.Tensor]:
         """Algorithm 2's noisy averaged gradient of this step, one per trainable parameter: from the isolated

@@ -290,7 +290,6 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         """Noisy optimizer steps taken by the model, over every fit (``self.ledger.steps``)."""
         return self.ledger.steps
 
-
     @property
     def noise_multiplier(self) -> float:
         """sigma, given or calibrated (available after ``setup`` when calibrated from a target)."""
@@ -366,7 +365,6 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._wrap_training_step(pl_module)
         self._begun = False
 
-
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_optimizer(trainer, pl_module)
         self._refresh_trainable(pl_module)
@@ -408,7 +406,6 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.begin(trainer, pl_module)
-
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._new_epoch = True  # the first noisy step of this epoch counts a new epoch (also a resumed one)
@@ -453,13 +450,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         elif self._clipper is not None:
             self._clipper.disable()
 
-
     def _use_params(self, params: list[nn.Parameter]) -> None:
         """The parameters DP training updates (trainable when the per-window hooks were attached)."""
         self._params = params
         self._hooked_ids = {id(p) for p in params}
         self._noise_numel = sum(p.numel() for p in params)
-
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
@@ -498,8 +493,6 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._fit_steps += 1
         self._new_epoch = False
         self._batches_since_step = 0
-
-
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data)
