@@ -29,6 +29,7 @@ __all__ = [
 
 
 def spec_or_none(trainer: L.Trainer) -> SamplingSpec | None:
+    """The datamodule's ``sampling_spec`` (``None`` without one; anything else than a SamplingSpec is refused)."""
     dm = getattr(trainer, "datamodule", None)
     spec = getattr(dm, "sampling_spec", None) if dm is not None else None
     if spec is not None and not isinstance(spec, SamplingSpec):
@@ -37,6 +38,8 @@ def spec_or_none(trainer: L.Trainer) -> SamplingSpec | None:
 
 
 def check_trainer(trainer: L.Trainer) -> None:
+    """Trainer settings refused at ``setup``: the tuner's finders, ``gradient_clip_val``, gradient accumulation,
+    mixed precision."""
     from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
 
     for cb in trainer.callbacks:
