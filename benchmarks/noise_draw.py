@@ -28,7 +28,8 @@ import torch
 from dp_training import build, fixed_data, time_steps
 
 from lightning_dpts.randomness import GaussianNoise, resolve_entropy
-from lightning_dpts.training import DPForecastStrategy, strategy
+from lightning_dpts.training import DPForecastStrategy
+from lightning_dpts.training import noisy_step as strategy
 
 
 def time_draws(numel: int, count: int) -> list[float]:

@@ -44,7 +44,6 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_dpts.distributed import rank_and_world_size
@@ -52,12 +51,13 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.spec import SamplingSpec
+from lightning_dpts.training.roles import StepAccountant
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
 
 __all__ = ["AccountantCallback", "EpsilonTable", "PrivacyBudgetExhausted"]
 
 
-class AccountantCallback(Callback):
+class AccountantCallback(StepAccountant):
     """Enforce a privacy budget (epsilon, delta) and log the epsilon spent at every optimizer step.
 
     Args:

@@ -29,12 +29,9 @@ import torch
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.training.ledger import hook_state_dict
+from lightning_dpts.training.ledger import GUARD_ATTRIBUTE, StateDictGuard, hook_state_dict
 
 __all__ = ["GUARD_ATTRIBUTE", "BufferGuard", "guard_of"]
-
-#: Attribute of the LightningModule that holds its :class:`BufferGuard` during a DP fit (and after a refusal).
-GUARD_ATTRIBUTE = "_dpts_buffer_guard"
 
 
 @dataclass
@@ -50,7 +47,7 @@ class _Buffer:
     value: torch.Tensor
 
 
-class BufferGuard:
+class BufferGuard(StateDictGuard):
     """The buffers of a module at the start of a DP fit; any that changes during the fit is refused.
 
     Args:

@@ -45,6 +45,9 @@ __all__ = ["LEDGER_ATTRIBUTE", "LEDGER_KEY", "PrivacyLedger", "attach_ledger", "
 LEDGER_KEY = "dpts_privacy_ledger"
 #: Attribute of the LightningModule that holds its ledger in memory.
 LEDGER_ATTRIBUTE = "dpts_privacy_ledger"
+#: Attribute of the LightningModule that holds its state-dict guard (the
+#: :class:`~lightning_dpts.training.buffers.BufferGuard` during a DP fit and after a refusal).
+GUARD_ATTRIBUTE = "_dpts_buffer_guard"
 
 
 @dataclass
@@ -196,6 +199,21 @@ def hook_state_dict(module: Any) -> None:
         module.register_state_dict_post_hook(_state_dict_hook)
 
 
+class StateDictGuard:
+    """What every ``state_dict()`` of a module with the ledger hook runs first (:func:`_state_dict_hook`): ``check``
+    raises to refuse the state dict. Implemented by :class:`~lightning_dpts.training.buffers.BufferGuard`; defined
+    here so that this module does not import the buffers module (which imports this one)."""
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+
+def _attached_guard(module: Any) -> StateDictGuard | None:
+    """The state-dict guard attached to a module (``GUARD_ATTRIBUTE``), or ``None``."""
+    guard = getattr(module, GUARD_ATTRIBUTE, None)
+    return guard if isinstance(guard, StateDictGuard) else None
+
+
 def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
     """Every ``state_dict()`` of a module with a ledger: refuse buffers changed by a DP fit, then add the ledger.
 
@@ -203,9 +221,7 @@ def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local
     refusal) runs before anything can be written: Lightning builds the whole checkpoint dict, this state dict
     included, before it saves the file.
     """
-    from lightning_dpts.training.buffers import guard_of
-
-    guard = guard_of(module)
+    guard = _attached_guard(module)
     if guard is not None:
         guard.check()
     ledger = ledger_of(module)
@@ -223,10 +239,8 @@ def _take_loaded_ledger(module: Any, loaded: PrivacyLedger) -> Any:
     restoring earlier weights) never lower the count, whose steps already touched the data. Weights whose ledger
     was accounted with other settings cannot join the fit's count and are refused.
     """
-    from lightning_dpts.training.buffers import guard_of
-
     current = ledger_of(module)
-    if current is None or guard_of(module) is None:
+    if current is None or _attached_guard(module) is None:
         return functools.partial(attach_ledger, module, loaded)
     if not loaded.empty and not current.empty:
         for name in ("noise_multiplier", "max_grad_norm", "sampling_spec", "noise", "bands"):

@@ -92,7 +92,7 @@ def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monke
     """Each step's draw starts only once the previous step's noise (its noisy gradients) is released: one noise
     vector alive at a time, as the plain step holds one gradient. Every draw is handed out (none wasted). With a
     spare core the draw runs in the background from the step's start, else at the optimizer step."""
-    from lightning_dpts.training import strategy as strategy_module
+    from lightning_dpts.training import noisy_step as strategy_module
 
     monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
     prepared = []

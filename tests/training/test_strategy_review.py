@@ -16,7 +16,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import SamplingSpec
 from lightning_dpts.randomness import GaussianNoise
 from lightning_dpts.training import AccountantCallback, DPForecastStrategy, attach_ledger
-from lightning_dpts.training import strategy as strategy_module
+from lightning_dpts.training import noisy_step as strategy_module
 
 from .conftest import SpecDataModule, trainer
 

@@ -1,0 +1,282 @@
+"""The independence checks of the fast path (PRIVACY-NOTES trap 8): the probe and the per-step spot check.
+
+On ``per_window="fast"``/``"auto"`` a window's gradient comes from one pass over the whole batch, which is that
+window's own gradient only if ``training_step`` keeps windows apart. :class:`IndependenceChecks` (a part of
+:class:`~lightning_dpts.training.DPForecastStrategy`) gathers the evidence before the step's update:
+
+* the probe (:meth:`IndependenceChecks._check_window_independence`): on a synthetic batch shaped like the real one
+  (:mod:`~lightning_dpts.training.probe_batches`), change window 0 and require every other window's gradient to
+  stay within the float tolerance; at the fit's first step and at one random step in each of [2, 4), [4, 8), ...
+  (:meth:`IndependenceChecks._probe_after`);
+* the spot check (:meth:`IndependenceChecks._spot_check`): one window drawn at random, recomputed alone
+  (:mod:`~lightning_dpts.training.isolated`), must have the clipped gradient the batched pass attributes to it.
+
+A mix found before the fit's first noisy step with ``per_window="auto"`` switches the fit to isolated per-window
+gradients (:meth:`IndependenceChecks._isolate`); otherwise it is a :class:`~lightning_dpts.errors.ConfigurationError`.
+The draws of which steps and windows are checked (``_schedule``, ``_choices``) are not privacy draws.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.training.engine import PerWindowClipper, _row_sq, clip_factors
+from lightning_dpts.training.isolated import IsolatedGradients, silenced, training_loss
+from lightning_dpts.training.ledger import PrivacyLedger
+from lightning_dpts.training.probe_batches import (
+    PROBE_COMPARED,
+    copy_batch,
+    in_float64,
+    largest_change,
+    num_windows,
+    perturb_first_window,
+    synthetic_probe,
+    window_tolerance,
+)
+
+__all__ = ["IndependenceChecks"]
+
+
+class IndependenceChecks:
+    """The probe and the spot check, as a part of :class:`~lightning_dpts.training.DPForecastStrategy` (which sets
+    the attributes below; this class holds no state of its own and is not used alone)."""
+
+    # the strategy's per-fit state that the checks read and write
+    per_window: str
+    isolated: bool
+    max_grad_norm: float
+    loss_reduction: str
+    expected_batch_size: int | None
+    ledger: PrivacyLedger
+    _clipper: PerWindowClipper | None
+    _params: list[nn.Parameter]
+    _original_training_step: Callable[..., Any] | None
+    _probe_args: tuple[int, ...]
+    _world_size: int
+    _fit_steps: int
+    _stochastic: bool | None  # whether training_step's result on one window is random (spot check)
+    _spot_batch: Any  # a copy of this step's batch when the step is spot-checked
+    _warned_reduction: bool  # the spot check found the fast path's gradients scaled by the batch size
+    _choices: random.Random  # which steps and windows the spot check takes: not a privacy draw
+    _schedule: random.Random  # the probe's steps (not a privacy draw either)
+
+    _isolated_gradients: Callable[[L.LightningModule], IsolatedGradients]  # the strategy's (built on first use)
+    _clear: Callable[[], None]  # the strategy's: drop per-window state left from a previous pass
+
+    def _probe_after(self, step: int) -> int:
+        """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it."""
+        k = step.bit_length()
+        return self._schedule.randrange(1 << k, 1 << (k + 1))
+
+    def _check_window_independence(self, pl_module: L.LightningModule, batch: Any) -> None:
+        """The probe: change window 0 of a synthetic batch shaped like ``batch``; no other window's per-window
+        gradient (as the fast path attributes it) may move by more than the float tolerance.
+
+        The probe batch (:func:`synthetic_probe`) has ``batch``'s keys, trailing shapes and dtypes and its number
+        of windows (at least Lambda), but synthetic values only: scales that differ between windows, observed masks
+        with missing values (the masked values set to 0), integer features that repeat between pairs of windows.
+        Its outcome depends on the model and the batch's structure, never on private values. It runs in float64
+        where the module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7 is found), else in the
+        module's precision; with the repeating integers where the module accepts them (an embedding of
+        cardinality 1 does not), else with zeros.
+
+        A mix found before this fit's first noisy step switches ``per_window="auto"`` to the isolated mode (the
+        probe's data are synthetic, so the switch does not depend on private data); otherwise it is a
+        :class:`ConfigurationError` naming the window, the parameter and the size of the change.
+        """
+        assert self._clipper is not None and self._original_training_step is not None
+        size = num_windows(batch)
+        if size is None:
+            return
+        # several processes: every rank probes Lambda windows at the same steps (begin seeds the choices alike), so
+        # that all reach the same verdict at the same step and none is left waiting in the step's all-reduce
+        # one process: the batch's own number of windows, at least Lambda (a Poisson batch may be smaller)
+        size = max(size, int(self.expected_batch_size or 0), 2) if self._world_size == 1 else \
+            max(int(self.expected_batch_size or 2), 2)
+        found: tuple[float, float, int, str, str] | None = None
+        last: Exception | None = None
+        saved_grads = [p.grad for p in self._params]
+        for p in self._params:
+            p.grad = None
+        for wide, varied in ((True, True), (True, False), (False, True), (False, False)):
+            probe = synthetic_probe(batch, size, varied=varied)
+            try:
+                with in_float64(pl_module, probe, enabled=wide) as (probe, dtype):
+                    compared = list(range(min(size, PROBE_COMPARED)))
+                    moved_batch = perturb_first_window(copy_batch(probe), size)  # each pass its own copy: a
+                    base = self._probe_gradients(pl_module, copy_batch(probe), compared)  # training_step may write
+                    moved = self._probe_gradients(pl_module, moved_batch, compared)  # into its input
+            except Exception as err:  # noqa: BLE001 - the next, more conservative variant
+                last = err
+                continue
+            finally:
+                for p, g in zip(self._params, saved_grads, strict=True):
+                    p.grad = g
+            if base is None or moved is None:
+                return
+            found = largest_change(base, moved, dtype, self._param_names())
+            how = f"{'float64' if dtype == torch.float64 else str(dtype).removeprefix('torch.')}, " + (
+                "repeating integer features" if varied else "integer features 0")
+            break
+        else:
+            assert last is not None
+            if self.per_window == "auto" and self._fit_steps == 0:  # no evidence for the fast path: isolate
+                self._isolate(pl_module, f"the probe could not run on a synthetic batch ({type(last).__name__}: "
+                                         f"{last}), so independence is not established")
+                return
+            raise last
+        if found is None:
+            return
+        change, tolerance, window, param, _ = found
+        evidence = (
+            f"on a synthetic probe batch of {size} windows ({how}), changing window 0 moved the per-window "
+            f"gradient of window {window} by {change:.3g} in l2 norm (tolerance {tolerance:.3g}; most in parameter "
+            f"{param!r})"
+        )
+        if self.per_window == "auto" and self._fit_steps == 0:
+            earlier = (f" The model's privacy ledger already holds {self.ledger.steps} noisy steps of earlier fits: if "
+                       "they used the fast path with this forward, the 2C bound did not hold for them and their "
+                       "epsilon is not a guarantee." if self.ledger.steps else "")
+            self._isolate(pl_module, f"{type(pl_module).__name__}'s forward mixes the windows of a batch: {evidence}."
+                          + earlier)
+            return
+        raise ConfigurationError(
+            "model", type(pl_module).__name__,
+            f"forward mixes the windows of a batch: {evidence}. One window then changes the update by more than 2C "
+            "and the privacy analysis does not apply (PRIVACY-NOTES trap 8); no update was made from this step. "
+            f"{self._refusal_advice()}",
+        )
+
+    def _isolate(self, pl_module: L.LightningModule, reason: str) -> None:
+        """``per_window="auto"`` before the fit's first noisy step: compute each window's gradient alone from now on."""
+        assert self._clipper is not None
+        self.isolated = True
+        self._clipper.disable()
+        rank_zero_warn(f"DPForecastStrategy: {reason} Each window's gradient is computed with that window alone for "
+                       "this fit (per_window='isolated').")
+
+    def _refusal_advice(self) -> str:
+        done = (f" The {self._fit_steps} noisy step(s) this fit already took used the fast path: their privacy "
+                "holds only if the forward kept windows apart on those batches." if self._fit_steps else "")
+        return ("Remove batch statistics, batch-level scaling or cross-window operations from forward, or train with "
+                "DPForecastStrategy(per_window='isolated'), which computes each window's gradient with that window "
+                "alone." + done)
+
+    def _param_names(self) -> list[str]:
+        """The module's names of the trainable parameters, in gradient order."""
+        assert self._clipper is not None
+        return [self._clipper._names.get(id(p), f"#{k}") for k, p in enumerate(self._params)]
+
+    def _probe_gradients(
+        self, pl_module: L.LightningModule, batch: Any, windows: list[int]
+    ) -> list[torch.Tensor] | None:
+        """Per-window gradients ``[len(windows), *p.shape]`` (one per trainable parameter, zeros where none) of the
+        module's training loss on ``batch``, as the fast path attributes them (no logging, no step)."""
+        assert self._clipper is not None and self._original_training_step is not None
+        devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
+        enabled = self._clipper.enabled
+        try:
+            with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings(), \
+                    silenced(pl_module):
+                warnings.simplefilter("ignore")
+                torch.manual_seed(0)  # the same dropout masks in both probe passes (synthetic data, no privacy draw)
+                self._clear()
+                self._clipper.enable()
+                for p in self._params:
+                    p.grad = None
+                loss = training_loss(self._original_training_step(batch, *self._probe_args))
+                if loss is None or not loss.requires_grad:
+                    return None
+                loss.backward()
+                grads = self._clipper.per_window_gradients(self._params, windows)
+                return [torch.zeros(len(windows), *p.shape, dtype=p.dtype, device=p.device) if g is None
+                        else g.detach() for p, g in zip(self._params, grads, strict=True)]
+        finally:
+            self._clear()
+            if not enabled:
+                self._clipper.disable()
+            for p in self._params:
+                p.grad = None
+
+    def _spot_check(self, pl_module: L.LightningModule) -> None:
+        """One window, drawn at random, recomputed alone: its clipped gradient must equal the batched one.
+
+        Runs before the step's noisy gradient is formed, so a refusal leaves no update from this step. Skipped for
+        a ``training_step`` whose result on one window is random (checked once per fit: two calls differ).
+        """
+        assert self._clipper is not None
+        batch, self._spot_batch = self._spot_batch, None
+        size = num_windows(batch)
+        if not size or self._stochastic is True:
+            return
+        iso = self._isolated_gradients(pl_module)
+        j = self._choices.randrange(size)
+        devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
+        with torch.random.fork_rng(devices=devices):  # torch's random stream (dropout) is as without the check
+            alone = iso.gradient(batch, j)
+        if self._stochastic is None:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(self._choices.randrange(1 << 62))
+                again = iso.gradient(batch, j)
+            self._stochastic = any(not torch.equal(a, b) for a, b in zip(alone, again, strict=True))
+            if self._stochastic:
+                rank_zero_info(
+                    f"DPForecastStrategy: {type(pl_module).__name__}'s training_step is random on one window (e.g. "
+                    "dropout): the per-step spot check cannot compare windows and is off for this fit; the probe "
+                    "(fixed random draws) still runs"
+                )
+                return
+        recorded = self._clipper.per_window_gradients(self._params, [j])
+        missing = [k for k, g in enumerate(recorded) if g is None]
+        if missing and bool(torch.stack([alone[k].abs().sum() for k in missing]).ne(0).any()):
+            return  # a parameter used outside the hooked layers: the clipping refuses it, naming the parameter
+        flat_alone = torch.cat([g.reshape(-1) for g in alone])
+        flat_batched = torch.cat([torch.zeros_like(a).reshape(-1) if g is None else g.reshape(-1)
+                                  for a, g in zip(alone, recorded, strict=True)])
+        both = torch.stack([flat_alone, flat_batched])
+        factors = clip_factors(_row_sq(both).double(), self.max_grad_norm).to(both.dtype)
+        if not bool(torch.isfinite(factors).all()) or not bool(torch.isfinite(both).all()):
+            return  # the clipping refuses the step (NonFiniteGradientError, naming the window's series)
+        clipped = both * factors[:, None]
+        scale = float(torch.linalg.vector_norm(clipped, dim=1).max())
+        gap = float(torch.linalg.vector_norm(clipped[0] - clipped[1]))
+        if gap <= window_tolerance(both.dtype, both.shape[1], scale):
+            return
+        for k in (float(size), 1.0 / size):  # the batched one is k times the window's own: a loss_reduction slip
+            scaled = both[0] * k
+            tolerance = window_tolerance(both.dtype, both.shape[1], float(torch.linalg.vector_norm(scaled)))
+            if size > 1 and float(torch.linalg.vector_norm(both[1] - scaled)) <= tolerance:
+                if not self._warned_reduction:
+                    self._warned_reduction = True
+                    rank_zero_warn(
+                        f"DPForecastStrategy: the per-window gradients of {type(pl_module).__name__} on the fast path "
+                        f"are {k:g} times the gradient of training_step on one window alone: loss_reduction="
+                        f"{self.loss_reduction!r} does not seem to match how training_step reduces its loss over the "
+                        "windows. Each window is still clipped on its own (no window mixes into another), but to a "
+                        "scaled gradient; pass the loss_reduction that matches"
+                    )
+                return
+        c_alone, c_batched = float(factors[0]), float(factors[1])
+        found = largest_change([(g * c_batched).unsqueeze(0) if g is not None else torch.zeros_like(a).unsqueeze(0)
+                                 for a, g in zip(alone, recorded, strict=True)],
+                                [(a * c_alone).unsqueeze(0) for a in alone], both.dtype, self._param_names())
+        if found is None:
+            return
+        change, tolerance, _, param, _ = found
+        raise ConfigurationError(
+            "model", type(pl_module).__name__,
+            f"forward mixes the windows of a batch: spot check at noisy step {self.ledger.steps + 1} (this fit's step "
+            f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
+            f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
+            f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}; most in parameter {param!r}). The step is refused "
+            f"before its update (PRIVACY-NOTES trap 8). {self._refusal_advice()}",
+        )

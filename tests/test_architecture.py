@@ -1,0 +1,144 @@
+"""The import graph of lightning_dpts has no cycles (issue 30's "no cycles" evidence).
+
+:func:`import_graph` reads every module of a package with :mod:`ast` (no import is executed) and records an edge
+for each ``import`` and ``from ... import`` statement anywhere in the module: at the top level, inside functions
+and methods, under ``if TYPE_CHECKING:`` and in ``try`` blocks alike, so that a lazy import cannot hide a cycle.
+``from package import name`` points to ``package.name`` when that is a module of the package, else to
+``package`` itself (its ``__init__``). Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``; those
+implicit parent edges are not recorded (every submodule would otherwise close a cycle with its package's
+``__init__``), only the module named in the statement.
+
+:func:`cycles` returns the strongly connected components with more than one module (or a module importing
+itself) of the graph restricted to modules under the given prefixes. To check a wider area, add its prefix to
+:data:`ACYCLIC` (e.g. ``"lightning_dpts"`` for the whole package).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: prefixes of the areas whose modules must not import one another in a cycle
+ACYCLIC = ("lightning_dpts.training",)
+
+
+def module_files(package_dir: Path, package: str) -> dict[str, Path]:
+    """Every module of the package: dotted name -> file (a package's name maps to its ``__init__.py``)."""
+    modules: dict[str, Path] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The modules of ``known`` that one import statement names."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in known]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:  # relative: resolved against this module's package
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        source = ".".join([*base, node.module] if node.module else base)
+    else:
+        source = node.module or ""
+    found = []
+    for alias in node.names:
+        sub = f"{source}.{alias.name}"
+        if sub in known:
+            found.append(sub)
+        elif source in known:
+            found.append(source)
+    return found
+
+
+def import_graph(package_dir: Path, package: str) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (every import statement of the file, at any depth)."""
+    files = module_files(package_dir, package)
+    known = set(files)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        graph[module] = {
+            target for node in ast.walk(tree) for target in _imported(node, module, is_package, known)
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]], prefixes: tuple[str, ...] = ("",)) -> list[list[str]]:
+    """The import cycles among the modules under ``prefixes``: strongly connected components (Tarjan) with more
+    than one module, or a module that imports itself; each sorted, the list sorted."""
+
+    def inside(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") or not p for p in prefixes)
+
+    nodes = sorted(n for n in graph if inside(n))
+    edges = {n: sorted(t for t in graph[n] if inside(t)) for n in nodes}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursive Tarjan; the package's import depth is small
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges[v]:
+                found.append(sorted(component))
+
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_graph_builder_sees_lazy_relative_and_package_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg.a import A\n")
+    (pkg / "a.py").write_text("A = 1\ndef f():\n    from pkg.sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import a\n")
+    (pkg / "c.py").write_text("import pkg.sub.b\nfrom pkg import A\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph == {
+        "pkg": {"pkg.a"}, "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.a"},
+        "pkg.c": {"pkg.sub.b", "pkg"},
+    }
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+    assert cycles(graph, ("pkg.sub",)) == []
+
+
+@pytest.mark.parametrize("prefix", ACYCLIC)
+def test_no_import_cycles(prefix: str) -> None:
+    graph = import_graph(ROOT / "lightning_dpts", "lightning_dpts")
+    assert prefix in graph or any(m.startswith(prefix + ".") for m in graph), prefix
+    assert cycles(graph, (prefix,)) == []
+
+
+if __name__ == "__main__":  # python tests/test_architecture.py: every cycle of the whole package
+    for cycle in cycles(import_graph(ROOT / "lightning_dpts", "lightning_dpts"), ("lightning_dpts",)):
+        print(" <-> ".join(cycle))
