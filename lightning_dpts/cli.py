@@ -2,11 +2,12 @@
 
 ``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant (without torch, unless
 ``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.planning`);
-``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts predict`` forecasts
-new data with the exported model (:mod:`lightning_dpts.export`); ``dpts synth`` releases a DP
-synthetic dataset by Private Evolution; ``dpts release
-epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
-combinations exit with status 2 and a message naming the option.
+``dpts fit`` runs the main job (train a private forecaster, evaluate, report; :mod:`lightning_dpts.jobs.fit`, its
+options declared once by :class:`~lightning_dpts.config.FitConfig`); ``dpts predict`` forecasts new data with the
+exported model (:mod:`lightning_dpts.jobs.predict`); ``dpts synth`` releases a DP synthetic dataset by Private
+Evolution (:mod:`lightning_dpts.jobs.synth`); ``dpts release epsilon|noise`` accounts inference-time privacy of
+released forecasts. Invalid values and combinations exit with status 2 and a message naming the option; no parser
+accepts an abbreviated option (``allow_abbrev=False``), so a shortened option never sets another one.
 """
 
 from __future__ import annotations

@@ -51,21 +51,9 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     ``private/evaluation.json`` holds; returned even with ``private_outputs=False``: the caller owns the data) and
     the in-memory ``_result`` (an :class:`~lightning_dpts.synthetic.evolution.EvolutionResult`), never written.
     """
-    import torch
-    from tqdm.auto import tqdm
-
-    from lightning_dpts.outputs import PRIVATE_DIR, OutputDirectory, atomic_path, check_output_dir, write_json
+    from lightning_dpts.outputs import OutputDirectory, atomic_path, check_output_dir
     from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
-    from lightning_dpts.synthetic.evolution import private_evolution, private_windows
-    from lightning_dpts.synthetic.metrics import ContextFID
-    from lightning_dpts.synthetic.models import variation_schedule
-    from lightning_dpts.synthetic.pretrain import PretrainConfig, check_public_windows, pretrain_public_models
-    from lightning_dpts.synthetic.privacy import (
-        PETSAccountant,
-        calibrate_pets_noise,
-        sensitivity,
-        theorem_2_epsilon,
-    )
+    from lightning_dpts.synthetic.generator import standardize_windows
 
     config.validate()
     check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
@@ -74,148 +62,222 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     if entropy.seeded:
         log(f"WARNING: {SEEDED_NOTICE}")
     out = Path(config.output_dir)
-
-    # ---- every input is validated before anything is created (item 8 of issue 24) ----
-    series, item_ids, classes, freq, data_name = load_series(config)
-    holdout = config.prediction_length if config.tstr else 0
-    train_part = [s[:len(s) - holdout] for s in series]
-    private = private_windows(train_part, config.length, unit=config.unit,
-                              max_windows=config.max_windows_per_series, classes=classes)
-    num_classes = 1 if config.classes is None else len(config.classes)
-    log(f"private data: {data_name}, {len(series)} series -> {len(private.windows)} windows of {config.length} "
-        f"steps (unit: {config.unit}" + (f", at most {config.max_windows_per_series} per series, weight 1/"
-                                          f"{config.max_windows_per_series}" if config.unit == "series" else "")
-        + (f"; last {holdout} steps of every series held out for TSTR)" if holdout else ")"))
-
-    public_windows, public_name = None, "rule-based generator (PETS Eq. 2)"
-    if config.public_data is not None:
-        from lightning_dpts.loading import load_long_table
-
-        table, _ = load_long_table(config.public_data, config.id_column, config.time_column, config.value_column,
-                                   config.freq)
-        values = [g.to_numpy(dtype=float) for _, g in table.groupby("item_id", sort=False)["target"]]
-        pub = private_windows(values, config.length, unit="window")
-        public_windows, public_name = pub.windows, f"{config.public_data} (declared public by the user)"
-        check_public_windows(public_windows, config.length)
-    pre = PretrainConfig(num_public=config.num_public, vae_epochs=config.pretrain_epochs[0],
-                         encoder_epochs=config.pretrain_epochs[1])
-    pre.validate()
-    sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
-    delta_l2 = sensitivity(config.relation)
-    noise_std = sigma * delta_l2
-    threshold = float(config.threshold)
-    epsilon = PETSAccountant(sigma).epsilon(config.iterations, config.delta)
-    closed_form = theorem_2_epsilon(config.delta, sigma, config.iterations)
-    schedule = variation_schedule(config.iterations, config.variation_schedule)
-    if config.tstr:  # the held-out real test windows exist (checked again, with the same data, by tstr_scores)
-        holdout_windows(series, config.length - config.prediction_length, config.prediction_length)
-        if config.compare_dp_sgd:
-            _dp_sgd_config(config, out).validate()
+    # every input is validated before anything is created (item 8 of issue 24)
+    data = _private_data(config, log)
+    public = _public_windows(config)
+    plan = _plan(config, data, out)
 
     with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
-        def register_cache(path: Path) -> None:
-            run_dir.register(path.name, KEEP_ON_OVERWRITE["pretrained-*.pt"])
-
-        models = pretrain_public_models(config.length, out, public_windows=public_windows, public_name=public_name,
-                                        config=pre, progress=config.progress, log=log, before_write=register_cache)
-        if models.cache_file is not None:
-            register_cache(models.cache_file)
-        log(f"noise multiplier {sigma:.4f} (std {noise_std:.4f} votes per bin, sensitivity {delta_l2:.4g}), "
-            f"threshold {threshold:.3f}; {config.iterations} rounds give epsilon={epsilon:.4f} at "
-            f"delta={config.delta:g}")
-
-        with tqdm(total=config.iterations, desc="private evolution rounds", disable=not config.progress) as bar:
-            result = private_evolution(
-                private, num_samples=config.num_samples, num_classes=num_classes, iterations=config.iterations,
-                noise_multiplier=sigma, relation=config.relation, threshold=threshold, lookahead=config.lookahead,
-                schedule=schedule, vae=models.vae, encoder=models.select_encoder, entropy=entropy,
-                secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
-            )
-
-        from lightning_dpts.synthetic.generator import standardize_windows
-
+        models = _pretrain(config, plan["pretrain"], public, out, run_dir, log)
+        log(f"noise multiplier {plan['sigma']:.4f} (std {plan['noise_std']:.4f} votes per bin, sensitivity "
+            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} rounds give "
+            f"epsilon={plan['epsilon']:.4f} at delta={config.delta:g}")
+        result = _evolve(config, data, plan, models, entropy)
         synthetic = standardize_windows(result.synthetic)
         run_dir.register("synthetic.csv.gz", "public: the DP synthetic dataset (the release the guarantee covers)")
         with atomic_path(out / "synthetic.csv.gz") as tmp:
-            write_synthetic(tmp, synthetic, result.classes, config, freq)
-
-        # ---- evaluation (uses private data; not covered by the guarantee) ----
-        def cfid(fake: np.ndarray, cls: int | None = None) -> float:
-            metric = ContextFID(models.eval_encoder.hparams.output_dim, encoder=models.eval_encoder.embed)
-            real = private.windows if cls is None else private.windows[private.classes == cls]
-            metric.update(torch.as_tensor(real, dtype=torch.float32), real=True)
-            metric.update(torch.as_tensor(fake, dtype=torch.float32), real=False)
-            return float(metric.compute())
-
-        c_fid, c_fid_initial = cfid(synthetic), cfid(result.initial)
-        tstr: dict[str, Any] | None = None
-        if config.tstr:
-            log("TSTR: training DLinear on the synthetic windows, testing on the held-out real values ...")
-            tstr = tstr_scores(synthetic, series, freq, config.prediction_length, steps=config.tstr_steps,
-                               progress=config.progress)
-            tstr["tstr_dlinear_initial"] = tstr_scores(result.initial, series, freq, config.prediction_length,
-                                                       steps=config.tstr_steps, progress=False)["tstr_dlinear"]
-            if config.compare_dp_sgd:
-                dp_dir = None
-                if config.private_outputs:
-                    dp_dir = run_dir.register(f"{PRIVATE_DIR}/dp_sgd/", "private: the DP-SGD comparison run (a "
-                                              "second private training on the same data, its own budget)")
-                tstr["dp_sgd_dlinear"] = _dp_sgd(config, dp_dir, log)
-
-        report: dict[str, Any] = {
-            "epsilon": epsilon,
-            "delta": config.delta,
-            "epsilon_budget": config.epsilon,
-            "epsilon_theorem_2": closed_form,
-            "accounting": "PLD composition (connect-the-dots, pessimistic) of the Gaussian mechanism over "
-                          f"{config.iterations} rounds; PETS Theorem 2 closed form in epsilon_theorem_2",
-            "noise_multiplier": sigma,
-            "noise_std_votes": noise_std,
-            "sensitivity": delta_l2,
-            "relation": config.relation,
-            "unit": config.unit,
-            "max_windows_per_series": private.max_windows,
-            "threshold": threshold,
-            "iterations": config.iterations,
-            "variation_schedule": schedule,
-            "num_samples": config.num_samples,
-            "length": config.length,
-            "empty_rounds": [list(e) for e in result.empty_rounds],
-            "public_models": {"source": models.source, "cache": None if models.cache_file is None else
-                              models.cache_file.name, "reused": models.reused},
-            "data": data_name,
-            "config": {k: v for k, v in asdict(config).items() if k != "seed"} | {"seeded": entropy.seeded},
-        }
-        if entropy.seeded:
-            report["seeded_notice"] = SEEDED_NOTICE
-        evaluation: dict[str, Any] = {
-            "evaluation_note": EVALUATION_NOTE,
-            "private_windows": int(len(private.windows)),
-            "private_windows_skipped_missing": private.skipped_missing,
-            "c_fid": c_fid,
-            "c_fid_initial": c_fid_initial,
-            "tstr": tstr,
-            "seconds": round(time.perf_counter() - started, 1),
-        }
-        if config.private_outputs:
-            run_dir.register(f"{PRIVATE_DIR}/evaluation.json", "private: Context-FID against the real windows, "
-                             "TSTR on held-out real values, counts of private windows (not covered)")
-            write_json(out / PRIVATE_DIR / "evaluation.json", evaluation)
-            if config.private_plots:
-                run_dir.register(f"{PRIVATE_DIR}/real_vs_synthetic.png", "private: real private windows next to "
-                                 "synthetic ones (not covered)")
-                plot_real_vs_synthetic(out / PRIVATE_DIR / "real_vs_synthetic.png", private.windows, synthetic,
-                                       result.initial)
-        run_dir.register("report.json", "public: configuration, (epsilon, delta), sigma, accounting and this "
-                         "manifest")
-        report["files"] = run_dir.manifest()
-        write_json(out / "report.json", report)
-    log(f"released {config.num_samples} synthetic windows: epsilon={epsilon:.4f}, delta={config.delta:g}; "
+            write_synthetic(tmp, synthetic, result.classes, config, data["freq"])
+        evaluation = _evaluate(config, data, models, result, synthetic, run_dir, log)  # private data: not covered
+        evaluation["seconds"] = round(time.perf_counter() - started, 1)
+        report = _report(config, data, plan, models, result, entropy)
+        _write(config, report, evaluation, data, result, synthetic, run_dir, out)
+    c_fid, c_fid_initial, tstr = evaluation["c_fid"], evaluation["c_fid_initial"], evaluation["tstr"]
+    log(f"released {config.num_samples} synthetic windows: epsilon={plan['epsilon']:.4f}, delta={config.delta:g}; "
         f"C-FID {c_fid:.3f} (initial public population {c_fid_initial:.3f}) [private: computed from the real data]")
     if tstr:
         log("TSTR CRPS: " + ", ".join(f"{k} {v['crps']:.4f}" for k, v in tstr.items() if isinstance(v, dict)
                                       and "crps" in v) + " [private]")
     return {**report, "private": evaluation, "_result": result}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the steps
+# ---------------------------------------------------------------------------------------------------------
+def _private_data(config: SynthConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """The private series, their windows (TSTR's held-out steps cut off first), frequency and name."""
+    from lightning_dpts.synthetic.evolution import private_windows
+
+    series, item_ids, classes, freq, data_name = load_series(config)
+    holdout = config.prediction_length if config.tstr else 0
+    train_part = [s[:len(s) - holdout] for s in series]
+    private = private_windows(train_part, config.length, unit=config.unit,
+                              max_windows=config.max_windows_per_series, classes=classes)
+    log(f"private data: {data_name}, {len(series)} series -> {len(private.windows)} windows of {config.length} "
+        f"steps (unit: {config.unit}" + (f", at most {config.max_windows_per_series} per series, weight 1/"
+                                          f"{config.max_windows_per_series}" if config.unit == "series" else "")
+        + (f"; last {holdout} steps of every series held out for TSTR)" if holdout else ")"))
+    return {"series": series, "freq": freq, "name": data_name, "private": private}
+
+
+def _public_windows(config: SynthConfig) -> tuple[np.ndarray | None, str]:
+    """(windows of the file declared public, or ``None`` for the rule-based generator; the source's name)."""
+    if config.public_data is None:
+        return None, "rule-based generator (PETS Eq. 2)"
+    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.synthetic.evolution import private_windows
+    from lightning_dpts.synthetic.pretrain import check_public_windows
+
+    table, _ = load_long_table(config.public_data, config.id_column, config.time_column, config.value_column,
+                               config.freq)
+    values = [g.to_numpy(dtype=float) for _, g in table.groupby("item_id", sort=False)["target"]]
+    windows = private_windows(values, config.length, unit="window").windows
+    check_public_windows(windows, config.length)
+    return windows, f"{config.public_data} (declared public by the user)"
+
+
+def _plan(config: SynthConfig, data: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The noise (calibrated for the budget), its accounting and the variation schedule; checks TSTR's inputs."""
+    from lightning_dpts.synthetic.models import variation_schedule
+    from lightning_dpts.synthetic.pretrain import PretrainConfig
+    from lightning_dpts.synthetic.privacy import (
+        PETSAccountant,
+        calibrate_pets_noise,
+        sensitivity,
+        theorem_2_epsilon,
+    )
+
+    pre = PretrainConfig(num_public=config.num_public, vae_epochs=config.pretrain_epochs[0],
+                         encoder_epochs=config.pretrain_epochs[1])
+    pre.validate()
+    sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
+    delta_l2 = sensitivity(config.relation)
+    plan = {
+        "pretrain": pre, "sigma": sigma, "sensitivity": delta_l2, "noise_std": sigma * delta_l2,
+        "threshold": float(config.threshold),
+        "epsilon": PETSAccountant(sigma).epsilon(config.iterations, config.delta),
+        "closed_form": theorem_2_epsilon(config.delta, sigma, config.iterations),
+        "schedule": variation_schedule(config.iterations, config.variation_schedule),
+    }
+    if config.tstr:  # the held-out real test windows exist (checked again, with the same data, by tstr_scores)
+        holdout_windows(data["series"], config.length - config.prediction_length, config.prediction_length)
+        if config.compare_dp_sgd:
+            _dp_sgd_config(config, out).validate()
+    return plan
+
+
+def _pretrain(config: SynthConfig, pre: Any, public: tuple[np.ndarray | None, str], out: Path, run_dir: Any,
+              log: Callable[[str], None]) -> Any:
+    """The VAE and encoders pretrained on public data only (or reused from ``out``'s cache, kept by overwrite)."""
+    from lightning_dpts.synthetic.pretrain import pretrain_public_models
+
+    def register_cache(path: Path) -> None:
+        run_dir.register(path.name, KEEP_ON_OVERWRITE["pretrained-*.pt"])
+
+    models = pretrain_public_models(config.length, out, public_windows=public[0], public_name=public[1],
+                                    config=pre, progress=config.progress, log=log, before_write=register_cache)
+    if models.cache_file is not None:
+        register_cache(models.cache_file)
+    return models
+
+
+def _evolve(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], models: Any, entropy: Any) -> Any:
+    """Algorithms 1-2 of PETS with secret noise: the only step that touches the private windows."""
+    from tqdm.auto import tqdm
+
+    from lightning_dpts.synthetic.evolution import private_evolution
+
+    num_classes = 1 if config.classes is None else len(config.classes)
+    with tqdm(total=config.iterations, desc="private evolution rounds", disable=not config.progress) as bar:
+        return private_evolution(
+            data["private"], num_samples=config.num_samples, num_classes=num_classes, iterations=config.iterations,
+            noise_multiplier=plan["sigma"], relation=config.relation, threshold=plan["threshold"],
+            lookahead=config.lookahead, schedule=plan["schedule"], vae=models.vae, encoder=models.select_encoder,
+            entropy=entropy, secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
+        )
+
+
+def _evaluate(config: SynthConfig, data: dict[str, Any], models: Any, result: Any, synthetic: np.ndarray,
+              run_dir: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Context-FID against the real windows and TSTR on held-out real values (private: not covered)."""
+    import torch
+
+    from lightning_dpts.outputs import PRIVATE_DIR
+    from lightning_dpts.synthetic.metrics import ContextFID
+
+    private, series, freq = data["private"], data["series"], data["freq"]
+
+    def cfid(fake: np.ndarray, cls: int | None = None) -> float:
+        metric = ContextFID(models.eval_encoder.hparams.output_dim, encoder=models.eval_encoder.embed)
+        real = private.windows if cls is None else private.windows[private.classes == cls]
+        metric.update(torch.as_tensor(real, dtype=torch.float32), real=True)
+        metric.update(torch.as_tensor(fake, dtype=torch.float32), real=False)
+        return float(metric.compute())
+
+    c_fid, c_fid_initial = cfid(synthetic), cfid(result.initial)
+    tstr: dict[str, Any] | None = None
+    if config.tstr:
+        log("TSTR: training DLinear on the synthetic windows, testing on the held-out real values ...")
+        tstr = tstr_scores(synthetic, series, freq, config.prediction_length, steps=config.tstr_steps,
+                           progress=config.progress)
+        tstr["tstr_dlinear_initial"] = tstr_scores(result.initial, series, freq, config.prediction_length,
+                                                   steps=config.tstr_steps, progress=False)["tstr_dlinear"]
+        if config.compare_dp_sgd:
+            dp_dir = None
+            if config.private_outputs:
+                dp_dir = run_dir.register(f"{PRIVATE_DIR}/dp_sgd/", "private: the DP-SGD comparison run (a "
+                                          "second private training on the same data, its own budget)")
+            tstr["dp_sgd_dlinear"] = _dp_sgd(config, dp_dir, log)
+    return {
+        "evaluation_note": EVALUATION_NOTE,
+        "private_windows": int(len(private.windows)),
+        "private_windows_skipped_missing": private.skipped_missing,
+        "c_fid": c_fid,
+        "c_fid_initial": c_fid_initial,
+        "tstr": tstr,
+    }
+
+
+def _report(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], models: Any, result: Any,
+            entropy: Any) -> dict[str, Any]:
+    """``report.json`` without its manifest: the release's accounting and configuration (public)."""
+    from lightning_dpts.randomness import SEEDED_NOTICE
+
+    report: dict[str, Any] = {
+        "epsilon": plan["epsilon"],
+        "delta": config.delta,
+        "epsilon_budget": config.epsilon,
+        "epsilon_theorem_2": plan["closed_form"],
+        "accounting": "PLD composition (connect-the-dots, pessimistic) of the Gaussian mechanism over "
+                      f"{config.iterations} rounds; PETS Theorem 2 closed form in epsilon_theorem_2",
+        "noise_multiplier": plan["sigma"],
+        "noise_std_votes": plan["noise_std"],
+        "sensitivity": plan["sensitivity"],
+        "relation": config.relation,
+        "unit": config.unit,
+        "max_windows_per_series": data["private"].max_windows,
+        "threshold": plan["threshold"],
+        "iterations": config.iterations,
+        "variation_schedule": plan["schedule"],
+        "num_samples": config.num_samples,
+        "length": config.length,
+        "empty_rounds": [list(e) for e in result.empty_rounds],
+        "public_models": {"source": models.source, "cache": None if models.cache_file is None else
+                          models.cache_file.name, "reused": models.reused},
+        "data": data["name"],
+        "config": {k: v for k, v in asdict(config).items() if k != "seed"} | {"seeded": entropy.seeded},
+    }
+    if entropy.seeded:
+        report["seeded_notice"] = SEEDED_NOTICE
+    return report
+
+
+def _write(config: SynthConfig, report: dict[str, Any], evaluation: dict[str, Any], data: dict[str, Any],
+           result: Any, synthetic: np.ndarray, run_dir: Any, out: Path) -> None:
+    """The private files (``private_outputs``) and last ``report.json`` with the manifest (``report`` gains it)."""
+    from lightning_dpts.outputs import PRIVATE_DIR, write_json
+
+    if config.private_outputs:
+        run_dir.register(f"{PRIVATE_DIR}/evaluation.json", "private: Context-FID against the real windows, "
+                         "TSTR on held-out real values, counts of private windows (not covered)")
+        write_json(out / PRIVATE_DIR / "evaluation.json", evaluation)
+        if config.private_plots:
+            run_dir.register(f"{PRIVATE_DIR}/real_vs_synthetic.png", "private: real private windows next to "
+                             "synthetic ones (not covered)")
+            plot_real_vs_synthetic(out / PRIVATE_DIR / "real_vs_synthetic.png", data["private"].windows, synthetic,
+                                   result.initial)
+    run_dir.register("report.json", "public: configuration, (epsilon, delta), sigma, accounting and this manifest")
+    report["files"] = run_dir.manifest()
+    write_json(out / "report.json", report)
 
 
 def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
