@@ -47,7 +47,8 @@ def main() -> None:
     parser.add_argument("--output-dir", default="bench-synth")
     args = parser.parse_args()
 
-    from lightning_dpts.fit import FitConfig, run_fit
+    from lightning_dpts.config import FitConfig
+    from lightning_dpts.jobs.fit import run_fit
     from lightning_dpts.synthetic import SynthConfig, run_synth
 
     rows = []

@@ -6,10 +6,10 @@ Usage::
         [--epsilons 0.5,1,2,4,8] [--seeds 3] [--quick] [--set key=value ...] [--json results.json]
         [--m4 /work/shared/data/m4_weekly.csv.gz]
 
-Every cell is one call of :func:`lightning_dpts.fit.run_fit` with a :class:`~lightning_dpts.fit.FitConfig` that sets
-only what describes the dataset (file, column names, frequency, horizon), the model, epsilon and the seed; every
-other setting is ``FitConfig``'s default, i.e. exactly what ``dpts fit`` runs (``--set key=value`` overrides a field
-for an experiment, e.g. ``--set clip_low=0 --set clip_high=1e5 --set context_noise=1``; the table then says so).
+Every cell is one call of :func:`lightning_dpts.jobs.fit.run_fit` with a :class:`~lightning_dpts.config.FitConfig`
+that sets only what describes the dataset (file, column names, frequency, horizon), the model, epsilon and the seed;
+every other setting is ``FitConfig``'s default, i.e. exactly what ``dpts fit`` runs (``--set key=value`` overrides a
+field for an experiment, e.g. ``--set clip_low=0 --set clip_high=1e5 --set context_noise=1``; the table then says so).
 Models default to ``dpts fit``'s default (``model`` unset: the recipe chooses; the table names the model it ran).
 
 **Protocol ("hyperparameters without peeking").** Nothing here is tuned: each configuration is trained once per
@@ -42,7 +42,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from lightning_dpts.fit import FitConfig, run_fit
+from lightning_dpts.config import FitConfig
+from lightning_dpts.jobs.fit import run_fit
 from lightning_dpts.randomness import SEEDED_NOTICE
 
 #: name -> FitConfig fields that describe the dataset (nothing tuned: file, columns, frequency, official horizon)
@@ -98,7 +99,9 @@ def accountant_table(name: str, base: dict[str, Any], epsilons: list[float]) -> 
 
     from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
     from lightning_dpts.evaluation import choose_test_windows
-    from lightning_dpts.fit import _estimator, drop_short_series, load_long_table, resolve_config
+    from lightning_dpts.forecasters import make_estimator as _estimator
+    from lightning_dpts.geometry import resolve_config
+    from lightning_dpts.loading import drop_short_series, load_long_table
     from lightning_dpts.privacy import NeighbouringRelation, calibrate_noise_multiplier
 
     given = FitConfig.from_mapping(base)

@@ -12,7 +12,8 @@ printed at the end are computed from the private data and are for you, not for p
 
 from __future__ import annotations
 
-from lightning_dpts.synthetic import PETSAccountant, SynthConfig, run_synth, theorem_2_epsilon
+from lightning_dpts.jobs.synth import SynthConfig, run_synth
+from lightning_dpts.synthetic import PETSAccountant, theorem_2_epsilon
 
 
 def main() -> None:

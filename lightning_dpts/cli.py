@@ -2,11 +2,12 @@
 
 ``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant (without torch, unless
 ``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.planning`);
-``dpts fit`` runs the main job (train a private forecaster, evaluate, report); ``dpts predict`` forecasts
-new data with the exported model (:mod:`lightning_dpts.export`); ``dpts synth`` releases a DP
-synthetic dataset by Private Evolution; ``dpts release
-epsilon|noise`` accounts inference-time privacy of released forecasts. Invalid values and
-combinations exit with status 2 and a message naming the option.
+``dpts fit`` runs the main job (train a private forecaster, evaluate, report; :mod:`lightning_dpts.jobs.fit`, its
+options declared once by :class:`~lightning_dpts.config.FitConfig`); ``dpts predict`` forecasts new data with the
+exported model (:mod:`lightning_dpts.jobs.predict`); ``dpts synth`` releases a DP synthetic dataset by Private
+Evolution (:mod:`lightning_dpts.jobs.synth`); ``dpts release epsilon|noise`` accounts inference-time privacy of
+released forecasts. Invalid values and combinations exit with status 2 and a message naming the option; no parser
+accepts an abbreviated option (``allow_abbrev=False``), so a shortened option never sets another one.
 """
 
 from __future__ import annotations
@@ -20,64 +21,23 @@ from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["main", "build_parser"]
 
-# Python parameter name (as raised in ConfigurationError) -> command-line option.
+# Python parameter name (as raised in ConfigurationError) -> command-line option, for the options that are not
+# FitConfig fields (those derive from their declarations: lightning_dpts.config.option_flags).
 _OPTION_NAMES = {
     "num_series": "--num-series",
     "min_length": "--min-length",
     "lengths": "--lengths",
-    "context_length": "--context-length",
-    "prediction_length": "--prediction-length",
-    "batch_size": "--batch-size",
-    "instances_per_series": "--instances-per-series",
-    "top_level": "--top-level",
-    "bottom_level": "--bottom-level",
-    "noise_multiplier": "--noise-multiplier",
-    "level": "--level",
-    "size": "--size",
-    "value_bound": "--value-bound",
     "relation.value_bound": "--value-bound",
-    "context_noise": "--context-noise",
-    "forecast_noise": "--forecast-noise",
     "num_dims": "--num-dims",
     "bound": "--bound",
-    "delta": "--delta",
     "steps": "--steps",
-    "epsilon": "--epsilon",
-    "data": "--data",
-    "id_column": "--id-column",
-    "time_column": "--time-column",
-    "value_column": "--value-column",
-    "freq": "--freq",
-    "model": "--model",
-    "epochs": "--epochs",
-    "max_grad_norm": "--max-grad-norm",
-    "learning_rate": "--learning-rate",
-    "seed": "--seed",
-    "secure_mode": "--secure-mode",
-    "autoets": "--autoets",
     "config": "--config",
     "quantiles": "--quantiles",
-    # dpts privacy bandmf
     "iterations": "--iterations",
-    "bands": "--bands",
     "sampling_prob": "--sampling-prob",
     "coefficients": "--coefficients",
     "samples": "--samples",
-    "monte_carlo_samples": "--monte-carlo-samples",
     "timestamp_column": "--time-column",
-    "drop_short_series": "--drop-short-series",
-    "max_lag": "--max-lag",
-    "min_series_length": "--min-series-length",
-    "output_dir": "--output-dir",
-    "non_dp": "--no-non-dp",
-    "test_windows": "--test-windows",
-    "clip_low": "--clip-low",
-    "clip_high": "--clip-high",
-    "clip_count_epsilon": "--clip-count-epsilon",
-    "dp_metrics_epsilon": "--dp-metrics-epsilon",
-    "private_plots": "--no-private-plots",
-    "private_outputs": "--no-private-outputs",
-    "overwrite": "--overwrite",
     "output": "--output",
 }
 
@@ -141,16 +101,18 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpts`` argument parser."""
-    parser = argparse.ArgumentParser(prog="dpts", description="Differentially private forecasting tools.")
+    parser = argparse.ArgumentParser(prog="dpts", description="Differentially private forecasting tools.",
+                                     allow_abbrev=False)  # a shortened option must never set another one
     sub = parser.add_subparsers(dest="command", required=True)
-    privacy = sub.add_parser("privacy", help="privacy accounting for structured subsampling",
+    privacy = sub.add_parser("privacy", help="privacy accounting for structured subsampling", allow_abbrev=False,
                              description="Privacy accounting for DP-SGD with structured subsampling.")
     psub = privacy.add_subparsers(dest="action", required=True)
-    p_eps = psub.add_parser("epsilon", help="epsilon after given numbers of steps")
+    p_eps = psub.add_parser("epsilon", help="epsilon after given numbers of steps", allow_abbrev=False)
     _add_privacy_options(p_eps, needs_noise=True, multi_steps=True, needs_steps=True, needs_epsilon=False)
-    p_steps = psub.add_parser("steps", help="largest number of steps within (epsilon, delta)")
+    p_steps = psub.add_parser("steps", help="largest number of steps within (epsilon, delta)", allow_abbrev=False)
     _add_privacy_options(p_steps, needs_noise=True, multi_steps=False, needs_steps=False, needs_epsilon=True)
-    p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps")
+    p_noise = psub.add_parser("noise", help="smallest noise multiplier reaching (epsilon, delta) in --steps",
+                              allow_abbrev=False)
     _add_privacy_options(p_noise, needs_noise=False, multi_steps=False, needs_steps=True, needs_epsilon=True)
     _add_bandmf_parser(psub)
     _add_fit_parser(sub)
@@ -164,114 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _whole_number(text: str) -> int:
-    """argparse type for ``dpts fit``'s integer options: ``100``, ``1e3`` and ``100.0`` mean the same."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
-    if not (value == value and abs(value) != float("inf") and value == int(value)):
-        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})")
-    return int(value)
-
-
-_RECIPE = " (default: the recipe's, docs/recipe.md; 100 epochs, batch 64, C 1, learning rate 5e-3 for a --model " \
-    "other than seasonal_linear)"
-
-
 def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
-    from lightning_dpts.fit import MODELS
+    from lightning_dpts.config import add_config_arguments
 
     fit = sub.add_parser(
-        "fit", help="train, evaluate and report a private forecaster (the main job)",
+        "fit", help="train, evaluate and report a private forecaster (the main job)", allow_abbrev=False,
         description="Train a GluonTS forecaster with DP-SGD to a target (epsilon, delta), evaluate it on the "
                     "held-out test windows against baselines and write a report. Options override --config.",
     )
-    d = argparse.SUPPRESS  # unset options fall back to --config, then to FitConfig's defaults
     fit.add_argument("--config", metavar="YAML", help="YAML file with FitConfig fields (see examples/fit_default.yaml)")
-    fit.add_argument("--data", metavar="PATH", default=d,
-                     help="long-format CSV or Parquet file (default: the bundled us_employment data)")
-    fit.add_argument("--id-column", default=d, help="series id column (default id)")
-    fit.add_argument("--time-column", default=d, help="time stamp column (default timestamp)")
-    fit.add_argument("--value-column", default=d, help="value column (default value)")
-    fit.add_argument("--freq", default=d, help="pandas frequency (default: inferred from the time stamps)")
-    fit.add_argument("--prediction-length", type=_whole_number, metavar="H", default=d,
-                     help="forecast horizon (default 12)")
-    fit.add_argument("--context-length", type=_whole_number, default=d,
-                     help="model context (default: the recipe's; the horizon for a --model other than seasonal_linear)")
-    fit.add_argument("--model", choices=MODELS, default=d, help="model (default: the recipe's, seasonal_linear; "
-                     "docs/recipe.md)")
-    fit.add_argument("--epsilon", type=float, metavar="E", default=d, help="privacy budget epsilon (default 1)")
-    fit.add_argument("--delta", type=float, metavar="D", default=d, help="privacy budget delta (default 1e-7)")
-    fit.add_argument("--noise-multiplier", type=float, default=d,
-                     help="sigma (default: calibrated for (epsilon, delta) in --epochs epochs)")
-    fit.add_argument("--epochs", type=_whole_number, default=d, help="training horizon to calibrate the noise for"
-                     f"{_RECIPE}")
-    fit.add_argument("--batch-size", type=_whole_number, default=d, help=f"windows per batch{_RECIPE}")
-    fit.add_argument("--instances-per-series", type=_whole_number, default=d, help="windows per sampled series")
-    fit.add_argument("--top-level", default=d, help="series sampling (default without_replacement)")
-    fit.add_argument("--bottom-level", default=d, help="window sampling (default with_replacement)")
-    fit.add_argument("--max-grad-norm", type=float, default=d, help=f"per-window clipping norm C{_RECIPE}")
-    fit.add_argument("--learning-rate", type=float, default=d, help=f"Adam learning rate{_RECIPE}")
-    fit.add_argument("--min-series-length", type=_whole_number, metavar="STEPS", default=d,
-                     help=f"leave out series shorter than STEPS (1 keeps all){_RECIPE}")
-    fit.add_argument("--level", default=d, help="event or user level privacy (default event)")
-    fit.add_argument("--size", type=_whole_number, default=d, help="protected time steps w (default 1)")
-    fit.add_argument("--value-bound", type=float, default=d, help="per-step change bound v (for augmentation)")
-    fit.add_argument("--context-noise", type=float, default=d, help="context augmentation std in units of v")
-    fit.add_argument("--forecast-noise", type=float, default=d, help="forecast augmentation std in units of v")
-    fit.add_argument("--drop-short-series", action="store_true", default=d,
-                     help="drop series too short for one training window plus the test window (default: refuse)")
-    fit.add_argument("--max-lag", type=_whole_number, metavar="LAG", default=d,
-                     help="deepar: keep only GluonTS's default lags <= LAG time steps (long lags lengthen the "
-                          "past window and can destroy privacy amplification; default: all)")
-    fit.add_argument("--no-non-dp", action="store_true", default=d,
-                     help="skip training the same model without DP (on by default)")
-    fit.add_argument("--autoets", action="store_true", default=d,
-                     help="also score AutoETS (needs the optional statsforecast package)")
-    fit.add_argument("--no-private-plots", dest="private_plots", action="store_false", default=d,
-                     help="do not write private/forecasts.png, which shows private data (history, truth, forecasts)")
-    fit.add_argument("--no-private-outputs", dest="private_outputs", action="store_false", default=d,
-                     help="write nothing computed from the private data without DP (no private/ folder: no "
-                          "evaluation.json, training logs or forecasts.png); the terminal still shows the evaluation")
-    fit.add_argument("--dp-metrics-epsilon", type=float, metavar="E", default=d,
-                     help="spend E of --epsilon to publish in report.json a Laplace-noised count of the test windows "
-                          "the private model forecasts better than seasonal naive (default: publish no evaluation)")
-    fit.add_argument("--overwrite", action="store_true", default=d,
-                     help="allow a non-empty --output-dir: first remove the files of the earlier dpts run there "
-                          "(refused if it holds files no dpts run wrote)")
-    fit.add_argument("--seed", type=_whole_number, default=d,
-                     help="explicit seed for sampling, initialisation and DP noise, for experiments only: the "
-                          "guarantee does not hold against anyone who knows it (default: secret OS entropy)")
-    fit.add_argument("--secure-mode", action="store_true", default=d,
-                     help="draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no --seed)")
-    fit.add_argument("--output-dir", metavar="DIR", default=d,
-                     help="where results go, new or empty unless --overwrite (default dpts-run)")
-    fit.add_argument("--test-windows", type=_whole_number, metavar="K", default=d,
-                     help="rolling test windows of the horizon at the end of every series, scored and never trained "
-                          "on (default 4)")
-    fit.add_argument("--clip-low", type=float, metavar="LOW", default=d,
-                     help="declared public value range: clip every value to [LOW, HIGH] before training so that the "
-                          "value bound v = HIGH - LOW of noise augmentation (Theorem G.1) holds; needs "
-                          "--context-noise/--forecast-noise, not --value-bound")
-    fit.add_argument("--clip-high", type=float, metavar="HIGH", default=d, help="upper end of the public range")
-    fit.add_argument("--clip-count-epsilon", type=float, metavar="E", default=d,
-                     help="epsilon spent to release a Laplace-noised count of clipped values (default 2%% of "
-                          "--epsilon; 0: not released)")
-    fit.add_argument("--bands", type=_whole_number, metavar="B", default=d,
-                     help="train with BandMF (B-banded correlated noise), b-min-sep sampling of series and the Monte "
-                          "Carlo accountant (series level; docs/bandmf.md); needs --noise-multiplier")
-    fit.add_argument("--monte-carlo-samples", type=_whole_number, metavar="M", default=d,
-                     help="with --bands: Monte Carlo samples per direction (default 100000)")
+    add_config_arguments(fit)  # one option per FitConfig field; unset: --config, then the field's default
 
 
 def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
     predict = sub.add_parser(
-        "predict", help="forecast new data with a model dpts fit exported",
+        "predict", help="forecast new data with a model dpts fit exported", allow_abbrev=False,
         description="Forecast the prediction_length steps after the end of every series of a long-format file "
                     "with the GluonTS predictor dpts fit exported, and write quantiles as CSV (columns item_id, "
                     "timestamp, horizon, mean, one per quantile level).",
@@ -291,7 +160,7 @@ def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from lightning_dpts.export import predict_to_csv
+    from lightning_dpts.jobs.predict import predict_to_csv
 
     table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
                            time_column=args.time_column, value_column=args.value_column, freq=args.freq,
@@ -325,7 +194,7 @@ def _spec_from_args(args: argparse.Namespace):
 # ---- dpts privacy bandmf (BandMF with b-min-sep sampling, Monte Carlo accounting; docs/bandmf.md) -------------
 def _add_bandmf_parser(psub: argparse._SubParsersAction) -> None:
     p = psub.add_parser(
-        "bandmf", help="Monte Carlo delta(epsilon) of BandMF with warm-start b-min-sep sampling",
+        "bandmf", help="Monte Carlo delta(epsilon) of BandMF with warm-start b-min-sep sampling", allow_abbrev=False,
         description="Monte Carlo accounting of b-banded BandMF (correlated noise) with warm-start b-min-sep sampling "
                     "(Dong & Ganesh 2026, Theorem 5.1); 'upper' is the Estimate-Verify-Release bound (Theorem A.1).")
     p.add_argument("--iterations", type=int, required=True, metavar="N", help="optimizer steps of the whole run")
@@ -424,7 +293,7 @@ def _run_privacy(args: argparse.Namespace) -> int:
 
 
 def _fit_config(args: argparse.Namespace):
-    from lightning_dpts.fit import FitConfig
+    from lightning_dpts.config import FitConfig
 
     values: dict = {}
     if getattr(args, "config", None):
@@ -446,17 +315,13 @@ def _fit_config(args: argparse.Namespace):
         from_file = FitConfig.from_mapping(loaded)  # text values converted; errors name the YAML key
         values.update({key: getattr(from_file, key) for key in loaded})
     for key, value in vars(args).items():
-        if key in ("command", "config"):
-            continue
-        if key == "no_non_dp":
-            values["non_dp"] = not value
-        else:
+        if key not in ("command", "config"):
             values[key] = value
     return FitConfig.from_mapping(values, source=None)
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    from lightning_dpts.fit import run_fit
+    from lightning_dpts.jobs.fit import run_fit
 
     config = _fit_config(args)
     out = config.output_dir
@@ -498,10 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_synth_command(args)
     except ConfigurationError as err:
+        from lightning_dpts.config import option_flags
         from lightning_dpts.release.cli import RELEASE_OPTION_NAMES
         from lightning_dpts.synthetic.cli import SYNTH_OPTION_NAMES
 
-        names = {**_OPTION_NAMES, **RELEASE_OPTION_NAMES}
+        names = {**option_flags(), **_OPTION_NAMES, **RELEASE_OPTION_NAMES}
         if args.command == "synth":
             names.update(SYNTH_OPTION_NAMES)
         option = names.get(err.parameter, err.parameter)

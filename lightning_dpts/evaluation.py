@@ -1,6 +1,6 @@
 """Honest evaluation for ``dpts fit``: rolling test windows, a verdict, and a sound value bound by clipping.
 
-Three pieces, used by :func:`lightning_dpts.fit.run_fit` and ``benchmarks/utility.py``:
+Three pieces, used by :func:`lightning_dpts.jobs.fit.run_fit` and ``benchmarks/utility.py``:
 
 * :func:`score_windows` scores forecasts of several rolling test windows per series (GluonTS-style: the last
   ``test_windows * prediction_length`` steps of every series, split into consecutive windows, each forecast from

@@ -20,8 +20,9 @@ kept, and that checkpoint then needs ``load_from_checkpoint(path, weights_only=F
 Only the DP-trained model is exported. The optional non-DP reference model of ``dpts fit`` is trained on the
 private data without noise and is never written to disk.
 
-``dpts predict --model DIR --data PATH`` (:func:`predict_to_csv`) writes the forecasts of every series in a
-long-format file, starting after the series' last time stamp, as quantiles in a CSV file.
+``dpts predict --model DIR --data PATH`` (:func:`lightning_dpts.jobs.predict.predict_to_csv`) writes the
+forecasts of every series in a long-format file, starting after the series' last time stamp, as quantiles in a CSV
+file, with :func:`load_predictor` and :func:`forecast_table`.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ __all__ = [
     "MODEL_FILE",
     "PREDICTOR_DIR",
     "attach_quantile_predict_step",
+    "check_quantiles",
     "export_model",
     "forecast_table",
     "load_predictor",
     "make_checkpoint_loadable",
-    "predict_to_csv",
+    "model_frequency",
 ]
 
 #: Sub-directory of a ``dpts fit`` run holding the serialized GluonTS predictor.
@@ -191,7 +193,7 @@ def load_predictor(path: str | Path) -> Any:
                                  "dpts fit again") from None
 
 
-def _model_freq(path: str | Path) -> str | None:
+def model_frequency(path: str | Path) -> str | None:
     predictor_dir = _predictor_dir(path)
     for candidate in (predictor_dir.parent / MODEL_FILE, predictor_dir / MODEL_FILE):
         if candidate.is_file():
@@ -199,7 +201,7 @@ def _model_freq(path: str | Path) -> str | None:
     return None
 
 
-def _check_quantiles(quantiles: Sequence[float]) -> list[float]:
+def check_quantiles(quantiles: Sequence[float]) -> list[float]:
     out = []
     for q in quantiles:
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0 < q < 1) or not math.isfinite(q):
@@ -215,7 +217,7 @@ def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float]) -> pd.D
     per quantile level (named like ``"0.1"``)."""
     import warnings
 
-    levels = _check_quantiles(quantiles)
+    levels = check_quantiles(quantiles)
     frames = []
     for forecast in forecasts:
         index = forecast.index
@@ -232,97 +234,6 @@ def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float]) -> pd.D
                 columns[f"{q:g}"] = np.asarray(forecast.quantile(q), dtype=float)
         frames.append(pd.DataFrame(columns))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, id_column: str = "id",
-                   time_column: str = "timestamp", value_column: str = "value", freq: str | None = None,
-                   quantiles: Sequence[float] | None = None, seed: int | None = None) -> pd.DataFrame:
-    """Forecast the ``prediction_length`` steps after the end of every series of ``data``; write a CSV.
-
-    Args:
-        model: a ``dpts fit`` output directory or a serialized GluonTS predictor directory.
-        data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does
-            (missing periods inside a series become missing values).
-        output: the CSV file to write (see :func:`forecast_table` for its columns).
-        id_column, time_column, value_column: column names in ``data``.
-        freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
-            A frequency different from the model's is an error.
-        quantiles: quantile levels in (0, 1); default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`.
-        seed: seed of torch's global generator for sample-based forecasts (reproducible output). Forecasting
-            is post-processing of the DP model, so this seed does not touch the privacy guarantee.
-
-    Returns:
-        The table written.
-    """
-    from lightning_dpts.data.sources import to_collection
-    from lightning_dpts.fit import load_long_table
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
-
-    levels = _check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ConfigurationError("seed", seed, "must be an integer >= 0")
-    output = Path(output)
-    _check_output_file(output)
-    predictor = load_predictor(model)
-    model_freq = _model_freq(model)
-    if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
-            pd.tseries.frequencies.to_offset(model_freq):
-        raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
-    try:
-        table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
-    except ConfigurationError as err:
-        if "same period" not in err.requirement:
-            raise
-        # the loader refuses two rows of a series in one period: here that means data finer than the model's
-        raise ConfigurationError(
-            "freq", freq or model_freq, "puts several time stamps of one series into the same period: the data is "
-            f"not at this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}; "
-            f"{err}",
-        ) from err
-    # the datamodule's reading: one value per period from the first time stamp on, gaps as missing values
-    collection = to_collection(table, freq=used_freq, id_column="item_id", timestamp_column="timestamp",
-                               value_column="target")
-    entries = [
-        {"target": target[:, 0].astype(np.float32), "start": start, "item_id": item}
-        for target, start, item in zip(collection.targets, collection.starts or [], collection.item_ids, strict=True)
-    ]
-    if seed is not None:
-        import torch
-
-        torch.manual_seed(seed)
-    frame = forecast_table(list(predictor.predict(entries)), levels)
-    from lightning_dpts.outputs import atomic_path
-
-    try:
-        with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
-            frame.to_csv(tmp, index=False)
-    except OSError as err:  # e.g. a directory that could not be created, a full disk: nothing is left behind
-        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err})") from None
-    return frame
-
-
-def _check_output_file(output: Path) -> None:
-    """Refuse (``output``) a path that cannot take a new file, before any work: a directory, a path under a
-    file, or a directory in which no file can be created (probed with a temporary file, removed at once)."""
-    import tempfile
-
-    if output.is_dir():
-        raise ConfigurationError("output", str(output), "is a directory; give a file name such as forecasts.csv")
-    existing = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise ConfigurationError("output", str(output), f"{existing} is a file, not a directory")
-    if existing != output.parent:  # missing directories are created at write time: the first existing one decides
-        import os
-
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigurationError("output", str(output), f"cannot create directories in {existing}")
-        return
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dpts-probe-"):
-            pass
-    except OSError as err:
-        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err}): choose a "
-                                 "writable directory") from None
 
 
 def attach_quantile_predict_step(module: Any, quantiles: Sequence[float] | None = None,
@@ -343,7 +254,7 @@ def attach_quantile_predict_step(module: Any, quantiles: Sequence[float] | None 
 
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
-    levels = _check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
+    levels = check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ConfigurationError("num_samples", num_samples, "must be an integer >= 1")
     inner = getattr(module, "model", None)

@@ -20,6 +20,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from lightning_dpts.config import FIT_RANGES, FitConfig
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
 
@@ -46,7 +47,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     ``--steps`` become optional at parse time; :func:`resolve_planning` then requires what the chosen mode
     needs and names the missing option.
     """
-    from lightning_dpts.fit import MODELS
+    from lightning_dpts.config import add_option
 
     for action in parser._actions:  # argparse has no public API to relax ``required`` after the fact
         if action.dest in (*_FROM_DATA, *_FIT_DEFAULTED) or (needs_steps and action.dest == "steps"):
@@ -58,13 +59,12 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
         "held-out test window); the past window includes the lags of --model. Unset options take dpts fit's "
         "defaults (the recipe: docs/recipe.md); --prediction-length defaults to 12.",
     )
-    group.add_argument("--data", metavar="PATH", default=None, help="long-format CSV or Parquet file")
-    group.add_argument("--id-column", default="id", help="series id column (default id)")
-    group.add_argument("--time-column", default="timestamp", help="time stamp column (default timestamp)")
-    group.add_argument("--value-column", default="value", help="value column (default value)")
-    group.add_argument("--freq", default=None, help="pandas frequency (default: inferred from the time stamps)")
-    group.add_argument("--model", choices=MODELS, default=None,
-                       help="model of dpts fit, whose lags extend the past window (default: the recipe's)")
+    # dpts fit's declarations (lightning_dpts.config), with dpts fit's defaults
+    add_option(group, "data", default=None, help="long-format CSV or Parquet file")
+    for name in ("id_column", "time_column", "value_column", "freq"):
+        add_option(group, name, default=FitConfig.__dataclass_fields__[name].default)
+    add_option(group, "model", default=None,
+               help="model of dpts fit, whose lags extend the past window (default: the recipe's)")
     if needs_steps:
         if multi_steps:
             group.add_argument("--epochs", type=int, nargs="+", default=None, metavar="E",
@@ -77,30 +77,20 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
 def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     """The ``sampling_spec`` of the datamodule ``dpts fit`` builds for ``config`` (a :class:`FitConfig`).
 
-    Reads the data, fills unset options as ``dpts fit`` does (the recipe, :func:`lightning_dpts.fit.resolve_config`,
-    including its short-series threshold), builds the model (for its past length: context plus lags) and the
-    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` exactly as :func:`lightning_dpts.fit.run_fit`
-    does, without training. ``num_dims`` is the relation's D (Appendix I.1), which ``dpts fit`` leaves at 1.
+    Reads the data, fills unset options as ``dpts fit`` does (the recipe,
+    :func:`lightning_dpts.geometry.resolve_config`, including its short-series threshold), builds the model (for its
+    past length: context plus lags) and the :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` with the
+    same :func:`~lightning_dpts.geometry.build_datamodule` as ``dpts fit``, without training. ``num_dims`` is the
+    relation's D (Appendix I.1), which ``dpts fit`` leaves at 1.
     """
     import warnings
 
-    from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.fit import (
-        _estimator,
-        drop_short_series,
-        fit_test_windows,
-        load_long_table,
-        resolve_with_test_windows,
-    )
+    from lightning_dpts.forecasters import make_estimator
+    from lightning_dpts.geometry import build_datamodule, fit_test_windows, resolve_with_test_windows
+    from lightning_dpts.loading import drop_short_series, load_fit_table
 
     config.validate()
-    if config.data is None:
-        from lightning_dpts.data import load_dataset
-
-        table, freq = load_dataset("us_employment"), config.freq or "M"
-    else:
-        table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
-                                      config.freq)
+    table, freq, _ = load_fit_table(config)
     config, _, _, planned = resolve_with_test_windows(config, table.groupby("item_id", sort=False).size().to_numpy(),
                                                       freq)
     table, _ = drop_short_series(table, config.min_series_length)
@@ -108,15 +98,9 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
                                     num_dims=num_dims)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        module = _estimator(config, freq).create_lightning_module()
+        module = make_estimator(config, freq).create_lightning_module()
     test_windows, _ = fit_test_windows(config, planned, table, freq, module)
-    dm = StructuredSubsamplingDataModule(
-        table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
-        top_level=config.top_level, bottom_level=config.bottom_level, relation=relation,
-        context_noise=config.context_noise, forecast_noise=config.forecast_noise,
-        model=module, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target",
-        drop_short_series=config.drop_short_series, test_windows=test_windows,
-    )
+    dm = build_datamodule(config, table, freq, module, test_windows, relation)
     return dm.sampling_spec
 
 
@@ -136,8 +120,6 @@ def resolve_planning(args: argparse.Namespace, manual: Callable[[argparse.Namesp
         for name in _FROM_DATA:
             if getattr(args, name, None) is not None:
                 raise ConfigurationError(name, getattr(args, name), "comes from --data; give one or the other")
-        from lightning_dpts.fit import FitConfig
-
         values: dict[str, Any] = {
             "data": data, "id_column": args.id_column, "time_column": args.time_column,
             "value_column": args.value_column, "freq": args.freq, "model": args.model or FitConfig.model,
@@ -150,8 +132,6 @@ def resolve_planning(args: argparse.Namespace, manual: Callable[[argparse.Namesp
             if getattr(args, name, None) is not None:
                 values[name] = getattr(args, name)
         # the recipe (unset options of dpts fit) depends on the budget: plan with the one given here
-        from lightning_dpts.fit import FIT_RANGES
-
         for name in ("epsilon", "delta"):
             value, (low, high, _, _) = getattr(args, name, None), FIT_RANGES[name]
             if isinstance(value, float) and low < value <= high:  # else dpts fit's default budget

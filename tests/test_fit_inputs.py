@@ -12,9 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lightning_dpts.budget import check_one_step as _check_one_step
 from lightning_dpts.cli import main
+from lightning_dpts.config import FitConfig
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.fit import FitConfig, _check_one_step, _lags, run_fit
+from lightning_dpts.forecasters import deepar_lags as _lags
+from lightning_dpts.jobs.fit import run_fit
 
 NO_STEP = ["--noise-multiplier", "0.5", "--epsilon", "0.3"]  # one step spends epsilon ~ 20 on this data
 
@@ -96,7 +99,7 @@ def test_a_budget_allowing_no_step_is_refused_before_training_with_the_knobs(tmp
     sigma_needed = float(re.search(r"raise --noise-multiplier to >= ([0-9.e+]+)", err).group(1))
     # the advice is sufficient: the suggested epsilon (or sigma) allows a step, the given one does not
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.fit import load_long_table
+    from lightning_dpts.loading import load_long_table
 
     table, freq = load_long_table(data, "id", "timestamp", "value")
     spec = StructuredSubsamplingDataModule(table, context_length=6, prediction_length=6, batch_size=8,

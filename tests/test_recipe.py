@@ -27,7 +27,9 @@ def test_same_metadata_same_recipe_and_it_takes_no_values():
 
 def test_fit_resolves_the_same_recipe_for_different_values(tmp_path):
     """Two datasets with the same metadata but different values get the same recipe (nothing reads values)."""
-    from lightning_dpts.fit import FitConfig, load_long_table, resolve_config
+    from lightning_dpts.config import FitConfig
+    from lightning_dpts.geometry import resolve_config
+    from lightning_dpts.loading import load_long_table
 
     rng = np.random.default_rng(0)
     stamps = pd.period_range("2000-01", periods=90, freq="M").to_timestamp()
@@ -108,7 +110,8 @@ def test_fit_applies_the_recipe_and_explicit_options_win(tiny_csv, tmp_path):
 
 
 def test_other_models_keep_their_defaults():
-    from lightning_dpts.fit import FitConfig, resolve_config
+    from lightning_dpts.config import FitConfig
+    from lightning_dpts.geometry import resolve_config
 
     config, recipe, chosen = resolve_config(FitConfig(model="dlinear"), np.array([100] * 10), "M")
     assert recipe is None and chosen == []

@@ -81,13 +81,14 @@ def _add_options(parser: argparse.ArgumentParser, *, needs_noise: bool) -> None:
 def add_release_parser(subparsers: Any) -> None:
     """Add the ``release`` sub-command (actions ``epsilon`` and ``noise``) to an argparse subparsers object."""
     release = subparsers.add_parser(
-        "release", help="privacy of forecasts released from a privatised series",
+        "release", help="privacy of forecasts released from a privatised series", allow_abbrev=False,
         description="Accounting for Poisson time-step subsampling + Gaussian noise before forecasting "
                     "(Koga et al. 2022; Appendix H).")
     rsub = release.add_subparsers(dest="action", required=True)
-    _add_options(rsub.add_parser("epsilon", help="epsilon of K releases at noise std S"), needs_noise=True)
-    _add_options(rsub.add_parser("noise", help="smallest noise std reaching (epsilon, delta) for K releases"),
-                 needs_noise=False)
+    _add_options(rsub.add_parser("epsilon", help="epsilon of K releases at noise std S", allow_abbrev=False),
+                 needs_noise=True)
+    _add_options(rsub.add_parser("noise", help="smallest noise std reaching (epsilon, delta) for K releases",
+                                 allow_abbrev=False), needs_noise=False)
 
 
 def _spec_from_args(args: argparse.Namespace):

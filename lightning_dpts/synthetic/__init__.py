@@ -1,5 +1,6 @@
 """DP synthetic time series by Private Evolution (PETS, Luo et al.): generator, VAE variation, contrastive
-encoders, DP nearest-neighbour voting, Context-FID, TSTR and the ``dpts synth`` job.
+encoders, DP nearest-neighbour voting, Context-FID and TSTR. The ``dpts synth`` job is
+:func:`lightning_dpts.jobs.synth.run_synth`.
 
 Only the noisy vote histogram (Algorithm 2) touches private data; the models are trained on public data. See
 ``docs/synthetic.md``. Names are imported lazily, so ``dpts`` builds its parser without importing torch.
@@ -18,7 +19,7 @@ _LAZY = {
     "PretrainConfig": "pretrain",
     "PrivateWindows": "evolution",
     "PublicModels": "pretrain",
-    "SynthConfig": "job",
+    "SynthConfig": "pipeline",
     "VariationVAE": "models",
     "calibrate_pets_noise": "privacy",
     "dp_nn_histogram": "evolution",
@@ -28,12 +29,11 @@ _LAZY = {
     "pretrain_public_models": "pretrain",
     "private_evolution": "evolution",
     "private_windows": "evolution",
-    "run_synth": "job",
     "sensitivity": "privacy",
     "standardize_windows": "generator",
     "theorem_2_delta": "privacy",
     "theorem_2_epsilon": "privacy",
-    "tstr_scores": "job",
+    "tstr_scores": "pipeline",
     "variation_schedule": "models",
     "vote_histogram": "evolution",
 }

@@ -45,12 +45,12 @@ SYNTH_OPTION_NAMES = {
 
 def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``dpts synth`` to the ``dpts`` subparsers."""
-    from lightning_dpts.synthetic.job import SynthConfig
+    from lightning_dpts.synthetic.pipeline import SynthConfig
     from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
 
     d = SynthConfig()
     p = sub.add_parser(
-        "synth", help="release a DP synthetic dataset by Private Evolution (PETS)",
+        "synth", help="release a DP synthetic dataset by Private Evolution (PETS)", allow_abbrev=False,
         description="Generate a differentially private synthetic dataset of windows by Private Evolution "
                     "(PETS): public models, noisy nearest-neighbour votes of the private data, T rounds. Writes "
                     "synthetic.csv.gz (the release) and report.json (public), and under private/ the evaluation "
@@ -117,8 +117,9 @@ def _numbers(text: str | None, parameter: str, kind: type) -> list | None:
 
 
 def run_synth_command(args: argparse.Namespace) -> int:
-    """Build a :class:`~lightning_dpts.synthetic.job.SynthConfig` from ``args`` and run it."""
-    from lightning_dpts.synthetic.job import SynthConfig, run_synth
+    """Build a :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` from ``args`` and run it
+    (:func:`lightning_dpts.jobs.synth.run_synth`)."""
+    from lightning_dpts.jobs.synth import SynthConfig, run_synth
 
     epochs = _numbers(args.pretrain_epochs, "pretrain_epochs", int)
     config = SynthConfig(

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.synthetic.job import SynthConfig
+from lightning_dpts.synthetic.pipeline import SynthConfig
 
 
 @pytest.fixture(scope="session")

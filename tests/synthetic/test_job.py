@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from lightning_dpts.cli import main
-from lightning_dpts.fit import load_long_table
-from lightning_dpts.synthetic.job import run_synth
+from lightning_dpts.jobs.synth import run_synth
+from lightning_dpts.loading import load_long_table
 from tests.synthetic.conftest import tiny_config as _tiny_config
 
 TINY = ["--length", "12", "--num-samples", "8", "--iterations", "2", "--prediction-length", "4",

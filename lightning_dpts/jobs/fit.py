@@ -1,0 +1,300 @@
+"""The main job: train a private GluonTS forecaster to a target (epsilon, delta), evaluate it and report.
+
+:func:`run_fit` is what ``dpts fit`` runs. Phases:
+
+1. load and validate the data (the bundled ``us_employment`` by default, or a long-format CSV/Parquet file;
+   :mod:`lightning_dpts.loading`) and fill the unset options (the recipe; :mod:`lightning_dpts.geometry`);
+2. build the GluonTS torch LightningModule (:mod:`lightning_dpts.forecasters`) and the
+   :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`;
+3. take the noise multiplier as given or calibrate it for (epsilon, delta, epochs) with the accountant
+   (:mod:`lightning_dpts.budget`);
+4. train with :class:`~lightning_dpts.training.DPForecastStrategy` and
+   :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is exceeded);
+5. optionally train the same model without DP for the same number of steps;
+6. forecast the held-out test windows with GluonTS predictors and score them (mean weighted quantile loss
+   as GluonTS reports it, and MAE of the median) next to seasonal naive (and optionally AutoETS;
+   :mod:`lightning_dpts.scoring`);
+7. write the run directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
+   every file written atomically), split by what the (epsilon, delta) guarantee covers
+   (:mod:`lightning_dpts.reporting`). At the top, public: ``report.json`` (configuration, epsilon, delta, sigma,
+   C, sampling spec, ledger, recipe, the epsilon curve and the ``"files"`` manifest saying for each file whether
+   the guarantee covers it), ``epsilon.png`` (from the accountant, no data), the DP model (``dp-model.ckpt``,
+   ``predictor/``, ``model.json``; :mod:`lightning_dpts.export`). Under ``private/``, computed from the private
+   data without DP and not covered: ``evaluation.json`` (metrics of every model on the held-out windows,
+   baselines, verdict, levers), ``forecasts.png`` (``private_plots=False`` skips it) and the Lightning logs
+   ``logs/`` (noise-free training loss; the DP settings as hyperparameters, :mod:`lightning_dpts.hparams`).
+   ``private_outputs=False`` writes nothing under ``private/``; the terminal shows the evaluation either way.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lightning_dpts.config import FitConfig
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.outputs import PRIVATE_DIR
+
+__all__ = ["FitConfig", "run_fit"]
+
+#: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
+_SEEDED_WARNING = ".*explicit seed"
+#: The datamodule's lag warning; ``run_fit`` states the same cause with the accountant's numbers instead.
+_LAG_WARNING = "StructuredSubsamplingDataModule: the model's lags"
+
+
+@dataclass
+class _Data:
+    """The job's data after loading, the recipe, the length filter and clipping (public metadata besides tables)."""
+
+    config: FitConfig  # resolved: the recipe's choices filled in
+    table: pd.DataFrame  # what the private model is trained on (clipped with a declared range)
+    raw_table: pd.DataFrame  # the same rows unclipped (scored against)
+    freq: str
+    name: str
+    recipe: Any
+    chosen: list[str]
+    planned_windows: tuple[int, str] | None
+    dropped_by_length: int
+    clipped_count: int | None
+    relation: Any
+
+
+def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the main job (see the module docstring) and return the report that is written to report.json.
+
+    Every check that can refuse the job (the config's ranges, the data, the model geometry, a budget that
+    allows no step) runs before training and before anything is written: a :class:`ConfigurationError` leaves
+    ``output_dir`` untouched.
+    """
+    config.validate()  # first, before the heavy imports: a bad option is refused at once
+    from lightning_dpts.budget import dp_callbacks, noise_multiplier
+    from lightning_dpts.outputs import OutputDirectory, check_output_dir
+
+    check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
+    started = time.perf_counter()
+    entropy = _entropy(config, progress)
+    data = _load_data(config, progress)
+    config = data.config
+    train_epsilon = config.epsilon - config.reserved_epsilon  # basic composition: noisy clipped count, DP metrics
+    estimator, module, init_seed = _model(config, data.freq, entropy)
+    dm, test_windows, windows_note = _datamodule(config, data, module, train_epsilon, progress)
+    spec = dm.sampling_spec
+    sigma, bandmf = noise_multiplier(config, spec, train_epsilon, progress)  # checked before writing
+
+    out = Path(config.output_dir)
+    with OutputDirectory(out, config.overwrite) as run_dir:  # lock; --overwrite removes the earlier run's files
+        strategy, accountant = dp_callbacks(config, sigma, train_epsilon, bandmf)
+        steps = _train_and_export(config, estimator, module, dm, strategy, accountant, run_dir, data.freq, progress)
+        privacy = accountant.report
+        assert privacy is not None
+        predictions, inputs, raw_inputs, labels = _forecast_test_windows(
+            config, data, dm, estimator, module, test_windows, init_seed, entropy, steps, progress)
+        from lightning_dpts.forecasters import season_length
+        from lightning_dpts.reporting import private_report, public_report, write_run_files
+        from lightning_dpts.scoring import score_models
+
+        season = season_length(data.freq)
+        windows = [w.window for w in dm.evaluation_windows("test")]
+        metrics = score_models(predictions, labels, raw_inputs, windows, season)
+        report = public_report(config, privacy=privacy, accountant=accountant, strategy=strategy, spec=spec,
+                               sigma=sigma, steps=steps, test_windows=test_windows, windows_note=windows_note,
+                               entropy=entropy, data_name=data.name, recipe=data.recipe, chosen=data.chosen,
+                               dropped_by_length=data.dropped_by_length, clipped_count=data.clipped_count,
+                               relation=data.relation, predictions=predictions, labels=labels, inputs=inputs)
+        private = private_report(config, report, metrics=metrics, spec=spec, steps=steps, test_windows=test_windows,
+                                 forecasts=len(labels), season=season, started=started)
+        for line in private["verdict"]:
+            if line.startswith("VERDICT"):
+                warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
+        write_run_files(run_dir, out, config, report, private, steps=steps, table=data.table, inputs=inputs,
+                        labels=labels, predictions=predictions)
+    from lightning_dpts.reporting import format_table
+
+    progress(format_table({**report, "private": private}))
+    return {**report, "private": private}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the steps (warnings use stacklevel=3: they name the caller of run_fit, as the job always did)
+# ---------------------------------------------------------------------------------------------------------
+def _entropy(config: FitConfig, progress: Callable[[str], None]) -> Any:
+    """The run's secret randomness (``None`` seed: fresh OS entropy, never written anywhere); a seed is announced."""
+    from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
+
+    entropy = resolve_entropy(config.seed)
+    if entropy.seeded:
+        warnings.warn(f"dpts fit: {SEEDED_NOTICE}", UserWarning, stacklevel=3)
+        progress(f"WARNING: {SEEDED_NOTICE}")
+    return entropy
+
+
+def _torch_seed(entropy: Any, stream: int) -> int:
+    """A torch seed from stream ``stream`` of the run's entropy (initialisation, forecast sampling)."""
+    return int(entropy.seed_sequence(stream).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
+    """Load the data, fill the unset options (the recipe, announced), drop short series, clip to a public range."""
+    from lightning_dpts.geometry import resolve_with_test_windows
+    from lightning_dpts.loading import drop_short_series, load_fit_table
+    from lightning_dpts.privacy import NeighbouringRelation
+
+    table, freq, name = load_fit_table(config)
+    lengths = table.groupby("item_id", sort=False).size()
+    config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
+    if recipe is not None:
+        for line in recipe.describe():
+            progress(line)
+        if chosen:
+            progress(f"chosen by the recipe: {', '.join(chosen)} (give an option to override it)")
+        for text in recipe.warnings:
+            warnings.warn(f"dpts fit: {text}", UserWarning, stacklevel=3)
+            progress(f"WARNING: {text}")
+    table, dropped_by_length = drop_short_series(table, config.min_series_length)
+    if dropped_by_length:
+        progress(f"left out {dropped_by_length} of {len(lengths)} series shorter than {config.min_series_length} "
+                 "steps (min_series_length; not trained on and not evaluated)")
+    raw_table = table
+    clipped_count = None
+    if config.clipping:  # a declared public range: the value bound of Theorem G.1 then holds for any change
+        from lightning_dpts.evaluation import clip_values
+
+        values, clipped_count = clip_values(table["target"].to_numpy(), config.clip_low, config.clip_high)
+        table = table.assign(target=values)
+    relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
+    return _Data(config, table, raw_table, freq, name, recipe, chosen, planned_windows, dropped_by_length,
+                 clipped_count, relation)
+
+
+def _model(config: FitConfig, freq: str, entropy: Any) -> tuple[Any, Any, int]:
+    """(estimator, LightningModule, initialisation seed): the initialisation is secret too (unless seeded); the
+    non-DP reference reuses its seed."""
+    import torch
+
+    from lightning_dpts.export import make_checkpoint_loadable
+    from lightning_dpts.forecasters import make_estimator
+
+    init_seed = _torch_seed(entropy, 3)
+    torch.manual_seed(init_seed)
+    estimator = make_estimator(config, freq)
+    module = estimator.create_lightning_module()
+    make_checkpoint_loadable(module)  # GluonTS modules do not record their hyperparameters (load_from_checkpoint)
+    return estimator, module, init_seed
+
+
+def _quiet_datamodule(config: FitConfig, data: _Data, module: Any, test_windows: int) -> Any:
+    """:func:`~lightning_dpts.geometry.build_datamodule` without the warnings ``run_fit`` gives itself."""
+    from lightning_dpts.geometry import build_datamodule
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
+        warnings.filterwarnings("ignore", message=_LAG_WARNING)  # restated with the accountant's numbers
+        return build_datamodule(config, data.table, data.freq, module, test_windows, data.relation)
+
+
+def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: float,
+                progress: Callable[[str], None]) -> tuple[Any, int, str]:
+    """(datamodule, test windows, why that many): the geometry, announced, with the cost of DeepAR's lags."""
+    from lightning_dpts.budget import lag_cost
+    from lightning_dpts.geometry import fit_test_windows
+
+    test_windows, windows_note = fit_test_windows(config, data.planned_windows, data.table, data.freq, module)
+    try:
+        dm = _quiet_datamodule(config, data, module, test_windows)
+    except ConfigurationError as err:
+        if "drop_short_series=True" not in err.requirement:
+            raise
+        raise ConfigurationError(err.parameter, err.value, err.requirement.replace(
+            "drop_short_series=True", "--drop-short-series (YAML: drop_short_series: true)")) from err
+    spec = dm.sampling_spec
+    progress(f"data: {data.name}, {spec.num_series} series, shortest training part {spec.min_length} steps; "
+             f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
+    if dm.dropped_series:
+        progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
+    cost = None if config.bands is not None else lag_cost(  # the series-level Monte Carlo reading has no lag cost
+        spec, config.context_length or config.prediction_length, train_epsilon, config.delta, config.epochs,
+        config.noise_multiplier)
+    if cost is not None:
+        warnings.warn(cost, UserWarning, stacklevel=3)
+        progress(f"warning: {cost}")
+    return dm, test_windows, windows_note
+
+
+def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, strategy: Any, accountant: Any,
+                      run_dir: Any, freq: str, progress: Callable[[str], None]) -> int:
+    """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_dpts.export import MODEL_FILE, PREDICTOR_DIR, export_model
+    from lightning_dpts.outputs import atomic_path
+
+    out = Path(config.output_dir)
+    logger: Any = False
+    if config.private_outputs:  # the training loss of private batches is logged without noise: private
+        run_dir.register("private/logs/", "private: Lightning CSV logs (noise-free training loss of private "
+                         "batches, epsilon by step, the DP settings as hyperparameters)")
+        logger = CSVLogger(str(out / PRIVATE_DIR), name="logs")
+    trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
+                        callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
+                        log_every_n_steps=1)
+    progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
+             f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
+    trainer.fit(module, datamodule=dm)
+    run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
+                     "are functions of the noisy gradients only; the privacy ledger travels with them)")
+    with atomic_path(out / "dp-model.ckpt") as tmp:
+        trainer.save_checkpoint(str(tmp))
+    run_dir.register(f"{PREDICTOR_DIR}/", "public: the DP model as a GluonTS predictor (dpts predict)")
+    run_dir.register(MODEL_FILE, "public: the model's class, constructor arguments and window geometry")
+    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
+    return int(trainer.global_step)
+
+
+def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: Any, module: Any, test_windows: int,
+                           init_seed: int, entropy: Any, steps: int, progress: Callable[[str], None]
+                           ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """Forecasts of every model on the held-out test windows: (predictions by model, inputs, unclipped inputs,
+    unclipped labels). The DP model, the same model trained without DP for the same steps (``non_dp``), and the
+    baselines; sample-based forecasts draw from stream 4 of the run's entropy."""
+    import lightning as L
+    import torch
+
+    from lightning_dpts.forecasters import make_estimator, season_length
+    from lightning_dpts.scoring import baseline_forecasts, raw_evaluation
+
+    pairs = dm.gluonts_test_pairs("test")
+    inputs = [p[0] for p in pairs]
+    raw_inputs, labels = raw_evaluation(dm, pairs, data.raw_table, data.freq) if config.clipping else (
+        inputs, [np.asarray(p[1]["target"], dtype=float) for p in pairs])
+    predictor = estimator.create_predictor(estimator.create_transformation(), module)
+    eval_seed = _torch_seed(entropy, 4)  # sample-based forecasts (reproducible when seeded)
+    torch.manual_seed(eval_seed)
+    predictions: dict[str, list[Any]] = {"dp": list(predictor.predict(inputs))}
+    if config.non_dp and steps > 0:
+        progress(f"training the same model without DP for the same {steps} steps ...")
+        torch.manual_seed(init_seed)
+        plain_estimator = make_estimator(config, data.freq)
+        plain = plain_estimator.create_lightning_module()
+        plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                                  enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
+            from lightning_dpts.geometry import build_datamodule
+
+            plain_dm = build_datamodule(config, data.table, data.freq, plain, test_windows, data.relation)
+        plain_trainer.fit(plain, datamodule=plain_dm)
+        plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
+        torch.manual_seed(eval_seed)
+        predictions["non_dp"] = list(plain_predictor.predict(inputs))
+    predictions.update(baseline_forecasts(raw_inputs, config.prediction_length, season_length(data.freq),
+                                          data.freq, config.autoets))
+    return predictions, inputs, raw_inputs, labels

@@ -1,0 +1,108 @@
+"""``dpts predict``: forecast new data with the model a ``dpts fit`` run exported, as quantiles in a CSV file.
+
+The model is read back with :mod:`lightning_dpts.export`, the data with :mod:`lightning_dpts.loading`; the CSV is
+written atomically (:mod:`lightning_dpts.outputs`). Forecasting is post-processing of the DP model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.export import check_quantiles, forecast_table, load_predictor, model_frequency
+from lightning_dpts.outputs import atomic_path
+
+__all__ = ["predict_to_csv"]
+
+
+def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, id_column: str = "id",
+                   time_column: str = "timestamp", value_column: str = "value", freq: str | None = None,
+                   quantiles: Sequence[float] | None = None, seed: int | None = None) -> pd.DataFrame:
+    """Forecast the ``prediction_length`` steps after the end of every series of ``data``; write a CSV.
+
+    Args:
+        model: a ``dpts fit`` output directory or a serialized GluonTS predictor directory.
+        data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does
+            (missing periods inside a series become missing values).
+        output: the CSV file to write (see :func:`forecast_table` for its columns).
+        id_column, time_column, value_column: column names in ``data``.
+        freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
+            A frequency different from the model's is an error.
+        quantiles: quantile levels in (0, 1); default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`.
+        seed: seed of torch's global generator for sample-based forecasts (reproducible output). Forecasting
+            is post-processing of the DP model, so this seed does not touch the privacy guarantee.
+
+    Returns:
+        The table written.
+    """
+    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    levels = check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigurationError("seed", seed, "must be an integer >= 0")
+    output = Path(output)
+    _check_output_file(output)
+    predictor = load_predictor(model)
+    model_freq = model_frequency(model)
+    if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
+            pd.tseries.frequencies.to_offset(model_freq):
+        raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
+    try:
+        table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+    except ConfigurationError as err:
+        if "same period" not in err.requirement:
+            raise
+        # the loader refuses two rows of a series in one period: here that means data finer than the model's
+        raise ConfigurationError(
+            "freq", freq or model_freq, "puts several time stamps of one series into the same period: the data is "
+            f"not at this frequency{'' if model_freq is None else f' (the model was trained at {model_freq!r})'}; "
+            f"{err}",
+        ) from err
+    # the datamodule's reading: one value per period from the first time stamp on, gaps as missing values
+    collection = to_collection(table, freq=used_freq, id_column="item_id", timestamp_column="timestamp",
+                               value_column="target")
+    entries = [
+        {"target": target[:, 0].astype(np.float32), "start": start, "item_id": item}
+        for target, start, item in zip(collection.targets, collection.starts or [], collection.item_ids, strict=True)
+    ]
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
+    frame = forecast_table(list(predictor.predict(entries)), levels)
+    try:
+        with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
+            frame.to_csv(tmp, index=False)
+    except OSError as err:  # e.g. a directory that could not be created, a full disk: nothing is left behind
+        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err})") from None
+    return frame
+
+
+def _check_output_file(output: Path) -> None:
+    """Refuse (``output``) a path that cannot take a new file, before any work: a directory, a path under a
+    file, or a directory in which no file can be created (probed with a temporary file, removed at once)."""
+    import tempfile
+
+    if output.is_dir():
+        raise ConfigurationError("output", str(output), "is a directory; give a file name such as forecasts.csv")
+    existing = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigurationError("output", str(output), f"{existing} is a file, not a directory")
+    if existing != output.parent:  # missing directories are created at write time: the first existing one decides
+        import os
+
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigurationError("output", str(output), f"cannot create directories in {existing}")
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dpts-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigurationError("output", str(output), f"cannot be written ({err.strerror or err}): choose a "
+                                 "writable directory") from None

@@ -1,0 +1,76 @@
+"""Forecasting and scoring the held-out test windows of a ``dpts fit`` run: the models' quantile matrices, the
+unclipped truth of a clipped run, the baselines (seasonal naive, AutoETS) and the pooled metrics
+(:func:`lightning_dpts.evaluation.score_windows`). Computed from the private data without DP: the results belong
+under ``private/`` (or in a DP release, :func:`lightning_dpts.reporting.dp_metrics`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["baseline_forecasts", "quantile_matrix", "raw_evaluation", "score_forecasts", "score_models"]
+
+
+def quantile_matrix(forecast: Any) -> np.ndarray:
+    """The forecast's quantiles at :data:`~lightning_dpts.metrics.DEFAULT_QUANTILES`, shape (horizon, quantiles)."""
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    return np.stack([np.asarray(forecast.quantile(q), dtype=float) for q in DEFAULT_QUANTILES], axis=-1)
+
+
+def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
+    """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median.
+
+    One window per forecast, pooled: :func:`lightning_dpts.evaluation.score_windows` without histories.
+    """
+    from lightning_dpts.evaluation import score_windows
+
+    n = len(forecasts)
+    scores = score_windows([quantile_matrix(f) for f in forecasts], labels, [np.empty(0)] * n, [0] * n, season=1)
+    return {"crps": scores["crps"], "mae": scores["mae"]}
+
+
+def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
+                    freq: str) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Unclipped inputs and labels of the test windows (clipping changes only what the private model is trained on).
+
+    The raw table has the clipped table's geometry (clipping keeps every row), so the raw series are read at the
+    same positions: history = the first ``len(history)`` values, label = the next ``prediction_length``.
+    """
+    from lightning_dpts.data.sources import to_collection
+
+    raw = to_collection(raw_table, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target")
+    by_id = dict(zip(raw.item_ids, raw.targets, strict=True))
+    inputs, labels = [], []
+    for entry, _ in pairs:
+        series = np.asarray(by_id[entry["item_id"]], dtype=float).reshape(len(by_id[entry["item_id"]]), -1)[:, 0]
+        n = len(entry["target"])
+        inputs.append({**entry, "target": np.asarray(series[:n], dtype=np.float32)})
+        labels.append(series[n:n + dm.prediction_length])
+    return inputs, labels
+
+
+def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, freq: str,
+                       autoets: bool) -> dict[str, list[Any]]:
+    """Seasonal naive (and, with ``autoets``, AutoETS) forecasts from the unclipped histories."""
+    from gluonts.model.seasonal_naive import SeasonalNaivePredictor
+
+    out = {"seasonal_naive": list(SeasonalNaivePredictor(
+        prediction_length=prediction_length, season_length=season).predict(raw_inputs))}
+    if autoets:
+        from lightning_dpts.forecasters import autoets_forecasts
+
+        out["autoets"] = autoets_forecasts(raw_inputs, prediction_length, season, freq)
+    return out
+
+
+def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
+                 windows: list[int], season: int) -> dict[str, dict[str, Any]]:
+    """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`)."""
+    from lightning_dpts.evaluation import score_windows
+
+    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)
+            for name, fc in predictions.items()}
