@@ -1,6 +1,7 @@
 """Privacy accounting for structured subsampling (pure numpy/scipy/dp-accounting; no torch or Lightning).
 
-Start with :class:`SamplingSpec` (what the data pipeline does) and :class:`StructuredSubsamplingAccountant`
+Start with :class:`SamplingSpec` (what the data pipeline does; its levels are the mechanism objects of
+:mod:`~lightning_dpts.privacy.mechanisms`) and :class:`StructuredSubsamplingAccountant`
 (what it costs). :mod:`~lightning_dpts.privacy.profiles` holds one function per theorem of the paper and
 :func:`~lightning_dpts.privacy.bounds.select_profile` maps a configuration to its theorem.
 """
@@ -12,14 +13,46 @@ from lightning_dpts.privacy.accountant import (
     calibrate_noise_multiplier,
 )
 from lightning_dpts.privacy.bounds import augmentation_leak_probability, naive_dpsgd_profile, select_profile
+from lightning_dpts.privacy.mechanisms import (
+    BandMFNoiseSpec,
+    BMinSep,
+    BottomLevelScheme,
+    GaussianNoiseSpec,
+    Iteration,
+    NoiseSpec,
+    PoissonBottomLevel,
+    PoissonTopLevel,
+    Shuffling,
+    TopLevelScheme,
+    WithoutReplacement,
+    WithReplacement,
+    bottom_level_from_name,
+    noise_from_name,
+    top_level_from_name,
+)
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.pld import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS, pld_from_profile
 from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
 from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS, NeighbouringRelation, SamplingSpec
 
 __all__ = [
+    "BMinSep",
     "BOTTOM_LEVELS",
     "BandMFMechanism",
+    "BandMFNoiseSpec",
+    "BottomLevelScheme",
+    "GaussianNoiseSpec",
+    "Iteration",
+    "NoiseSpec",
+    "PoissonBottomLevel",
+    "PoissonTopLevel",
+    "Shuffling",
+    "TopLevelScheme",
+    "WithReplacement",
+    "WithoutReplacement",
+    "bottom_level_from_name",
+    "noise_from_name",
+    "top_level_from_name",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_TAIL_MASS",
     "LEVELS",
