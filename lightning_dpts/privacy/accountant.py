@@ -16,9 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
 from lightning_dpts.privacy.bounds import BOUNDS, naive_dpsgd_profile, select_profile
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,

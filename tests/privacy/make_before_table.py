@@ -13,6 +13,8 @@ import pathlib
 import sys
 
 OUT = pathlib.Path(__file__).parent / "data" / "epsilons_before_i30.json"
+#: Privacy ledgers (checkpoint form) written by main's DPForecastStrategy for some of the specs.
+LEDGERS = pathlib.Path(__file__).parent / "data" / "ledgers_before_i30.json"
 #: (steps, delta) read-outs of every configuration; FINE adds the small-delta read-out level for some of them.
 READOUTS = ((1, 1e-5), (40, 1e-5))
 FINE = ((40, 1e-9),)
@@ -98,12 +100,27 @@ def evaluate(config: dict) -> dict:
     return row
 
 
+def ledgers() -> list[dict]:
+    """Checkpoint ledgers of every top x bottom level (and b-min-sep), as main writes them."""
+    from lightning_dpts.training.ledger import PrivacyLedger
+
+    out = []
+    for config in configurations():
+        if config["bound"] != "upper" or config.get("naive"):
+            continue
+        ledger = PrivacyLedger(steps=12, epochs=3, noise_multiplier=config["sigma"], max_grad_norm=1.0,
+                               sampling_spec=repr(build(config)))
+        out.append({"config": config, "ledger": ledger.to_dict()})
+    return out
+
+
 def main() -> None:
     table = []
     for config in configurations():
         table.append({"config": config, **evaluate(config)})
     OUT.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(table)} configurations -> {OUT}", file=sys.stderr)
+    LEDGERS.write_text(json.dumps(ledgers(), indent=1) + "\n")
+    print(f"{len(table)} configurations -> {OUT}, {LEDGERS}", file=sys.stderr)
 
 
 if __name__ == "__main__":
