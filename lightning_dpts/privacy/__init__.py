@@ -13,46 +13,16 @@ from lightning_dpts.privacy.accountant import (
     calibrate_noise_multiplier,
 )
 from lightning_dpts.privacy.bounds import augmentation_leak_probability, naive_dpsgd_profile, select_profile
-from lightning_dpts.privacy.mechanisms import (
-    BandMFNoiseSpec,
-    BMinSep,
-    BottomLevelScheme,
-    GaussianNoiseSpec,
-    Iteration,
-    NoiseSpec,
-    PoissonBottomLevel,
-    PoissonTopLevel,
-    Shuffling,
-    TopLevelScheme,
-    WithoutReplacement,
-    WithReplacement,
-    bottom_level_from_name,
-    noise_from_name,
-    top_level_from_name,
-)
+from lightning_dpts.privacy.mechanisms import *  # noqa: F403  (the mechanism objects and their registry)
+from lightning_dpts.privacy.mechanisms import __all__ as _MECHANISMS
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.pld import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS, pld_from_profile
 from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
 from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS, NeighbouringRelation, SamplingSpec
 
 __all__ = [
-    "BMinSep",
     "BOTTOM_LEVELS",
     "BandMFMechanism",
-    "BandMFNoiseSpec",
-    "BottomLevelScheme",
-    "GaussianNoiseSpec",
-    "Iteration",
-    "NoiseSpec",
-    "PoissonBottomLevel",
-    "PoissonTopLevel",
-    "Shuffling",
-    "TopLevelScheme",
-    "WithReplacement",
-    "WithoutReplacement",
-    "bottom_level_from_name",
-    "noise_from_name",
-    "top_level_from_name",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_TAIL_MASS",
     "LEVELS",
@@ -70,4 +40,5 @@ __all__ = [
     "naive_dpsgd_profile",
     "pld_from_profile",
     "select_profile",
+    *_MECHANISMS,
 ]

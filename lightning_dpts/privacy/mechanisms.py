@@ -106,6 +106,23 @@ class Mechanism:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class _Banded(Mechanism):
+    """A mechanism with a public number of bands b >= 1 (b-min-sep sampling, BandMF noise): accounted for the whole
+    run by the Monte Carlo accountant."""
+
+    bands: int = 1
+    public_fields: ClassVar[tuple[str, ...]] = ("bands",)
+    needs_monte_carlo: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        require_int("bands", self.bands, 1)
+
+    @property
+    def accounting(self) -> Accounting:
+        return Accounting("monte_carlo", "run", ("Dong & Ganesh 2026, Theorem 5.1 (Monte Carlo, Appendix A)",))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # top levels (which series)
 # ----------------------------------------------------------------------------------------------------------------
@@ -283,7 +300,7 @@ class PoissonTopLevel(_StepTopLevel):
 
 
 @dataclass(frozen=True)
-class BMinSep(_StepTopLevel):
+class BMinSep(_Banded, _StepTopLevel):
     """b-min-sep sampling of series with warm start (Dong & Ganesh 2026, Algorithm 2): every step, each series that
     did not take part in the last ``bands - 1`` steps is included with probability p = p0 / (1 - p0 (b - 1)), so
     that the expected fraction per step is p0 = N'/N (needs N'/N <= 1/b).
@@ -297,22 +314,12 @@ class BMinSep(_StepTopLevel):
         bands: b >= 1, the minimum separation (b = 1 is Poisson sampling).
     """
 
-    bands: int = 1
     name: ClassVar[str] = "b_min_sep"
-    public_fields: ClassVar[tuple[str, ...]] = ("bands",)
-    needs_monte_carlo: ClassVar[bool] = True
     separates_participations: ClassVar[bool] = True
-
-    def validate(self) -> None:
-        require_int("bands", self.bands, 1)
 
     @property
     def min_separation(self) -> int:
         return self.bands
-
-    @property
-    def accounting(self) -> Accounting:
-        return Accounting("monte_carlo", "run", ("Dong & Ganesh 2026, Theorem 5.1 (Monte Carlo, Appendix A)",))
 
     @classmethod
     def for_spec(cls, spec: SamplingSpec) -> TopLevelScheme:
@@ -503,7 +510,7 @@ class GaussianNoiseSpec(NoiseSpec):
 
 
 @dataclass(frozen=True)
-class BandMFNoiseSpec(NoiseSpec):
+class BandMFNoiseSpec(_Banded, NoiseSpec):
     """BandMF noise (Dong & Ganesh 2026): step i adds row i of C^{-1} Z for a b-banded lower-triangular Toeplitz
     strategy C (the torch generator is ``lightning_dpts.training.correlated_noise.BandMFNoise``).
 
@@ -514,18 +521,8 @@ class BandMFNoiseSpec(NoiseSpec):
         bands: b >= 1.
     """
 
-    bands: int = 1  # type: ignore[assignment]  # a field here, a property (1) on NoiseSpec
     name: ClassVar[str] = "bandmf"
-    public_fields: ClassVar[tuple[str, ...]] = ("bands",)
     correlated: ClassVar[bool] = True
-    needs_monte_carlo: ClassVar[bool] = True
-
-    def validate(self) -> None:
-        require_int("bands", self.bands, 1)
-
-    @property
-    def accounting(self) -> Accounting:
-        return Accounting("monte_carlo", "run", ("Dong & Ganesh 2026, Theorem 5.1 (Monte Carlo, Appendix A)",))
 
     def compatible_top_level(self, top: TopLevelScheme) -> bool:
         return top.separates_participations and top.min_separation == self.bands
@@ -546,38 +543,32 @@ BOTTOM_LEVEL_SCHEMES: dict[str, type[BottomLevelScheme]] = {
 NOISE_SPECS: dict[str, type[NoiseSpec]] = {cls.name: cls for cls in (GaussianNoiseSpec, BandMFNoiseSpec)}
 
 
-def _lookup(registry: dict[str, type], name: object, parameter: str) -> type:
-    require_choice(parameter, name, tuple(registry))
-    return registry[str(name)]
+def _from_name(registry: dict[str, type[Mechanism]], base: type[Mechanism], name: object, parameter: str,
+               bands: int = 1) -> Any:
+    """The object of ``registry`` named ``name`` (an instance of ``base`` is returned unchanged); ``bands`` goes to
+    the banded objects and must be 1 for the others."""
+    if isinstance(name, base):
+        return name
+    cls = registry[require_choice(parameter, name, tuple(registry))]
+    if issubclass(cls, _Banded):
+        return cls(bands=bands)
+    if bands != 1:
+        banded = " or ".join(f"{parameter}={n!r}" for n, c in registry.items() if issubclass(c, _Banded))
+        raise ConfigurationError("bands", bands, f"must be 1 unless {banded}")
+    return cls()
 
 
 def top_level_from_name(name: object, *, bands: int = 1, parameter: str = "top_level") -> TopLevelScheme:
     """The top-level object named ``name`` (``bands``: the minimum separation of ``"b_min_sep"``; must be 1 for the
     others). An object is returned unchanged. Unknown names are refused listing the accepted ones."""
-    if isinstance(name, TopLevelScheme):
-        return name
-    cls = _lookup(TOP_LEVEL_SCHEMES, name, parameter)
-    if issubclass(cls, BMinSep):
-        return cls(bands=bands)
-    if bands != 1:
-        raise ConfigurationError("bands", bands, f"must be 1 unless top_level='{BMinSep.name}'")
-    return cls()
+    return _from_name(TOP_LEVEL_SCHEMES, TopLevelScheme, name, parameter, bands)
 
 
 def bottom_level_from_name(name: object, *, parameter: str = "bottom_level") -> BottomLevelScheme:
     """The bottom-level object named ``name`` (an object is returned unchanged)."""
-    if isinstance(name, BottomLevelScheme):
-        return name
-    return _lookup(BOTTOM_LEVEL_SCHEMES, name, parameter)()
+    return _from_name(BOTTOM_LEVEL_SCHEMES, BottomLevelScheme, name, parameter)
 
 
 def noise_from_name(name: object, *, bands: int = 1, parameter: str = "noise") -> NoiseSpec:
     """The noise description named ``name`` (``bands``: b of ``"bandmf"``; must be 1 for ``"gaussian"``)."""
-    if isinstance(name, NoiseSpec):
-        return name
-    cls = _lookup(NOISE_SPECS, name, parameter)
-    if issubclass(cls, BandMFNoiseSpec):
-        return cls(bands=bands)
-    if bands != 1:
-        raise ConfigurationError("bands", bands, f"must be 1 unless noise='{BandMFNoiseSpec.name}'")
-    return cls()
+    return _from_name(NOISE_SPECS, NoiseSpec, name, parameter, bands)
