@@ -348,11 +348,14 @@ class BottomLevelScheme(Mechanism):
 
     * ``shortest_series_decides``: the profile is non-decreasing in r = k/T, so the shortest series decides the
       maximum over series lengths (docs/privacy.md, "Series of different lengths");
-    * ``supports_augmentation``: amplification by context/forecast noise (Theorem G.1) is proven for it.
+    * ``supports_augmentation``: amplification by context/forecast noise (Theorem G.1) is proven for it;
+    * ``bounded_windows_per_series``: a sampled series contributes at most lambda windows to a step (the
+      series-level sensitivity the Monte Carlo accountant of b-min-sep sampling assumes).
     """
 
     shortest_series_decides: ClassVar[bool] = False
     supports_augmentation: ClassVar[bool] = False
+    bounded_windows_per_series: ClassVar[bool] = False
 
     def rate(self, spec: SamplingSpec) -> float:
         """r of the theorems for ``spec`` (every series of ``spec.min_length`` steps)."""
@@ -387,6 +390,7 @@ class WithReplacement(BottomLevelScheme):
     name: ClassVar[str] = "with_replacement"
     shortest_series_decides: ClassVar[bool] = True
     supports_augmentation: ClassVar[bool] = True
+    bounded_windows_per_series: ClassVar[bool] = True
 
     @property
     def accounting(self) -> Accounting:

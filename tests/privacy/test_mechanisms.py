@@ -126,6 +126,7 @@ def test_capabilities() -> None:
     assert BMinSep(3).composition_unit == "run"
     assert WithReplacement.shortest_series_decides and not PoissonBottomLevel.shortest_series_decides
     assert WithReplacement.supports_augmentation and not PoissonBottomLevel.supports_augmentation
+    assert WithReplacement.bounded_windows_per_series and not PoissonBottomLevel.bounded_windows_per_series
     assert not GaussianNoiseSpec().correlated and BandMFNoiseSpec(4).correlated
     assert BandMFNoiseSpec(4).needs_monte_carlo and not GaussianNoiseSpec().needs_monte_carlo
     assert GaussianNoiseSpec().bands == 1 and BandMFNoiseSpec(4).bands == 4
