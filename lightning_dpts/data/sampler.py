@@ -246,6 +246,8 @@ class StructuredSampler(IterableDataset):
         self._forecast_std = spec.forecast_noise * v
         self._num_series = len(store.lengths)
         self._t = store.num_start_positions
+        self._draw_series = spec.top_level_scheme.draw_series  # the levels' sampling code (privacy.mechanisms)
+        self._draw_windows = spec.bottom_level_scheme.draw_windows
         self._bminsep: BMinSepSampler | None = None  # b_min_sep chain of this process (never pickled)
         self.rank, self.world_size = 0, 1  # this process's share of every global batch (see shard)
 
@@ -306,7 +308,7 @@ class StructuredSampler(IterableDataset):
     def top_level(self, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
         """Series indices of step ``step`` of pass ``epoch`` (int64, possibly empty for Poisson), drawn by the spec's
         top-level object (:meth:`~lightning_dpts.privacy.mechanisms.TopLevelScheme.draw_series`)."""
-        return self.spec.top_level_scheme.draw_series(self, epoch, step, rng)
+        return self._draw_series(self, epoch, step, rng)
 
     @property
     def b_min_sep_sampling_prob(self) -> float:
@@ -337,7 +339,7 @@ class StructuredSampler(IterableDataset):
     def bottom_level(self, series: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(row, start) pairs of the windows sampled from ``series`` (0-based starts in ``[0, T_n)``), drawn by the
         spec's bottom-level object (:meth:`~lightning_dpts.privacy.mechanisms.BottomLevelScheme.draw_windows`)."""
-        return self.spec.bottom_level_scheme.draw_windows(series, self._t[series], self.spec.instances_per_series, rng)
+        return self._draw_windows(series, self._t[series], self.spec.instances_per_series, rng)
 
     def sample_indices(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
         """(rows, starts, generator) of one step; the generator continues with the augmentation noise."""
