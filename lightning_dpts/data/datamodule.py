@@ -24,6 +24,7 @@ from lightning_dpts.data.sampler import (
 )
 from lightning_dpts.data.sources import SeriesCollection, to_collection
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
 
@@ -88,11 +89,14 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         prediction_length: L_F, in time steps. Taken from ``model`` when omitted.
         batch_size: Lambda, windows per batch (expected number for Poisson schemes).
         instances_per_series: lambda, windows per sampled series (expected for bottom-level Poisson).
-        top_level: ``"iteration"``, ``"shuffling"``, ``"without_replacement"``, ``"poisson"`` or ``"b_min_sep"``
+        top_level: a top-level object of :mod:`lightning_dpts.privacy.mechanisms` (e.g. ``WithoutReplacement()``,
+            ``BMinSep(bands=4)``, which also sets ``bands``) or its name: ``"iteration"``, ``"shuffling"``,
+            ``"without_replacement"``, ``"poisson"`` or ``"b_min_sep"``
             (b-min-sep over series, warm start, Dong & Ganesh 2026 Algorithm 2: each step, every series that did not
             take part in the last ``bands - 1`` steps is included with the probability p = p0 / (1 - p0 (b - 1))
             that makes the expected fraction p0 = N'/N; for BandMF noise; accounted by the Monte Carlo accountant).
-        bottom_level: ``"with_replacement"`` or ``"poisson"``.
+        bottom_level: a bottom-level object (``WithReplacement()``, ``PoissonBottomLevel()``) or its name,
+            ``"with_replacement"`` or ``"poisson"``.
         bands: b >= 1, the minimum separation of ``top_level="b_min_sep"`` (use the strategy's ``bands``); 1
             for every other top level.
         relation: the neighbouring relation; needs a ``value_bound`` when noise augmentation is on.
@@ -129,8 +133,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         prediction_length: int | None = None,
         batch_size: int,
         instances_per_series: int = 1,
-        top_level: str = "without_replacement",
-        bottom_level: str = "with_replacement",
+        top_level: str | TopLevelScheme = "without_replacement",
+        bottom_level: str | BottomLevelScheme = "with_replacement",
         bands: int = 1,
         relation: NeighbouringRelation | None = None,
         context_noise: float = 0.0,

@@ -246,6 +246,8 @@ class StructuredSampler(IterableDataset):
         self._forecast_std = spec.forecast_noise * v
         self._num_series = len(store.lengths)
         self._t = store.num_start_positions
+        self._draw_series = spec.top_level_scheme.draw_series  # the levels' sampling code (privacy.mechanisms)
+        self._draw_windows = spec.bottom_level_scheme.draw_windows
         self._bminsep: BMinSepSampler | None = None  # b_min_sep chain of this process (never pickled)
         self.rank, self.world_size = 0, 1  # this process's share of every global batch (see shard)
 
@@ -298,22 +300,15 @@ class StructuredSampler(IterableDataset):
         return slice(total * self.rank // self.world_size, total * (self.rank + 1) // self.world_size)
 
     # -- top level ---------------------------------------------------------------------------------------
+    @property
+    def num_series(self) -> int:
+        """N, the number of training series."""
+        return self._num_series
+
     def top_level(self, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
-        """Series indices of step ``step`` of pass ``epoch`` (int64, possibly empty for Poisson)."""
-        n_top, num = self.spec.top_sample_size, self._num_series
-        mode = self.spec.top_level
-        if mode == "iteration":
-            return np.arange(step * n_top, (step + 1) * n_top, dtype=np.int64)
-        if mode == "shuffling":
-            perm = numpy_generator(self.entropy, epoch, 0).permutation(num)
-            return perm[step * n_top : (step + 1) * n_top].astype(np.int64)
-        if mode == "b_min_sep":
-            return self.b_min_sep_series(epoch * self.spec.steps_per_epoch + step)
-        if mode == "without_replacement":  # a uniformly random N'-subset, in random order
-            if num <= 1024:  # faster for small N; Generator.choice uses Floyd's algorithm for large N
-                return rng.permutation(num)[:n_top].astype(np.int64, copy=False)
-            return rng.choice(num, size=n_top, replace=False).astype(np.int64, copy=False)
-        return np.flatnonzero(rng.random(num) < n_top / num).astype(np.int64)
+        """Series indices of step ``step`` of pass ``epoch`` (int64, possibly empty for Poisson), drawn by the spec's
+        top-level object (:meth:`~lightning_dpts.privacy.mechanisms.TopLevelScheme.draw_series`)."""
+        return self._draw_series(self, epoch, step, rng)
 
     @property
     def b_min_sep_sampling_prob(self) -> float:
@@ -342,20 +337,9 @@ class StructuredSampler(IterableDataset):
 
     # -- bottom level ------------------------------------------------------------------------------------
     def bottom_level(self, series: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(row, start) pairs of the windows sampled from ``series`` (0-based starts in ``[0, T_n)``)."""
-        lam = self.spec.instances_per_series
-        t = self._t[series]
-        if self.spec.bottom_level == "with_replacement":
-            rows = np.repeat(series, lam)
-            starts = rng.integers(0, np.repeat(t, lam))
-            return rows, starts.astype(np.int64)
-        if len(series) == 0:
-            return series, series.copy()
-        rate = np.minimum(1.0, lam / t)
-        grid = np.arange(int(t.max()))
-        mask = (rng.random((len(series), len(grid))) < rate[:, None]) & (grid[None, :] < t[:, None])
-        which, starts = np.nonzero(mask)
-        return series[which], starts.astype(np.int64)
+        """(row, start) pairs of the windows sampled from ``series`` (0-based starts in ``[0, T_n)``), drawn by the
+        spec's bottom-level object (:meth:`~lightning_dpts.privacy.mechanisms.BottomLevelScheme.draw_windows`)."""
+        return self._draw_windows(series, self._t[series], self.spec.instances_per_series, rng)
 
     def sample_indices(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
         """(rows, starts, generator) of one step; the generator continues with the augmentation noise."""

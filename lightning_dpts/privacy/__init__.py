@@ -1,6 +1,7 @@
 """Privacy accounting for structured subsampling (pure numpy/scipy/dp-accounting; no torch or Lightning).
 
-Start with :class:`SamplingSpec` (what the data pipeline does) and :class:`StructuredSubsamplingAccountant`
+Start with :class:`SamplingSpec` (what the data pipeline does; its levels are the mechanism objects of
+:mod:`~lightning_dpts.privacy.mechanisms`) and :class:`StructuredSubsamplingAccountant`
 (what it costs). :mod:`~lightning_dpts.privacy.profiles` holds one function per theorem of the paper and
 :func:`~lightning_dpts.privacy.bounds.select_profile` maps a configuration to its theorem.
 """
@@ -12,6 +13,8 @@ from lightning_dpts.privacy.accountant import (
     calibrate_noise_multiplier,
 )
 from lightning_dpts.privacy.bounds import augmentation_leak_probability, naive_dpsgd_profile, select_profile
+from lightning_dpts.privacy.mechanisms import *  # noqa: F403  (the mechanism objects and their registry)
+from lightning_dpts.privacy.mechanisms import __all__ as _MECHANISMS
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.privacy.pld import DEFAULT_DISCRETIZATION, DEFAULT_TAIL_MASS, pld_from_profile
 from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
@@ -37,4 +40,5 @@ __all__ = [
     "naive_dpsgd_profile",
     "pld_from_profile",
     "select_profile",
+    *_MECHANISMS,
 ]

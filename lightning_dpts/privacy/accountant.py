@@ -16,9 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
 from lightning_dpts.privacy.bounds import BOUNDS, naive_dpsgd_profile, select_profile
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
@@ -363,9 +362,9 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
     ) -> None:
         if not isinstance(spec, SamplingSpec):
             raise ConfigurationError("spec", spec, "must be a lightning_dpts.privacy.SamplingSpec")
-        if spec.top_level == "b_min_sep":
+        if spec.top_level_scheme.needs_monte_carlo:
             raise ConfigurationError(
-                "spec.top_level", "b_min_sep",
+                "spec.top_level", spec.top_level,
                 "is not covered by the structured (PLD) accountant: b-min-sep sampling is accounted by the Monte "
                 "Carlo accountant, lightning_dpts.privacy.montecarlo.MonteCarloAccountant (AccountantCallback builds "
                 "it for you; docs/bandmf.md)",

@@ -140,7 +140,7 @@ def select_profile(spec: SamplingSpec, noise_multiplier: float, bound: str = "up
         profile = _single_length_profile(spec.at_length(best), sigma, bound)
         return _relabel(profile, f"{profile.theorem}, max over {count} series lengths (L={best} decides)",
                         profile.kind)
-    if spec.bottom_level == "with_replacement":
+    if spec.bottom_level_scheme.shortest_series_decides:
         profile = _single_length_profile(spec.at_length(spec.min_length), sigma, bound)
         return _relabel(profile, f"{profile.theorem}, max over {count} series lengths (the shortest decides)",
                         profile.kind)
@@ -165,10 +165,8 @@ def _poisson_members(spec: SamplingSpec) -> list[tuple[int, int, float]]:
 
 
 def _poisson_unit_profile(spec: SamplingSpec, k: int, r: float, sigma: float, bound: str) -> PrivacyProfile:
-    if spec.accounts_per_epoch:
-        return profiles.theorem_e_8(k, r, sigma)
-    rho = spec.top_level_rate
-    return profiles.theorem_f_2(rho, k, r, sigma) if bound == "upper" else profiles.theorem_f_8(rho, k, r, sigma)
+    """The member of one series length (k windows per unit, rate r) under the spec's top level."""
+    return spec.top_level_scheme.unit_profile(spec, sigma, bound, k=k, r=r)
 
 
 def _poisson_max_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
@@ -206,41 +204,15 @@ def _poisson_max_profile(spec: SamplingSpec, sigma: float, bound: str) -> Privac
 
 def _single_length_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
     """The profile when every series has ``spec.min_length`` steps (the table of PRIVACY-NOTES.md)."""
-    lam = spec.instances_per_series
-    r = spec.bottom_level_rate
-    k = spec.windows_per_unit
-
     if spec.has_augmentation:
         return _augmented_profile(spec, sigma, bound)
-
-    if spec.accounts_per_epoch:
-        if spec.bottom_level == "poisson":
-            return profiles.theorem_e_8(k, r, sigma)  # tight: upper == lower
-        if lam == 1:
-            return profiles.theorem_4_2(r, sigma)  # tight
-        return profiles.theorem_e_1(lam, r, sigma) if bound == "upper" else profiles.theorem_4_3(lam, r, sigma)
-
-    rho = spec.top_level_rate
-    if bound == "lower" and spec.top_level == "poisson":
-        raise ConfigurationError(
-            "bound",
-            bound,
-            "the paper proves optimistic lower bounds (Theorems F.7, F.8) for top_level='without_replacement' "
-            "only; use bound='upper' with top_level='poisson'",
-        )
-    if spec.bottom_level == "poisson":
-        return profiles.theorem_f_2(rho, k, r, sigma) if bound == "upper" else profiles.theorem_f_8(rho, k, r, sigma)
-    if lam == 1:
-        profile = profiles.theorem_4_4(rho, r, sigma)
-        if spec.top_level == "poisson":  # sound via Lemma F.3, tightness not claimed
-            profile = dataclasses.replace(profile, theorem="Theorem 4.4 (Poisson top level)", kind="upper")
-        return profile
-    return profiles.theorem_f_1(rho, lam, r, sigma) if bound == "upper" else profiles.theorem_f_7(rho, lam, r, sigma)
+    # the top level picks the composition unit (epoch: Appendix E; step: Appendix F), the bottom level the theorem
+    return spec.top_level_scheme.unit_profile(spec, sigma, bound)
 
 
 def _augmented_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
     """Theorem G.1 (and its Appendix I extensions); every other augmented configuration is an error."""
-    if spec.top_level not in ("without_replacement", "poisson"):
+    if not spec.top_level_scheme.supports_augmentation:
         raise ConfigurationError(
             "top_level",
             spec.top_level,
@@ -248,7 +220,7 @@ def _augmented_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyP
             "'without_replacement' (and, via Lemma F.3, 'poisson'); set context_noise = forecast_noise = 0 "
             "to account iteration/shuffling without it",
         )
-    if spec.bottom_level != "with_replacement":
+    if not spec.bottom_level_scheme.supports_augmentation:
         raise ConfigurationError(
             "bottom_level",
             spec.bottom_level,

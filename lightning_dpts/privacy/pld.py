@@ -7,8 +7,8 @@ eps_max is the smallest grid point with H(e^eps_max) <= tail_mass_truncation; th
 +infinity (pessimistic); :func:`_connect_the_dots` repairs the round-off of the resulting probabilities
 soundly. Composition (:class:`Composition`: tilted FFT, Chernoff range, explicit round-off bound) and the
 (eps, delta) read-outs (:func:`epsilon_from_pld`, :func:`delta_from_pld`) are ours, on a *symmetric*
-dp_accounting PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes; this module is the one place
-that reads dp_accounting's private pmf attributes (:func:`_dense_pmf`).
+dp_accounting PrivacyLossDistribution (one pmf), per trap 1 of the privacy notes; what they need of dp_accounting's
+internals (the dense pmf, building a pmf) is in the adapter :mod:`lightning_dpts.privacy._dp_accounting`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
+from lightning_dpts.privacy._dp_accounting import (
+    PrivacyLossDistribution,
+    connect_dots_pld,
+    dense_pmf,
+    self_convolve_bounds,
+    symmetric_pld,
+)
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
@@ -143,10 +148,10 @@ def pld_from_profile(
     deltas = np.clip(np.concatenate([lower, upper]), 0.0, 1.0)
     # A profile is non-increasing; remove rounding-level wiggles pessimistically (raise, never lower).
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
-    return PrivacyLossDistribution(_connect_the_dots(discretization, -n_hi, n_hi, deltas))
+    return _connect_the_dots(discretization, -n_hi, n_hi, deltas)
 
 
-def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray) -> pld_pmf.PLDPmf:
+def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray) -> PrivacyLossDistribution:
     """The pessimistic connect-the-dots pmf (Doroshenko et al. 2022; Lemma D.16) of non-increasing ``deltas`` =
     H(e^eps) at eps = j * ``spacing``, j = ``lower`` .. ``upper``, with a sound repair of round-off.
 
@@ -160,7 +165,7 @@ def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray
     excess mass falls about 100-fold.
     """
     if upper == lower:
-        return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(spacing, lower, upper, deltas)
+        return connect_dots_pld(spacing, lower, upper, deltas)
     deltas = np.minimum.accumulate(np.asarray(deltas, dtype=np.float64))
     diffs = np.diff(deltas)
     probs = np.empty_like(deltas)
@@ -170,21 +175,11 @@ def _connect_the_dots(spacing: float, lower: int, upper: int, deltas: np.ndarray
     suffix = np.cumsum(probs[::-1])[::-1]
     repaired = np.maximum(np.maximum.accumulate(suffix[::-1])[::-1], 0.0)
     probs = repaired - np.concatenate([repaired[1:], [0.0]])
-    return pld_pmf.DensePLDPmf(spacing, lower, probs, float(deltas[-1]), True)
+    return symmetric_pld(spacing, lower, probs, float(deltas[-1]))
 
 
-def _dense_pmf(pld: PrivacyLossDistribution) -> tuple[float, int, np.ndarray, float]:
-    """(grid spacing h, index of the lowest loss, probabilities, mass at +infinity) of a symmetric PLD."""
-    pmf = pld._pmf_remove
-    if isinstance(pmf, pld_pmf.SparsePLDPmf):  # small pmfs: {loss index: probability}
-        items = pmf._loss_probs
-        lower = min(items) if items else 0
-        probs = np.zeros((max(items) - lower + 1) if items else 1)
-        for index, prob in items.items():
-            probs[index - lower] += prob
-        return float(pmf._discretization), int(lower), probs, float(pmf._infinity_mass)
-    return float(pmf._discretization), int(pmf._lower_loss), np.asarray(pmf._probs, dtype=np.float64), float(
-        pmf._infinity_mass)
+#: (grid spacing, lowest loss index, probabilities, mass at +infinity) of a symmetric PLD (the adapter's reader).
+_dense_pmf = dense_pmf
 
 
 def composed_size(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float) -> int:
@@ -192,13 +187,11 @@ def composed_size(pld: PrivacyLossDistribution, num_times: int, tail_mass_trunca
 
     Uses dp_accounting's own Chernoff truncation bounds, so the estimate is the size it will allocate.
     """
-    from dp_accounting.pld import common
-
     _, _, probs, _ = _dense_pmf(pld)
     if num_times <= 1:
         return probs.size
-    lower, upper = common.compute_self_convolve_bounds(probs, num_times, tail_mass_truncation)
-    return max(int(upper) - int(lower) + 1, probs.size)
+    lower, upper = self_convolve_bounds(probs, num_times, tail_mass_truncation)
+    return max(upper - lower + 1, probs.size)
 
 
 def delta_from_pld(pld: PrivacyLossDistribution, epsilon: float) -> float:
@@ -412,8 +405,7 @@ class Composition:
             factor = np.exp(np.minimum(n * self.log_z - self.tilt * index * self.h, 700.0))
         out = np.minimum((np.maximum(values, 0.0) + error) * factor, 1.0)
         composed_inf = -math.expm1(n * math.log1p(-self.inf_mass)) + self.tail
-        pmf = pld_pmf.DensePLDPmf(self.h, lo_index, out, min(1.0, composed_inf), True)
-        return PrivacyLossDistribution(pmf)
+        return symmetric_pld(self.h, lo_index, out, min(1.0, composed_inf))
 
 
 def compose(pld: PrivacyLossDistribution, num_times: int, tail_mass_truncation: float, tilt: float = 0.0,

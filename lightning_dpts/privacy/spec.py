@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy._validate import require_choice as _require_choice
+from lightning_dpts.privacy._validate import require_int as _require_int
+from lightning_dpts.privacy._validate import require_nonnegative_float as _require_nonnegative_float
+from lightning_dpts.privacy.mechanisms import (
+    BOTTOM_LEVEL_SCHEMES,
+    TOP_LEVEL_SCHEMES,
+    BottomLevelScheme,
+    TopLevelScheme,
+)
 
 __all__ = [
     "TOP_LEVELS",
@@ -30,32 +39,13 @@ TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson", "
 BottomLevel = Literal["with_replacement", "poisson"]
 Level = Literal["event", "user"]
 
-TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling", "without_replacement", "poisson", "b_min_sep")
-BOTTOM_LEVELS: tuple[str, ...] = ("with_replacement", "poisson")
+#: Names of the top-level schemes (the registry of :mod:`~lightning_dpts.privacy.mechanisms`).
+TOP_LEVELS: tuple[str, ...] = tuple(TOP_LEVEL_SCHEMES)
+#: Names of the bottom-level schemes.
+BOTTOM_LEVELS: tuple[str, ...] = tuple(BOTTOM_LEVEL_SCHEMES)
 LEVELS: tuple[str, ...] = ("event", "user")
-EPOCH_LEVEL_TOP_LEVELS: tuple[str, ...] = ("iteration", "shuffling")
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
-    if value < minimum:
-        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
-    return value
-
-
-def _require_nonnegative_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(name, value, "must be a finite number >= 0")
-    if not math.isfinite(float(value)) or value < 0:
-        raise ConfigurationError(name, value, "must be a finite number >= 0")
-    return float(value)
-
-
-def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigurationError(name, value, f"must be one of {', '.join(repr(c) for c in choices)}")
-    return str(value)
+#: Names of the top levels accounted per epoch (derived from the objects' ``accounts_per_epoch``).
+EPOCH_LEVEL_TOP_LEVELS: tuple[str, ...] = tuple(n for n, c in TOP_LEVEL_SCHEMES.items() if c.accounts_per_epoch)
 
 
 @dataclass(frozen=True)
@@ -137,11 +127,15 @@ class SamplingSpec:
         batch_size: Lambda, the (expected) number of windows per batch.
         instances_per_series: lambda, the (expected) number of windows per sampled series. Must divide
             ``batch_size``; the top-level sample holds N' = Lambda / lambda series.
-        top_level: ``"iteration"`` (Algorithm 3), ``"shuffling"`` (Algorithm 3 over a fresh random
-            permutation each epoch), ``"without_replacement"`` (Algorithm 5, a fresh sample of N' series
-            every step) or ``"poisson"`` (each series independently with rate N'/N every step).
-        bottom_level: ``"with_replacement"`` (Algorithm 4, lambda uniform start positions) or ``"poisson"``
-            (Algorithm 6, each start position with rate min(1, lambda/T)).
+        top_level: a top-level object of :mod:`~lightning_dpts.privacy.mechanisms` or its name:
+            ``"iteration"`` (Algorithm 3), ``"shuffling"`` (Algorithm 3 over a fresh random permutation each
+            epoch), ``"without_replacement"`` (Algorithm 5, a fresh sample of N' series every step), ``"poisson"``
+            (each series independently with rate N'/N every step) or ``"b_min_sep"``. Stored as the *name* (the
+            ``repr`` is written to privacy ledgers); :attr:`top_level_scheme` is the object. An object with
+            ``bands`` (:class:`~lightning_dpts.privacy.mechanisms.BMinSep`) sets ``bands``.
+        bottom_level: a bottom-level object or its name: ``"with_replacement"`` (Algorithm 4, lambda uniform
+            start positions) or ``"poisson"`` (Algorithm 6, each start position with rate min(1, lambda/T)).
+            Stored as the name; :attr:`bottom_level_scheme` is the object.
         relation: the neighbouring relation (unit of privacy).
         context_noise: sigma_C >= 0; the past target of every sampled window gets Gaussian noise with std
             ``context_noise * relation.value_bound`` (Eq. 1).
@@ -156,8 +150,8 @@ class SamplingSpec:
     prediction_length: int
     batch_size: int
     instances_per_series: int = 1
-    top_level: TopLevel = "without_replacement"
-    bottom_level: BottomLevel = "with_replacement"
+    top_level: TopLevel | TopLevelScheme = "without_replacement"
+    bottom_level: BottomLevel | BottomLevelScheme = "with_replacement"
     relation: NeighbouringRelation = field(default_factory=NeighbouringRelation)
     context_noise: float = 0.0
     forecast_noise: float = 0.0
@@ -165,18 +159,19 @@ class SamplingSpec:
     bands: int = 1
 
     def __post_init__(self) -> None:
+        self._accept_objects()
         _require_int("num_series", self.num_series, 1)
         _require_int("context_length", self.context_length, 1)
         _require_int("prediction_length", self.prediction_length, 1)
         _require_int("min_length", self.min_length, 1)
         _require_int("batch_size", self.batch_size, 1)
         _require_int("instances_per_series", self.instances_per_series, 1)
-        _require_choice("top_level", self.top_level, TOP_LEVELS)
-        _require_choice("bottom_level", self.bottom_level, BOTTOM_LEVELS)
+        top_class = TOP_LEVEL_SCHEMES[_require_choice("top_level", self.top_level, TOP_LEVELS)]
+        bottom_class = BOTTOM_LEVEL_SCHEMES[_require_choice("bottom_level", self.bottom_level, BOTTOM_LEVELS)]
         _require_nonnegative_float("context_noise", self.context_noise)
         _require_nonnegative_float("forecast_noise", self.forecast_noise)
         _require_int("bands", self.bands, 1)
-        if self.bands != 1 and self.top_level != "b_min_sep":
+        if self.bands != 1 and not top_class.separates_participations:
             raise ConfigurationError("bands", self.bands, "must be 1 unless top_level='b_min_sep'")
         if not isinstance(self.relation, NeighbouringRelation):
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
@@ -209,20 +204,41 @@ class SamplingSpec:
                 f"batch_size/instances_per_series = {self.top_sample_size} series per step exceeds "
                 f"num_series={self.num_series}; lower batch_size or raise instances_per_series",
             )
-        if self.top_level == "b_min_sep" and self.top_sample_size * self.bands > self.num_series:
-            raise ConfigurationError(
-                "batch_size",
-                self.batch_size,
-                f"b_min_sep with bands={self.bands} can sample at most num_series/bands = "
-                f"{self.num_series / self.bands:g} series per step on average (N'/N <= 1/b), but "
-                f"batch_size/instances_per_series = {self.top_sample_size}; lower batch_size or bands",
-            )
+        # the objects, kept out of the fields (and so out of repr, ==, hash and the ledger's spec repr)
+        object.__setattr__(self, "_bottom_scheme", bottom_class())
+        object.__setattr__(self, "_top_scheme", top_class.for_spec(self))
+        self.top_level_scheme.check_spec(self)
         if self.has_augmentation and self.relation.value_bound is None:
             raise ConfigurationError(
                 "relation.value_bound",
                 None,
                 "context_noise/forecast_noise are multiples of the value bound v (Eq. 1); set a value bound",
             )
+
+    def _accept_objects(self) -> None:
+        """Store mechanism objects given for ``top_level``/``bottom_level`` by name (one conversion, here)."""
+        top = self.top_level
+        if isinstance(top, TopLevelScheme):
+            if top.min_separation != 1:
+                if self.bands not in (1, top.min_separation):
+                    raise ConfigurationError(
+                        "bands", self.bands, f"must equal the top level's bands={top.min_separation} (or be left at 1)")
+                object.__setattr__(self, "bands", top.min_separation)
+            object.__setattr__(self, "top_level", top.name)
+        if isinstance(self.bottom_level, BottomLevelScheme):
+            object.__setattr__(self, "bottom_level", self.bottom_level.name)
+
+    @property
+    def top_level_scheme(self) -> TopLevelScheme:
+        """The top-level object (:mod:`~lightning_dpts.privacy.mechanisms`): read its capability properties
+        (``accounts_per_epoch``, ``needs_monte_carlo``, ``separates_participations``, ...) instead of comparing
+        :attr:`top_level` with names."""
+        return self._top_scheme  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def bottom_level_scheme(self) -> BottomLevelScheme:
+        """The bottom-level object (:mod:`~lightning_dpts.privacy.mechanisms`)."""
+        return self._bottom_scheme  # type: ignore[attr-defined, no-any-return]
 
     def _normalise_lengths(self, lengths: object) -> tuple[int, ...] | None:
         try:
@@ -267,7 +283,7 @@ class SamplingSpec:
 
         (docs/privacy.md, "Series of different lengths".) The range is finite; as L -> infinity r = k/T -> 0.
         """
-        if self.bottom_level == "with_replacement" and not self.has_augmentation:
+        if self.bottom_level_scheme.shortest_series_decides and not self.has_augmentation:
             return (self.min_length,)
         first = self.num_start_positions
         k_max = self.relation.windows_containing(self.window_length, 2**62)
@@ -319,9 +335,7 @@ class SamplingSpec:
 
         Poisson: min(1, lambda/T), the inclusion rate of every start position (Algorithm 6).
         """
-        if self.bottom_level == "with_replacement":
-            return self.windows_per_unit / self.num_start_positions
-        return min(1.0, self.instances_per_series / self.num_start_positions)
+        return self.bottom_level_scheme.rate(self)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -341,7 +355,7 @@ class SamplingSpec:
     @property
     def accounts_per_epoch(self) -> bool:
         """Iteration/shuffling are accounted per epoch (Lemma E.2), sampling top levels per step."""
-        return self.top_level in EPOCH_LEVEL_TOP_LEVELS
+        return self.top_level_scheme.accounts_per_epoch
 
     def compositions(self, steps: int) -> int:
         """Number of mechanism compositions after ``steps`` optimizer steps.

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import numpy as np
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import stats
 from scipy.special import log_ndtr
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
 from lightning_dpts.privacy.accountant import ProfileAccountant
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
