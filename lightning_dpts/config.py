@@ -122,7 +122,7 @@ class FitConfig:
         overwrite: allow a non-empty ``output_dir`` and first remove the files of the earlier run there (only the
             files that run listed in its journal; a directory holding other files is refused).
         seed: ``None`` (default): sampling, initialisation and noise come from fresh, secret operating-system
-            entropy (PRIVACY-NOTES trap 7), so two runs differ. An integer >= 0 makes the run reproducible for
+            entropy (docs/privacy.md, rule 7), so two runs differ. An integer >= 0 makes the run reproducible for
             experiments only: its guarantee does not hold against anyone who knows the seed, and the log, the
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'

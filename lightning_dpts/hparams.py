@@ -9,8 +9,8 @@ that hold them (the sampling spec, the accountant, the strategy) - nothing is ty
 ``"dp"`` (TensorBoard and MLflow flatten it to ``dp/noise_multiplier`` etc.; CSVLogger writes it to
 ``hparams.yaml``).
 
-Only settings are recorded, never randomness: no seed, generator state or entropy value ever appears (PRIVACY-NOTES
-trap 7). Whether the run was seeded (its guarantee then does not hold against anyone who knows the seed) and
+Only settings are recorded, never randomness: no seed, generator state or entropy value ever appears (docs/privacy.md,
+rule 7). Whether the run was seeded (its guarantee then does not hold against anyone who knows the seed) and
 whether secure-mode noise was used are recorded when the strategy exposes them.
 """
 

@@ -3,7 +3,7 @@
 ``dpts privacy epsilon|steps|noise`` accounts a :class:`~lightning_dpts.privacy.SamplingSpec`. Typed by hand, two
 of its numbers are easy to get wrong: N and L, the length of the shortest *training* part (after the held-out
 test windows; Appendix I.1 - using whole series lengths was 7% too optimistic in one trial), and L_C, which must
-include every lag the model reads (PRIVACY-NOTES trap 3). With ``--data PATH`` the spec is instead the
+include every lag the model reads (docs/privacy.md, rule 3). With ``--data PATH`` the spec is instead the
 ``sampling_spec`` of the very :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` that ``dpts fit``
 builds for the same options (data file and columns, ``--model``, ``--context-length``, ``--prediction-length``,
 ``--batch-size``, ``--instances-per-series``, sampling levels, relation, augmentation; unset options take

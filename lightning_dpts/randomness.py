@@ -1,4 +1,4 @@
-"""Secret, fresh randomness for every draw that protects privacy (PRIVACY-NOTES trap 7).
+"""Secret, fresh randomness for every draw that protects privacy (docs/privacy.md, rule 7).
 
 Every bound this package reports assumes the adversary knows the code, the configuration and every artifact a
 run writes (checkpoints, logs, reports, plots), but *not* the randomness of the batch sampling, the gradient

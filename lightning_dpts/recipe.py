@@ -16,7 +16,7 @@ The choices (docs/recipe.md has the measurements behind the constants):
 * **past window** P = 2m for season length m > 1 (seasonal naive's value plus a season-over-season drift), else
   2H; capped so that one window P + H is at most :data:`MAX_WINDOW_FRACTION` of the shortest kept training
   part (Theorem 4.4's bottom-level rate r = (P + H) / T; above ~1/4 window subsampling amplifies little).
-  The model reads no lag beyond P, so P is the whole L_C the accountant counts (PRIVACY-NOTES trap 3).
+  The model reads no lag beyond P, so P is the whole L_C the accountant counts (docs/privacy.md, rule 3).
 * **short series**: the shortest training series decides the bound (Appendix I.1). Leaving out the shortest
   series raises T for all others; the recipe leaves out at most :data:`MAX_DROPPED_FRACTION` of the series,
   and only if that multiplies the effective dataset size N/r (N series over the fraction r of a series one

@@ -103,7 +103,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         context_noise: sigma_C >= 0, past-window noise std in units of ``relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0, future-window noise std in units of ``relation.value_bound`` (Eq. 1).
         seed: ``None`` (default): the sampling and augmentation randomness comes from fresh, secret
-            operating-system entropy (PRIVACY-NOTES trap 7; the reported epsilon assumes the batches are
+            operating-system entropy (docs/privacy.md, rule 7; the reported epsilon assumes the batches are
             secret). An integer >= 0 makes the batches a public function of it - for experiments and tests
             only: a warning with :data:`~lightning_dpts.randomness.SEEDED_NOTICE` is issued, and the guarantee
             does not hold against anyone who knows the seed. The seed is never written to a checkpoint.
@@ -113,7 +113,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             the batch fields and shapes; its past length (DeepAR: ``context_length + max(lags_seq)``) becomes
             ``past_length``.
         past_length: P, the past window actually gathered: ``context_length`` plus every lag the model
-            reads (PRIVACY-NOTES trap 3). Defaults to the model's past length or ``context_length``.
+            reads (docs/privacy.md, rule 3). Defaults to the model's past length or ``context_length``.
         freq: pandas frequency string, needed for time features when the input has no time stamps.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end (>= 0).
         val_windows: number of validation windows before the test windows (>= 0). Default 0: validation
@@ -515,7 +515,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         """``{"passes_started": k}``, saved in Lightning checkpoints.
 
         Only the number of training passes started: nothing that reproduces the sampling (no seed, no generator
-        state; PRIVACY-NOTES trap 7). The privacy ledger (steps and epochs accounted) is kept by
+        state; docs/privacy.md, rule 7). The privacy ledger (steps and epochs accounted) is kept by
         :class:`~lightning_dpts.training.DPForecastStrategy`, not here.
         """
         return {"passes_started": int(self._sampler.passes_started)}

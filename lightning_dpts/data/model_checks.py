@@ -1,7 +1,7 @@
 """Checks that a model reads only what the datamodule gathers (and the accountant counts).
 
 The accountant's bottom-level rate (Theorem 4.4, r = (L_C + L_F) / T) is computed from the past window the
-datamodule gathers, ``past_length`` = context plus every lag (PRIVACY-NOTES trap 3). A model that reads
+datamodule gathers, ``past_length`` = context plus every lag (docs/privacy.md, rule 3). A model that reads
 further back than that cannot run on the batches (GluonTS fails deep inside with "lags cannot go further
 than prior sequence length"), and the fix is always the same: build the datamodule with ``model=`` so that it
 gathers, and accounts for, the window the model reads.
@@ -67,7 +67,7 @@ def lag_amplification_warning(spec: Any, context_length: int) -> str | None:
     """Why the lags cost privacy, when they make one window span every window start of the shortest series.
 
     Theorem 4.4's bottom-level rate (with replacement) is r = min(1, (L_C + L_F) / T), with L_C the past window
-    *including* every lag (PRIVACY-NOTES trap 3). Once that window reaches the T window starts of the shortest
+    *including* every lag (docs/privacy.md, rule 3). Once that window reaches the T window starts of the shortest
     training series, r = 1: every window holds the protected step and window subsampling amplifies (almost)
     nothing. Returns ``None`` when the past window ``spec.context_length`` adds no lags to ``context_length`` or
     the lags are not what makes r = 1.

@@ -3,7 +3,7 @@
 All series live in one zero-padded array; a window is gathered with index arithmetic, so a whole batch is a
 handful of numpy calls regardless of its size. Randomness is owned by :class:`StructuredSampler`: it derives
 from the run's secret :class:`~lightning_dpts.randomness.Entropy` (fresh operating-system entropy unless an
-explicit seed was given; PRIVACY-NOTES trap 7) and the stream key ``(pass, step)``, so batches are identical
+explicit seed was given; docs/privacy.md, rule 7) and the stream key ``(pass, step)``, so batches are identical
 for any number of DataLoader workers, and every iteration of a training loader claims a pass that was never
 used before (nothing is replayed, not by a second Trainer nor by a resume).
 
@@ -189,7 +189,7 @@ class StructuredSampler(IterableDataset):
     * augmentation (Eq. 1): i.i.d. Gaussian noise with std ``context_noise * v`` on the whole past window and
       ``forecast_noise * v`` on the whole future window of every sampled window, drawn fresh every time.
 
-    Randomness (PRIVACY-NOTES trap 7): every draw comes from the secret ``entropy``
+    Randomness (docs/privacy.md, rule 7): every draw comes from the secret ``entropy``
     (:func:`~lightning_dpts.randomness.numpy_generator` with stream ``(pass, 1, step)``; the per-pass
     permutation of ``shuffling`` uses ``(pass, 0)``); nothing depends on data values (trap 5). A *pass* is
     one iteration of a training loader: :meth:`claim_pass` hands out pass numbers that were never used by this

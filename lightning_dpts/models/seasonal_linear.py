@@ -7,7 +7,7 @@ a usable model: at initialisation it *is* seasonal naive (with a probabilistic s
 weights that multiply small, centred features cannot move it far.
 
 The model, per window (every quantity is computed from that window alone, so windows stay independent;
-PRIVACY-NOTES trap 8). ``P`` is the past window (``context_length``; the model reads nothing older, so ``P`` is
+docs/privacy.md, rule 8). ``P`` is the past window (``context_length``; the model reads nothing older, so ``P`` is
 the whole L_C the accountant counts, trap 3), ``m`` the season length, ``H`` the horizon, ``q = floor(P / 2)``:
 
 1. mean scaling: ``s = mean |x_t|`` over the observed past values (1 when none is observed), ``z = x / s``;

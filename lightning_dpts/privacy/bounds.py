@@ -1,4 +1,4 @@
-"""Which theorem accounts for which configuration: the table of ``PRIVACY-NOTES.md`` as code.
+"""Which theorem accounts for which configuration: the table of docs/privacy.md of that name, as code.
 
 :func:`select_profile` maps a :class:`~lightning_dpts.privacy.spec.SamplingSpec`, a noise multiplier and the
 requested bound (``"upper"`` or ``"lower"``) to the privacy profile of **one composition unit** (an epoch
@@ -203,7 +203,7 @@ def _poisson_max_profile(spec: SamplingSpec, sigma: float, bound: str) -> Privac
 
 
 def _single_length_profile(spec: SamplingSpec, sigma: float, bound: str) -> PrivacyProfile:
-    """The profile when every series has ``spec.min_length`` steps (the table of PRIVACY-NOTES.md)."""
+    """The profile when every series has ``spec.min_length`` steps (docs/privacy.md's theorem table)."""
     if spec.has_augmentation:
         return _augmented_profile(spec, sigma, bound)
     # the top level picks the composition unit (epoch: Appendix E; step: Appendix F), the bottom level the theorem

@@ -26,7 +26,7 @@ the output only with probability r (independently), and ``sensitivity`` s scales
 per-participation likelihood ratio ``exp(L_i)`` by ``(1 - r) + r exp(L_i)``. The recursion is exact for that pair
 (P, Q) for every b. **Scope:** (P, Q) is a dominating pair for add/remove of the unit whose contribution is the
 shift; under the forecasting paper's *substitution* relations the per-step worst case may switch direction
-between steps (PRIVACY-NOTES trap 1), and max(H(P||Q), H(Q||P)) is then *not* proven to bound the mechanism (at
+between steps (docs/privacy.md, rule 1), and max(H(P||Q), H(Q||P)) is then *not* proven to bound the mechanism (at
 b = 1 it is below the switching-profile bound the package's accountant composes). :class:`MonteCarloAccountant`
 therefore refuses ``leak_probability < 1`` unless ``fixed_direction=True`` is given explicitly (analysis and
 research use); nothing in the package turns such a number into a training guarantee.

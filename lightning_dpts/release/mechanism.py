@@ -10,7 +10,7 @@ Entry points:
 * :func:`privatize_dataset` / :func:`release_forecasts` -- a whole GluonTS-style dataset (iterable of dicts
   with ``"target"`` and ``"start"``), before a GluonTS predictor.
 
-Randomness (issue 9; PRIVACY-NOTES trap 7): the sampled steps J may be published, but the Gaussian noise must
+Randomness (issue 9; docs/privacy.md, rule 7): the sampled steps J may be published, but the Gaussian noise must
 stay secret, and a mask or noise reused by two releases turns their difference into the noise-free difference
 of the private series. Every draw therefore comes from :mod:`lightning_dpts.randomness`: by default fresh
 operating-system entropy on every call (two default releases never share mask or noise); an explicit ``seed``

@@ -50,7 +50,7 @@ def check_trainer(trainer: L.Trainer) -> None:
                 "trial steps run with every other callback removed, so they train on the private data without "
                 "per-window clipping or noise and are not accounted, and it then restores a checkpoint that "
                 "rewinds the privacy ledger; the learning rate it suggests is chosen from those noiseless "
-                "training losses (PRIVACY-NOTES trap 5). Tune on public or synthetic data without "
+                "training losses (docs/privacy.md, rule 5). Tune on public or synthetic data without "
                 "DPForecastStrategy, then pass the values to the DP fit",
             )
     if trainer.gradient_clip_val not in (None, 0, 0.0):
@@ -110,7 +110,7 @@ def check_distributed(trainer: L.Trainer, noise_kind: str, world_size: int) -> N
         raise ConfigurationError(
             "sync_batchnorm", True,
             f"must be False: SyncBatchNorm normalises with statistics of every rank's windows, so one window "
-            f"changes every other window's gradient (PRIVACY-NOTES trap 8) {where}",
+            f"changes every other window's gradient (docs/privacy.md, rule 8) {where}",
         )
     if noise_kind == "bandmf":
         raise ConfigurationError(
@@ -169,7 +169,7 @@ def detach_ddp_averaging(trainer: L.Trainer) -> Any:
             raise ConfigurationError(
                 "model", f"{type(sub).__name__} at '{name}'",
                 "batch normalisation (SyncBatchNorm included) mixes windows across the batch and the ranks "
-                "(PRIVACY-NOTES trap 8); use LayerNorm/GroupNorm",
+                "(docs/privacy.md, rule 8); use LayerNorm/GroupNorm",
             )
     model.require_backward_grad_sync = False
     model.require_forward_param_sync = False

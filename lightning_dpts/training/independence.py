@@ -1,4 +1,4 @@
-"""The independence checks of the fast path (PRIVACY-NOTES trap 8): the probe and the per-step spot check.
+"""The independence checks of the fast path (docs/privacy.md, rule 8): the probe and the per-step spot check.
 
 On ``per_window="fast"``/``"auto"`` a window's gradient comes from one pass over the whole batch, which is that
 window's own gradient only if ``training_step`` keeps windows apart. :class:`IndependenceChecks` (a part of
@@ -155,7 +155,7 @@ class IndependenceChecks:
         raise ConfigurationError(
             "model", type(pl_module).__name__,
             f"forward mixes the windows of a batch: {evidence}. One window then changes the update by more than 2C "
-            "and the privacy analysis does not apply (PRIVACY-NOTES trap 8); no update was made from this step. "
+            "and the privacy analysis does not apply (docs/privacy.md, rule 8); no update was made from this step. "
             f"{self._refusal_advice()}",
         )
 
@@ -289,5 +289,5 @@ class IndependenceChecks:
             f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
             f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
             f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}; most in parameter {param!r}). The step is refused "
-            f"before its update (PRIVACY-NOTES trap 8). {self._refusal_advice()}",
+            f"before its update (docs/privacy.md, rule 8). {self._refusal_advice()}",
         )

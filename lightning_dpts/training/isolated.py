@@ -1,7 +1,7 @@
 """Per-window gradients computed with each window alone (``DPForecastStrategy(per_window="isolated")``).
 
 Algorithm 2's sensitivity argument needs window i's clipped gradient to be a function of window i alone
-(PRIVACY-NOTES trap 8). The fast path (:class:`~lightning_dpts.training.engine.PerWindowClipper`) attributes
+(docs/privacy.md, rule 8). The fast path (:class:`~lightning_dpts.training.engine.PerWindowClipper`) attributes
 the gradient of one pass over the whole batch to its windows, which is window i's own gradient only if the
 module's ``training_step`` keeps windows apart. Here, instead, window i's gradient is the gradient of the
 module's own ``training_step`` on a **batch of one window**: the batch is split into batch-of-one batches (every

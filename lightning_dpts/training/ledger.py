@@ -1,6 +1,6 @@
 """The privacy ledger: every noisy optimizer step a model's weights ever took, travelling with the weights.
 
-One :class:`PrivacyLedger` per model (PRIVACY-NOTES trap 7: "count every noisy step that ever touched the
+One :class:`PrivacyLedger` per model (docs/privacy.md, rule 7: "count every noisy step that ever touched the
 private data"). :class:`~lightning_dpts.training.DPForecastStrategy` is the only writer - it is what takes the
 noisy steps (Algorithm 2) - and :class:`~lightning_dpts.training.AccountantCallback` reads it. It is kept with
 the weights, so that every continuation composes with it:

@@ -1,4 +1,4 @@
-"""Synthetic probe batches and the float tolerance of the window-independence checks (PRIVACY-NOTES trap 8).
+"""Synthetic probe batches and the float tolerance of the window-independence checks (docs/privacy.md, rule 8).
 
 Pure functions on batches, used by :mod:`~lightning_dpts.training.independence`: the probe's batch
 (:func:`synthetic_probe`: the structure of a real batch, synthetic values only), its perturbed copy, the float64

@@ -12,7 +12,7 @@ Opacus ``GradSampleModule`` hooks for every other layer), adds the noise once pe
 g~ into ``p.grad`` in ``on_before_optimizer_step``; the user's optimizer (from their ``configure_optimizers``)
 then takes its step as usual. The clipping factor min(1, C / (||g_i|| + 1e-6)) is Opacus'.
 
-Run-time guarantees (PRIVACY-NOTES traps 7 and 8), checked at every optimizer step, not only at setup:
+Run-time guarantees (docs/privacy.md, rules 7 and 8), checked at every optimizer step, not only at setup:
 
 * the noise is drawn through one :class:`~lightning_dpts.randomness.GaussianNoise` built from fresh
   operating-system entropy at the start of every fit (:meth:`DPForecastStrategy._make_noise`); nothing that
@@ -138,14 +138,14 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         target_delta: delta in (0, 1) to calibrate sigma for.
         epochs: number of epochs (each ``spec.steps_per_epoch`` optimizer steps) to calibrate sigma for.
         seed: ``None`` (default): the noise comes from fresh, secret operating-system entropy drawn at the
-            start of every fit (PRIVACY-NOTES trap 7). An integer >= 0 makes the noise a public function of it,
+            start of every fit (docs/privacy.md, rule 7). An integer >= 0 makes the noise a public function of it,
             for experiments and tests only: **anyone who knows the seed can subtract the noise**; the run then
             warns with :data:`~lightning_dpts.randomness.SEEDED_NOTICE` and the checkpoint metadata says
             ``"seeded": True`` (the seed itself is never written).
         secure_mode: draw the noise from the operating system's CSPRNG with Opacus' floating-point mitigation
             (:class:`~lightning_dpts.randomness.GaussianNoise` ``secure=True``; cost measured by
             ``benchmarks/randomness.py``). Needs ``seed=None``.
-        per_window: how each window's gradient g_i is computed (PRIVACY-NOTES trap 8; docs/training.md).
+        per_window: how each window's gradient g_i is computed (docs/privacy.md, rule 8; docs/training.md).
             ``"isolated"``: from the module's own ``training_step`` on a batch of that window alone
             (:mod:`~lightning_dpts.training.isolated`; vmapped, or one pass per window), so no ``forward`` can mix
             windows: sound by construction, slower. ``"fast"``: from one pass over the whole batch

@@ -1,4 +1,4 @@
-"""The training batches are secret and fresh (PRIVACY-NOTES trap 7), and out-of-range values are rejected.
+"""The training batches are secret and fresh (docs/privacy.md, rule 7), and out-of-range values are rejected.
 
 These tests play the attacker: they know the code, the configuration and everything the datamodule writes
 (its ``state_dict``, which goes into every checkpoint), and try to regenerate the batches. Each would pass on

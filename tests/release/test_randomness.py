@@ -1,4 +1,4 @@
-"""The release API draws secret, fresh randomness by default (issue 9, item 7; PRIVACY-NOTES trap 7).
+"""The release API draws secret, fresh randomness by default (issue 9, item 7; docs/privacy.md, rule 7).
 
 The attacker knows the code, the configuration and the released values, and tries the generators the old
 default derived from ``seed=0``: ``numpy.random.default_rng([0, i, release])`` per series and

@@ -1,4 +1,4 @@
-"""The attacker's view of the vote noise (PRIVACY-NOTES trap 7): two default runs differ and nothing written
+"""The attacker's view of the vote noise (docs/privacy.md, rule 7): two default runs differ and nothing written
 reproduces the noise; a seeded run is attackable (positive control) and says so."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _attack(out: Path, noisy: np.ndarray, std: float) -> bool:
 
 
 def test_attacker_cannot_reproduce_the_vote_noise(tiny_csv: Path, tmp_path: Path) -> None:
-    """Plays the attacker of PRIVACY-NOTES trap 7: knows code, config and every file written.
+    """Plays the attacker of docs/privacy.md, rule 7: knows code, config and every file written.
 
     Positive control: with a seed (which the attacker guesses) the attack recovers the clean histogram, so the
     test would fail if the default drew its noise from a fixed or stored seed.

@@ -59,7 +59,7 @@ def _expected(dm: FakeDataModule, budget: float) -> dict[str, Any]:
     return {
         "noise_multiplier": SIGMA, "max_grad_norm": CLIP, "noise_std": pytest.approx(SIGMA * CLIP),
         "delta": DELTA, "epsilon_budget": budget, "bound": "upper",
-        "theorem": "Theorem 4.4",  # without replacement / with replacement, lambda = 1 (PRIVACY-NOTES table)
+        "theorem": "Theorem 4.4",  # without replacement / with replacement, lambda = 1 (docs/privacy.md, theorem table)
         "composition_unit": "step", "max_steps": 3,
         "num_series": 64, "min_length": 40, "context_length": spec.context_length, "prediction_length": H,
         "batch_size": 8, "instances_per_series": 1, "top_sample_size": 8,

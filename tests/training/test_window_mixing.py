@@ -1,4 +1,4 @@
-"""Forwards that mix the windows of a batch (issue 25, PRIVACY-NOTES traps 8 and 11): refused or made harmless.
+"""Forwards that mix the windows of a batch (issue 25, docs/privacy.md, rules 8 and 11): refused or made harmless.
 
 The attacker's measurement: two fits that differ in one window of the batch (window 3 replaced by large values),
 with the same seeded noise, SGD at learning rate 1 and Lambda = 8, so that Lambda * (theta_a - theta_b) is the
