@@ -35,6 +35,7 @@ from lightning_dpts.privacy import (
     StructuredSubsamplingAccountant,
     calibrate_noise_multiplier,
 )
+from lightning_dpts.privacy._dp_accounting import dense_pmf
 from lightning_dpts.privacy.pld import grid_spacing, profile_support_bound
 
 DELTA = 1e-7
@@ -172,8 +173,10 @@ def main() -> None:
         base, t_base = timed(lambda acc=acc: baseline_unit_pld(acc))
         eps = acc.epsilon(10_000, DELTA)
         eps_base = base.self_compose(acc.compositions(10_000)).get_epsilon_for_delta(DELTA)
-        assert abs(eps - eps_base) <= 1e-6 * max(1.0, eps), (eps, eps_base)
-        print(f"{name:44} {acc.theorem[:16]:16} {unit._pmf_remove.size:>7} {t_ours:>8.3f} {t_base:>10.2f} "
+        # ours composes on a grid chosen for the count (issue 26), the baseline on the unit's grid: both are upper
+        # bounds of the same profile, within the grid error (0.5%) of each other
+        assert abs(eps - eps_base) <= 5e-3 * max(1.0, eps_base), (eps, eps_base)
+        print(f"{name:44} {acc.theorem[:16]:16} {dense_pmf(unit)[2].size:>7} {t_ours:>8.3f} {t_base:>10.2f} "
               f"{t_base / t_ours:>6.0f}x {eps:>9.4f}")
     print(f"   slowest per-unit PLD build: {worst_build:.3f} s (target < 0.5 s): "
           f"{'PASS' if worst_build < 0.5 else 'FAIL'}\n")
