@@ -44,7 +44,8 @@ _OPTION_NAMES = {
 
 def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, multi_steps: bool,
                          needs_steps: bool, needs_epsilon: bool) -> None:
-    from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS
+    from lightning_dpts.privacy.mechanisms import TOP_LEVEL_SCHEMES
+    from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS
 
     data = parser.add_argument_group("data and sampling (from the datamodule)")
     data.add_argument("--num-series", type=int, required=True, metavar="N", help="number of training series")
@@ -62,7 +63,9 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     data.add_argument("--batch-size", type=int, required=True, metavar="B", help="windows per batch (Lambda)")
     data.add_argument("--instances-per-series", type=int, default=1, metavar="LAMBDA",
                       help="windows per sampled series (lambda, default 1; must divide --batch-size)")
-    data.add_argument("--top-level", choices=[t for t in TOP_LEVELS if t != "b_min_sep"],  # b_min_sep: Python API
+    # a top level that needs the Monte Carlo accountant (b_min_sep) is the Python API's (or dpts fit --bands')
+    data.add_argument("--top-level", choices=[name for name, scheme in TOP_LEVEL_SCHEMES.items()
+                                              if not scheme.needs_monte_carlo],
                       default="without_replacement",
                       help="top-level (series) sampling (default without_replacement)")
     data.add_argument("--bottom-level", choices=BOTTOM_LEVELS, default="with_replacement",

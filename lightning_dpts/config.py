@@ -284,11 +284,14 @@ class FitConfig:
         :class:`Option`, :data:`FIT_RANGES`): values outside are refused before anything is loaded, trained or
         written.
         """
+        from lightning_dpts.privacy.mechanisms import TOP_LEVEL_SCHEMES
         from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS
 
         if self.model is not None and self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
-        fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(t for t in TOP_LEVELS if t != "b_min_sep")
+        # without --bands only the structured PLD accountant runs: no top level that needs the Monte Carlo one
+        fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(
+            name for name, scheme in TOP_LEVEL_SCHEMES.items() if not scheme.needs_monte_carlo)
         for name, choices in (("top_level", fit_top_levels), ("bottom_level", BOTTOM_LEVELS), ("level", LEVELS)):
             if getattr(self, name) not in choices:
                 raise ConfigurationError(name, getattr(self, name), f"must be one of {', '.join(choices)}")
@@ -507,10 +510,13 @@ def _validate_bands(config: FitConfig) -> None:
             "for delta 1e-5, each O(steps x bands)), too slow for a command-line run; calibrate it once in Python "
             "with lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (docs/bandmf.md) and "
             "pass it as --noise-multiplier (the budget is then verified before training)")
-    if config.top_level not in ("without_replacement", "b_min_sep"):
+    from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, TOP_LEVEL_SCHEMES
+
+    default_top_level = next(f.default for f in fields(FitConfig) if f.name == "top_level")
+    if config.top_level != default_top_level and not TOP_LEVEL_SCHEMES[config.top_level].separates_participations:
         raise ConfigurationError("top_level", config.top_level, "must be b_min_sep (or left at its default) with "
                                  "--bands: BandMF samples series by b-min-sep (Algorithm 2)")
-    if config.bottom_level != "with_replacement":
+    if not BOTTOM_LEVEL_SCHEMES[config.bottom_level].bounded_windows_per_series:
         raise ConfigurationError("bottom_level", config.bottom_level, "must be with_replacement with --bands: the "
                                  "Monte Carlo accountant's series-level sensitivity is instances_per_series windows, "
                                  "which only a with-replacement bottom level bounds")

@@ -100,12 +100,12 @@ def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test
     """The datamodule ``dpts fit`` trains ``module`` with: ``table`` (columns ``item_id``, ``timestamp``,
     ``target``) sampled as ``config`` says (``bands``: b-min-sep series sampling), ``relation`` protected."""
     from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.privacy.mechanisms import BMinSep
 
-    sampling = {"top_level": config.top_level} if config.bands is None else {"top_level": "b_min_sep",
-                                                                              "bands": config.bands}
+    top_level = config.top_level if config.bands is None else BMinSep(bands=config.bands)
     return StructuredSubsamplingDataModule(
         table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
-        **sampling, bottom_level=config.bottom_level, relation=relation,
+        top_level=top_level, bottom_level=config.bottom_level, relation=relation,
         context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
         secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",
         value_column="target", drop_short_series=config.drop_short_series, test_windows=test_windows,

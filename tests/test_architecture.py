@@ -1,4 +1,5 @@
-"""The import graph of lightning_dpts has no cycles (issue 30's "no cycles" evidence).
+"""The import graph of lightning_dpts has no cycles, and no module branches on a scheme's name (issue 30's "no cycles"
+and "no string dispatch on scheme kinds outside the scheme objects" evidence).
 
 :func:`import_graph` reads every module of a package with :mod:`ast` (no import is executed) and records an edge
 for each ``import`` and ``from ... import`` statement anywhere in the module: at the top level, inside functions
@@ -11,11 +12,18 @@ implicit parent edges are not recorded (every submodule would otherwise close a 
 :func:`cycles` returns the strongly connected components with more than one module (or a module importing
 itself) of the graph restricted to modules under the given prefixes. To check a wider area, add its prefix to
 :data:`ACYCLIC` (e.g. ``"lightning_dpts"`` for the whole package).
+
+:func:`scheme_name_comparisons` finds, with :mod:`ast`, every comparison ``x == "name"``, ``x != "name"`` (either
+side) and ``x in ("name", ...)``/``not in`` a tuple, list or set literal where a string literal is the name of a
+scheme of the registries of :mod:`lightning_dpts.privacy.mechanisms` (top levels, bottom levels, noise): such code
+must read the objects' capability properties instead. The registry module itself is exempt, and so are the
+comparisons listed in :data:`NOT_SCHEMES` (a name that only happens to equal a scheme's).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: prefixes of the areas whose modules must not import one another in a cycle
-ACYCLIC = ("lightning_dpts.training",)
+ACYCLIC = ("lightning_dpts.training", "lightning_dpts")
 
 
 def module_files(package_dir: Path, package: str) -> dict[str, Path]:
@@ -137,6 +145,68 @@ def test_no_import_cycles(prefix: str) -> None:
     graph = import_graph(ROOT / "lightning_dpts", "lightning_dpts")
     assert prefix in graph or any(m.startswith(prefix + ".") for m in graph), prefix
     assert cycles(graph, (prefix,)) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# no string dispatch on scheme kinds
+# ----------------------------------------------------------------------------------------------------------------
+#: the modules that may compare scheme names: the mechanism objects and their registry
+SCHEME_MODULES = ("lightning_dpts/privacy/mechanisms.py",)
+#: (file, the other side of the comparison) pairs whose string is not a scheme name: ``dpts bandmf`` is a subcommand
+NOT_SCHEMES = {("lightning_dpts/cli.py", "args.action")}
+
+
+def scheme_names() -> set[str]:
+    """The names of every top level, bottom level and noise of the registries."""
+    from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, NOISE_SPECS, TOP_LEVEL_SCHEMES
+
+    return set(TOP_LEVEL_SCHEMES) | set(BOTTOM_LEVEL_SCHEMES) | set(NOISE_SPECS)
+
+
+def _literal_strings(node: ast.expr, op: ast.cmpop) -> set[str]:
+    """The string literals that ``node`` contributes to a comparison by ``op``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and isinstance(op, (ast.Eq, ast.NotEq)):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and isinstance(op, (ast.In, ast.NotIn)):
+        return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return set()
+
+
+def scheme_name_comparisons(root: Path, files: Iterable[Path], names: set[str],
+                            allowed: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """``file:line: comparison`` for each comparison in ``files`` of a value with a string literal in ``names``
+    (``==``/``!=`` either way round, ``in``/``not in`` a tuple/list/set literal); ``allowed``: (file relative to
+    ``root``, source of the other side) pairs to skip."""
+    allowed = set(allowed)
+    found = []
+    for path in sorted(files):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, sides[:-1], sides[1:], strict=True):
+                for literal, other in ((right, left), (left, right)):
+                    if _literal_strings(literal, op) & names and (rel, ast.unparse(other)) not in allowed:
+                        found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(found), key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+
+
+def test_the_scheme_name_scanner_sees_every_form(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "a = x == 'poisson'\nb = 'bandmf' != y\nc = z in ('iteration', 'other')\nd = z not in ['gaussian']\n"
+        "e = z in {'b_min_sep'}\nf = x == 'other'\ng = 'poisson' in text\nh = action == 'bandmf'\n"
+        "i = {'poisson': 1}\nj = x.y == 'with_replacement' or k\n"
+    )
+    found = scheme_name_comparisons(tmp_path, [tmp_path / "m.py"], scheme_names(), {("m.py", "action")})
+    assert [line.split(":")[1] for line in found] == ["1", "2", "3", "4", "5", "10"], found
+
+
+def test_no_string_dispatch_on_scheme_kinds() -> None:
+    package = ROOT / "lightning_dpts"
+    files = [p for p in package.rglob("*.py") if p.relative_to(ROOT).as_posix() not in SCHEME_MODULES]
+    found = scheme_name_comparisons(ROOT, files, scheme_names(), NOT_SCHEMES)
+    assert not found, "compare mechanism objects' capability properties, not scheme names:\n" + "\n".join(found)
 
 
 if __name__ == "__main__":  # python tests/test_architecture.py: every cycle of the whole package

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from lightning_dpts.config import FitConfig
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.synthetic.pipeline import (
     EVALUATION_NOTE,
     KEEP_ON_OVERWRITE,
@@ -44,8 +45,14 @@ from lightning_dpts.synthetic.pipeline import (
 __all__ = ["SynthConfig", "run_synth"]
 
 
-def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
+              compare: Callable[[FitConfig], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run ``dpts synth`` (see the module docstring); returns the public report written to ``report.json``.
+
+    ``compare``: with ``compare_dp_sgd`` (and ``tstr``), the job that trains the DP-SGD reference from its
+    :class:`~lightning_dpts.config.FitConfig` and returns its report, e.g.
+    ``lambda c: lightning_dpts.jobs.fit.run_fit(c, progress=lambda _m: None)`` (what ``dpts synth --compare-dp-sgd``
+    passes; no job imports another).
 
     The returned dict additionally holds ``"private"``: the evaluation computed from the private data (what
     ``private/evaluation.json`` holds; returned even with ``private_outputs=False``: the caller owns the data) and
@@ -56,6 +63,10 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
     from lightning_dpts.synthetic.generator import standardize_windows
 
     config.validate()
+    if config.tstr and config.compare_dp_sgd and compare is None:
+        raise ConfigurationError(
+            "compare_dp_sgd", True, "needs run_synth(..., compare=...): the dpts fit job that trains the DP-SGD "
+            "reference, e.g. compare=lambda c: lightning_dpts.jobs.fit.run_fit(c, progress=lambda _m: None)")
     check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
     started = time.perf_counter()
     entropy = resolve_entropy(config.seed)
@@ -77,7 +88,8 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print) -> dict[s
         run_dir.register("synthetic.csv.gz", "public: the DP synthetic dataset (the release the guarantee covers)")
         with atomic_path(out / "synthetic.csv.gz") as tmp:
             write_synthetic(tmp, synthetic, result.classes, config, data["freq"])
-        evaluation = _evaluate(config, data, models, result, synthetic, run_dir, log)  # private data: not covered
+        evaluation = _evaluate(config, data, models, result, synthetic, run_dir, log,  # private data: not covered
+                               compare)
         evaluation["seconds"] = round(time.perf_counter() - started, 1)
         report = _report(config, data, plan, models, result, entropy)
         _write(config, report, evaluation, data, result, synthetic, run_dir, out)
@@ -187,7 +199,8 @@ def _evolve(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
 
 
 def _evaluate(config: SynthConfig, data: dict[str, Any], models: Any, result: Any, synthetic: np.ndarray,
-              run_dir: Any, log: Callable[[str], None]) -> dict[str, Any]:
+              run_dir: Any, log: Callable[[str], None],
+              compare: Callable[[FitConfig], dict[str, Any]] | None) -> dict[str, Any]:
     """Context-FID against the real windows and TSTR on held-out real values (private: not covered)."""
     import torch
 
@@ -216,7 +229,8 @@ def _evaluate(config: SynthConfig, data: dict[str, Any], models: Any, result: An
             if config.private_outputs:
                 dp_dir = run_dir.register(f"{PRIVATE_DIR}/dp_sgd/", "private: the DP-SGD comparison run (a "
                                           "second private training on the same data, its own budget)")
-            tstr["dp_sgd_dlinear"] = _dp_sgd(config, dp_dir, log)
+            assert compare is not None  # run_synth refuses compare_dp_sgd without it
+            tstr["dp_sgd_dlinear"] = _dp_sgd(config, dp_dir, log, compare)
     return {
         "evaluation_note": EVALUATION_NOTE,
         "private_windows": int(len(private.windows)),
@@ -280,7 +294,8 @@ def _write(config: SynthConfig, report: dict[str, Any], evaluation: dict[str, An
     write_json(out / "report.json", report)
 
 
-def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None],
+            compare: Callable[[FitConfig], dict[str, Any]]) -> dict[str, Any]:
     """DLinear trained privately with DP-SGD (``dpts fit``) at the same (epsilon, delta), same test windows.
 
     Its run directory is ``out`` (under ``private/``: a second private training on the same data); ``None``
@@ -288,15 +303,13 @@ def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None]) -
     """
     import tempfile
 
-    from lightning_dpts.jobs.fit import run_fit
-
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dpts-dp-sgd-") as scratch:
-            return _dp_sgd(config, Path(scratch) / "run", log)
+            return _dp_sgd(config, Path(scratch) / "run", log, compare)
 
     log(f"DP-SGD reference: dpts fit with DLinear at epsilon={config.epsilon:g}, delta={config.delta:g} ...")
     fit_config = _dp_sgd_config(config, out)
-    report = run_fit(fit_config, progress=lambda _m: None)
+    report = compare(fit_config)
     metrics = dict(report["private"]["metrics"]["dp"])
     metrics["privacy_unit"] = f"dpts fit default ({fit_config.level}-level, size {fit_config.size})"
     metrics["epsilon"] = report["epsilon"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -37,9 +37,6 @@ from lightning_dpts.privacy import profiles
 from lightning_dpts.privacy._validate import require_choice, require_int
 from lightning_dpts.privacy.profiles import PrivacyProfile
 from lightning_dpts.randomness import numpy_generator
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lightning_dpts.privacy.spec import SamplingSpec
 
 __all__ = [
     "Accounting",
@@ -63,6 +60,37 @@ __all__ = [
     "noise_from_name",
     "top_level_from_name",
 ]
+
+
+class SpecView(Protocol):
+    """What the mechanism objects read of the sampling description: a
+    :class:`~lightning_dpts.privacy.spec.SamplingSpec` is one. A protocol, not an import (not even for type
+    checking): ``spec.py`` imports this module, and the package's import graph has no cycle."""
+
+    @property
+    def num_series(self) -> int: ...
+    @property
+    def min_length(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def instances_per_series(self) -> int: ...
+    @property
+    def bands(self) -> int: ...
+    @property
+    def top_sample_size(self) -> int: ...
+    @property
+    def top_level_rate(self) -> float: ...
+    @property
+    def num_start_positions(self) -> int: ...
+    @property
+    def windows_per_unit(self) -> int: ...
+    @property
+    def bottom_level_rate(self) -> float: ...
+    @property
+    def steps_per_epoch(self) -> int: ...
+    @property
+    def bottom_level_scheme(self) -> BottomLevelScheme: ...
 
 
 @dataclass(frozen=True)
@@ -156,14 +184,14 @@ class TopLevelScheme(Mechanism):
         return self.accounting.composition
 
     @classmethod
-    def for_spec(cls, spec: SamplingSpec) -> TopLevelScheme:
+    def for_spec(cls, spec: SpecView) -> TopLevelScheme:
         """The object a :class:`~lightning_dpts.privacy.spec.SamplingSpec` with this name describes."""
         return cls()
 
-    def check_spec(self, spec: SamplingSpec) -> None:
+    def check_spec(self, spec: SpecView) -> None:
         """Constraints the scheme puts on the rest of the spec (called by ``SamplingSpec`` after its own checks)."""
 
-    def unit_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def unit_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         """The privacy profile of one composition unit without augmentation, every series of ``spec.min_length``
         steps (``k``, ``r``: override the windows per unit and the bottom-level rate, for the per-length members of
@@ -187,7 +215,7 @@ class _EpochTopLevel(TopLevelScheme):
     def accounting(self) -> Accounting:
         return Accounting("pld", "epoch", ("Theorem 4.2", "Theorem 4.3", "Theorem E.1", "Theorem E.8"))
 
-    def unit_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def unit_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         return spec.bottom_level_scheme.epoch_profile(spec, sigma, bound, k, r)
 
@@ -234,7 +262,7 @@ class _StepTopLevel(TopLevelScheme):
         return Accounting("pld", "step", ("Theorem 4.4", "Theorem F.1", "Theorem F.2", "Theorem F.7", "Theorem F.8",
                                           "Theorem G.1"))
 
-    def unit_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def unit_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         if bound == "lower" and not self.has_lower_bound:
             raise ConfigurationError(
@@ -322,10 +350,10 @@ class BMinSep(_Banded, _StepTopLevel):
         return self.bands
 
     @classmethod
-    def for_spec(cls, spec: SamplingSpec) -> TopLevelScheme:
+    def for_spec(cls, spec: SpecView) -> TopLevelScheme:
         return cls(bands=spec.bands)
 
-    def check_spec(self, spec: SamplingSpec) -> None:
+    def check_spec(self, spec: SpecView) -> None:
         if spec.top_sample_size * self.bands > spec.num_series:
             raise ConfigurationError(
                 "batch_size",
@@ -357,16 +385,16 @@ class BottomLevelScheme(Mechanism):
     supports_augmentation: ClassVar[bool] = False
     bounded_windows_per_series: ClassVar[bool] = False
 
-    def rate(self, spec: SamplingSpec) -> float:
+    def rate(self, spec: SpecView) -> float:
         """r of the theorems for ``spec`` (every series of ``spec.min_length`` steps)."""
         raise NotImplementedError  # pragma: no cover
 
-    def epoch_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def epoch_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                       r: float | None = None) -> PrivacyProfile:
         """Profile of one epoch under an epoch-level top level (Appendix E)."""
         raise NotImplementedError  # pragma: no cover
 
-    def step_profile(self, spec: SamplingSpec, rho: float, sigma: float, bound: str, k: int | None = None,
+    def step_profile(self, spec: SpecView, rho: float, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         """Profile of one step under a top level of rate ``rho`` (Appendix F)."""
         raise NotImplementedError  # pragma: no cover
@@ -397,10 +425,10 @@ class WithReplacement(BottomLevelScheme):
         return Accounting("pld", "step", ("Theorem 4.2", "Theorem 4.3", "Theorem 4.4", "Theorem E.1", "Theorem F.1",
                                           "Theorem F.7", "Theorem G.1"))
 
-    def rate(self, spec: SamplingSpec) -> float:
+    def rate(self, spec: SpecView) -> float:
         return spec.windows_per_unit / spec.num_start_positions
 
-    def epoch_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def epoch_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                       r: float | None = None) -> PrivacyProfile:
         lam = spec.instances_per_series
         r = spec.bottom_level_rate if r is None else r
@@ -408,7 +436,7 @@ class WithReplacement(BottomLevelScheme):
             return profiles.theorem_4_2(r, sigma)  # tight
         return profiles.theorem_e_1(lam, r, sigma) if bound == "upper" else profiles.theorem_4_3(lam, r, sigma)
 
-    def step_profile(self, spec: SamplingSpec, rho: float, sigma: float, bound: str, k: int | None = None,
+    def step_profile(self, spec: SpecView, rho: float, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         lam = spec.instances_per_series
         r = spec.bottom_level_rate if r is None else r
@@ -440,16 +468,16 @@ class PoissonBottomLevel(BottomLevelScheme):
     def accounting(self) -> Accounting:
         return Accounting("pld", "step", ("Theorem E.8", "Theorem F.2", "Theorem F.8"))
 
-    def rate(self, spec: SamplingSpec) -> float:
+    def rate(self, spec: SpecView) -> float:
         return min(1.0, spec.instances_per_series / spec.num_start_positions)
 
-    def epoch_profile(self, spec: SamplingSpec, sigma: float, bound: str, k: int | None = None,
+    def epoch_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                       r: float | None = None) -> PrivacyProfile:
         k = spec.windows_per_unit if k is None else k
         r = spec.bottom_level_rate if r is None else r
         return profiles.theorem_e_8(k, r, sigma)  # tight: upper == lower
 
-    def step_profile(self, spec: SamplingSpec, rho: float, sigma: float, bound: str, k: int | None = None,
+    def step_profile(self, spec: SpecView, rho: float, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
         k = spec.windows_per_unit if k is None else k
         r = spec.bottom_level_rate if r is None else r

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from lightning_dpts.errors import ConfigurationError
 
@@ -116,6 +117,14 @@ def _numbers(text: str | None, parameter: str, kind: type) -> list | None:
         raise ConfigurationError(parameter, text, f"must be comma-separated {kind.__name__} values") from err
 
 
+def _dp_sgd_reference(fit_config: Any) -> dict[str, Any]:
+    """``--compare-dp-sgd``: the ``dpts fit`` job (:func:`lightning_dpts.jobs.fit.run_fit`, quiet) on the
+    comparison's config; the command line composes the two jobs, neither imports the other."""
+    from lightning_dpts.jobs.fit import run_fit
+
+    return run_fit(fit_config, progress=lambda _m: None)
+
+
 def run_synth_command(args: argparse.Namespace) -> int:
     """Build a :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` from ``args`` and run it
     (:func:`lightning_dpts.jobs.synth.run_synth`)."""
@@ -137,7 +146,7 @@ def run_synth_command(args: argparse.Namespace) -> int:
         private_outputs=args.private_outputs, private_plots=args.private_plots, overwrite=args.overwrite,
     )
     try:
-        run_synth(config)
+        run_synth(config, compare=_dp_sgd_reference)
     except ConfigurationError:
         raise
     except Exception as err:

@@ -188,7 +188,7 @@ class AccountantCallback(StepAccountant):
         sigma = strategy.resolve(trainer)
         self.spec = spec
         self._strategy_ref = strategy
-        if strategy.noise_kind == "bandmf" or spec.top_level == "b_min_sep":
+        if strategy.noise_spec.needs_monte_carlo or spec.top_level_scheme.needs_monte_carlo:
             self._start_monte_carlo(trainer, pl_module, spec, strategy, sigma)
             return
         if self._loaded is not None:
@@ -294,19 +294,19 @@ class AccountantCallback(StepAccountant):
         """
         from lightning_dpts.data.bminsep import sampling_prob_for_rate
 
-        if spec.top_level != "b_min_sep":
+        if not spec.top_level_scheme.separates_participations:
             raise ConfigurationError(
                 "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
                 "the Monte Carlo accountant covers b-min-sep sampling only: use top_level='b_min_sep' with the "
                 "strategy's bands",
             )
-        if spec.bottom_level != "with_replacement":
+        if not spec.bottom_level_scheme.bounded_windows_per_series:
             raise ConfigurationError(
                 "datamodule.sampling_spec", f"bottom_level={spec.bottom_level!r}",
                 "the Monte Carlo accountant's series-level sensitivity is instances_per_series windows, which only "
                 "bottom_level='with_replacement' bounds (a Poisson bottom level may draw every start position)",
             )
-        if strategy.noise_kind == "bandmf":
+        if strategy.noise_spec.correlated:
             coefficients = tuple(strategy.coefficients or ())
         else:
             coefficients = (1.0,) + (0.0,) * (spec.bands - 1)

@@ -32,6 +32,7 @@ import numpy as np
 from scipy import optimize, signal
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.mechanisms import NOISE_SPECS, NoiseSpec
 from lightning_dpts.privacy.montecarlo import banded_sqrt_coefficients, check_coefficients
 from lightning_dpts.randomness import Entropy, GaussianNoise
 
@@ -210,11 +211,11 @@ class BandMFNoise:
 
 
 #: Noise kinds the strategy's noise seam accepts.
-NOISE_KINDS: tuple[str, ...] = ("gaussian", "bandmf")
+NOISE_KINDS: tuple[str, ...] = tuple(NOISE_SPECS)
 
 
 def make_noise(
-    kind: str,
+    kind: str | NoiseSpec,
     entropy: Entropy,
     *,
     secure: bool = False,
@@ -226,10 +227,18 @@ def make_noise(
     ``"gaussian"``: :class:`~lightning_dpts.randomness.GaussianNoise` (DP-SGD; ``bands``/``coefficients`` must be
     unset or b = 1). ``"bandmf"``: :class:`BandMFNoise` with ``coefficients`` (length b) or, if omitted, the default
     :func:`banded_sqrt_coefficients` of ``bands``. Both have ``sample(numel, std, dtype)``, called once per step.
+    ``kind`` may be the noise object (:class:`~lightning_dpts.privacy.mechanisms.NoiseSpec`; its ``bands`` is the
+    default of ``bands``): the generator is chosen by its ``correlated`` capability, not by its name.
     """
-    if kind not in NOISE_KINDS:
+    if isinstance(kind, NoiseSpec):
+        noise = kind
+        if bands is None and coefficients is None:
+            bands = noise.bands
+    elif kind in NOISE_KINDS:
+        noise = NOISE_SPECS[kind]()
+    else:
         raise ConfigurationError("noise", kind, f"must be one of {NOISE_KINDS}")
-    if kind == "gaussian":
+    if not noise.correlated:
         if coefficients is not None or (bands is not None and bands != 1):
             raise ConfigurationError("bands", bands, "only noise='bandmf' takes bands/coefficients")
         return GaussianNoise(entropy, secure=secure)

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.mechanisms import NoiseSpec
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.roles import StepAccountant
 
@@ -87,7 +88,7 @@ def has_accountant(trainer: L.Trainer) -> bool:
     return any(isinstance(cb, StepAccountant) for cb in trainer.callbacks)
 
 
-def check_distributed(trainer: L.Trainer, noise_kind: str, world_size: int) -> None:
+def check_distributed(trainer: L.Trainer, noise: NoiseSpec, world_size: int) -> None:
     """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -112,9 +113,9 @@ def check_distributed(trainer: L.Trainer, noise_kind: str, world_size: int) -> N
             f"must be False: SyncBatchNorm normalises with statistics of every rank's windows, so one window "
             f"changes every other window's gradient (docs/privacy.md, rule 8) {where}",
         )
-    if noise_kind == "bandmf":
+    if noise.correlated:
         raise ConfigurationError(
-            "noise", "bandmf",
+            "noise", noise.name,
             f"BandMF is not supported on {world_size} processes yet (its noise band and the b-min-sep "
             f"chain would have to live on rank 0 alone); train it on one process {where}",
         )
@@ -129,9 +130,9 @@ def check_distributed(trainer: L.Trainer, noise_kind: str, world_size: int) -> N
             f"which the accountant does not cover) {where}",
         )
     spec = spec_or_none(trainer)
-    if spec is not None and spec.top_level == "b_min_sep":
+    if spec is not None and spec.top_level_scheme.needs_monte_carlo:
         raise ConfigurationError(
-            "datamodule.sampling_spec", "top_level='b_min_sep'",
+            "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
             f"is not supported on {world_size} processes yet (its Monte Carlo accountant samples on every "
             f"rank); train it on one process {where}",
         )
@@ -176,18 +177,20 @@ def detach_ddp_averaging(trainer: L.Trainer) -> Any:
     return model
 
 
-def check_noise_spec(spec: SamplingSpec | None, noise_kind: str, bands: int) -> None:
-    """BandMF noise is accounted only with b-min-sep sampling of the same b (Theorem 5.1's setting)."""
-    if noise_kind != "bandmf":
+def check_noise_spec(spec: SamplingSpec | None, noise: NoiseSpec) -> None:
+    """The sampling must be one the guarantee of ``noise`` covers (``noise.compatible_top_level``): BandMF noise is
+    accounted only with b-min-sep sampling of the same b (Theorem 5.1's setting); i.i.d. Gaussian noise with any."""
+    covered = noise.compatible_top_level(spec.top_level_scheme) if spec is not None else not noise.needs_monte_carlo
+    if covered:
         return
-    if spec is None or spec.top_level != "b_min_sep" or spec.bands != bands:
-        got = None if spec is None else f"top_level={spec.top_level!r}, bands={spec.bands}"
-        raise ConfigurationError(
-            "datamodule.sampling_spec", got,
-            f"noise='bandmf' with bands={bands} needs b-min-sep sampling with the same separation: "
-            f"StructuredSubsamplingDataModule(top_level='b_min_sep', bands={bands}, ...) (Dong & Ganesh "
-            "2026, Theorem 5.1 assumes it; other samplings are not accounted)",
-        )
+    bands = noise.bands
+    got = None if spec is None else f"top_level={spec.top_level!r}, bands={spec.bands}"
+    raise ConfigurationError(
+        "datamodule.sampling_spec", got,
+        f"noise={noise.name!r} with bands={bands} needs b-min-sep sampling with the same separation: "
+        f"StructuredSubsamplingDataModule(top_level='b_min_sep', bands={bands}, ...) (Dong & Ganesh "
+        "2026, Theorem 5.1 assumes it; other samplings are not accounted)",
+    )
 
 def check_schedulers(trainer: L.Trainer, policy: str) -> None:
     """Schedulers that adapt to a monitored (private, noiseless) metric are outside the guarantee: ``policy`` is

@@ -18,6 +18,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.mechanisms import NOISE_SPECS, NoiseSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, Entropy, resolve_entropy
 from lightning_dpts.training.engine import NoiseSource
 from lightning_dpts.training.guards import (
@@ -35,7 +36,7 @@ class LedgerWiring:
     """The ledger of a fit and the checkpoint state, as a part of :class:`~lightning_dpts.training.DPForecastStrategy`
     (which sets the attributes below; not used alone)."""
 
-    noise_kind: str
+    noise_spec: NoiseSpec
     bands: int
     max_grad_norm: float
     per_window: str
@@ -84,9 +85,10 @@ class LedgerWiring:
         if ledger.epochs < 0:  # an older checkpoint without an epoch count: every started epoch, at least
             spe = spec.steps_per_epoch if spec is not None else 1
             ledger.epochs = -(-ledger.steps // spe)
-        if not ledger.empty and (self.noise_kind == "bandmf" or ledger.noise == "bandmf"):
+        ledger_noise = NOISE_SPECS.get(ledger.noise)
+        if not ledger.empty and (self.noise_spec.correlated or (ledger_noise is not None and ledger_noise.correlated)):
             raise ConfigurationError(
-                "noise", self.noise_kind,
+                "noise", self.noise_spec.name,
                 f"the model's privacy ledger already holds {ledger.steps} noisy steps and a BandMF run cannot be "
                 "resumed or continued: its noise band (the last b - 1 noise vectors) and the b-min-sep sampler's "
                 "history are secret and never stored, so a continuation would restart both, a mechanism the Monte "
@@ -104,7 +106,7 @@ class LedgerWiring:
             )
         ledger.noise_multiplier = sigma
         ledger.max_grad_norm = self.max_grad_norm
-        ledger.noise = self.noise_kind
+        ledger.noise = self.noise_spec.name
         ledger.bands = self.bands
         if spec is not None:
             ledger.sampling_spec = repr(spec)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from lightning_dpts.distributed import all_reduce_noisy_sum, check_identical
+from lightning_dpts.privacy.mechanisms import NoiseSpec
 from lightning_dpts.randomness import Entropy, GaussianNoise
 from lightning_dpts.training.correlated_noise import make_noise
 from lightning_dpts.training.engine import (
@@ -86,7 +87,7 @@ class NoisyStep:
     """The per-step clip-and-noise, as a part of :class:`~lightning_dpts.training.DPForecastStrategy` (which sets
     the attributes below; not used alone)."""
 
-    noise_kind: str
+    noise_spec: NoiseSpec
     coefficients: tuple[float, ...] | None
     secure_mode: bool
     max_grad_norm: float
@@ -122,8 +123,8 @@ class NoisyStep:
         (:class:`~lightning_dpts.training.correlated_noise.BandMFNoise` via ``make_noise``, Section 2.3 of
         Dong & Ganesh 2026); its band state is secret, never stored, and a BandMF run is never continued.
         """
-        if self.noise_kind == "bandmf":
-            return make_noise("bandmf", entropy, secure=self.secure_mode, coefficients=self.coefficients)
+        if self.noise_spec.correlated:
+            return make_noise(self.noise_spec, entropy, secure=self.secure_mode, coefficients=self.coefficients)
         return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
 
     def _wrap_training_step(self, pl_module: L.LightningModule) -> None:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy.mechanisms import NOISE_SPECS
 from lightning_dpts.randomness import resolve_entropy
 from lightning_dpts.training.correlated_noise import NOISE_KINDS, banded_sqrt_coefficients, check_coefficients
 
@@ -35,7 +36,7 @@ def check_noise(noise: str, bands: int | None, coefficients: Sequence[float] | N
     unless given), ``None`` for ``noise="gaussian"`` (which takes no bands or coefficients)."""
     if noise not in NOISE_KINDS:
         raise ConfigurationError("noise", noise, f"must be one of {', '.join(repr(k) for k in NOISE_KINDS)}")
-    if noise == "bandmf":
+    if NOISE_SPECS[noise].correlated:
         if coefficients is None:
             if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
                 raise ConfigurationError("bands", bands, "noise='bandmf' needs bands: an integer >= 1")

@@ -57,6 +57,7 @@ from torch import nn
 from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
+from lightning_dpts.privacy.mechanisms import NoiseSpec, noise_from_name
 from lightning_dpts.training.buffers import BufferGuard
 from lightning_dpts.training.engine import NoiseSource, NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.guards import (
@@ -217,8 +218,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     ) -> None:
         super().__init__()
         self.coefficients: tuple[float, ...] | None = check_noise(noise, bands, coefficients)
-        self.noise_kind = noise
         self.bands = 1 if self.coefficients is None else len(self.coefficients)
+        #: the noise object (:mod:`lightning_dpts.privacy.mechanisms`): dispatch on its capabilities, not its name
+        self.noise_spec: NoiseSpec = noise_from_name(noise, bands=self.bands)
         self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
         self._noise_multiplier: float | None = check_sigma_or_target(noise_multiplier, target_epsilon, target_delta,
                                                                      epochs)
@@ -281,6 +283,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         return "DPForecastStrategy"
 
     @property
+    def noise_kind(self) -> str:
+        """The noise's name, ``"gaussian"`` or ``"bandmf"`` (as given; ``noise_spec`` is the object)."""
+        return self.noise_spec.name
+
+    @property
     def seeded(self) -> bool:
         """``True`` if the noise comes from an explicit seed (see :data:`~lightning_dpts.randomness.SEEDED_NOTICE`)."""
         return self._seed is not None
@@ -319,9 +326,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
                 "expected_batch_size", None,
                 "the datamodule has no sampling_spec; use a StructuredSubsamplingDataModule or give Lambda",
             )
-        check_noise_spec(spec, self.noise_kind, self.bands)
+        check_noise_spec(spec, self.noise_spec)
         if self._noise_multiplier is None:
-            if spec is not None and spec.top_level == "b_min_sep":
+            if spec is not None and spec.top_level_scheme.needs_monte_carlo:
                 raise ConfigurationError(
                     "target_epsilon", self.target_epsilon,
                     "calibrating sigma for b_min_sep sampling needs the Monte Carlo accountant: compute sigma with "
@@ -402,7 +409,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
 
     def _check_distributed(self, trainer: L.Trainer) -> None:
         """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
-        check_distributed(trainer, self.noise_kind, self._world_size)
+        check_distributed(trainer, self.noise_spec, self._world_size)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.begin(trainer, pl_module)

@@ -61,3 +61,30 @@ def test_cli_errors_name_the_option(tiny_csv: Path, tmp_path: Path, capsys: pyte
         main(argv)
     assert exit_info.value.code == 2
     assert option in capsys.readouterr().err
+
+
+def test_compare_dp_sgd_runs_the_fit_job_the_command_line_passes(tiny_csv: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_dpts.jobs.fit as fit_job
+
+    seen = []
+
+    def fake_run_fit(config, progress):  # the dpts fit job, as synth's command line composes it
+        seen.append(config)
+        return {"epsilon": 0.9, "private": {"metrics": {"dp": {"mase": 1.5}}}}
+
+    monkeypatch.setattr(fit_job, "run_fit", fake_run_fit)
+    out = tmp_path / "run"
+    assert main(["synth", "--data", str(tiny_csv), *TINY, "--compare-dp-sgd", "--output-dir", str(out)]) == 0
+    assert [(c.model, c.epsilon, c.output_dir) for c in seen] == [("dlinear", 1.0, str(out / "private" / "dp_sgd"))]
+    dp_sgd = json.loads((out / "private" / "evaluation.json").read_text())["tstr"]["dp_sgd_dlinear"]
+    assert dp_sgd["mase"] == 1.5 and dp_sgd["epsilon"] == 0.9
+
+
+def test_compare_dp_sgd_in_python_needs_the_fit_job(tiny_csv: Path, tmp_path: Path) -> None:
+    from lightning_dpts.errors import ConfigurationError
+
+    config = _tiny_config(tiny_csv, tmp_path / "run", compare_dp_sgd=True, tstr=True, tstr_steps=3)
+    with pytest.raises(ConfigurationError, match="compare"):
+        run_synth(config, log=lambda _m: None)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
