@@ -5,7 +5,7 @@ Usage::
     python benchmarks/synthetic.py [--datasets us_employment,m4_weekly] [--epsilons 0.5,1,4]
         [--m4-path /work/shared/data/m4_weekly.csv.gz] [--dp-sgd-epochs 100] [--output-dir bench-synth]
 
-For every dataset and epsilon, one ``dpts synth`` job (:func:`lightning_dpts.synthetic.run_synth`, defaults
+For every dataset and epsilon, one ``dpts synth`` job (:func:`lightning_dpts.jobs.synth.run_synth`, defaults
 unless given) releases synthetic windows and reports, side by side in one run:
 
 * C-FID of the initial public population and of the PETS output (the separately trained evaluation encoder);
@@ -49,7 +49,7 @@ def main() -> None:
 
     from lightning_dpts.config import FitConfig
     from lightning_dpts.jobs.fit import run_fit
-    from lightning_dpts.synthetic import SynthConfig, run_synth
+    from lightning_dpts.jobs.synth import SynthConfig, run_synth
 
     rows = []
     for dataset in args.datasets.split(","):

@@ -2,7 +2,8 @@
 and "no string dispatch on scheme kinds outside the scheme objects" evidence).
 
 :func:`import_graph` reads every module of a package with :mod:`ast` (no import is executed) and records an edge
-for each ``import`` and ``from ... import`` statement anywhere in the module: at the top level, inside functions
+for each ``import`` and ``from ... import`` statement (and ``importlib.import_module`` of a literal name)
+anywhere in the module: at the top level, inside functions
 and methods, under ``if TYPE_CHECKING:`` and in ``try`` blocks alike, so that a lazy import cannot hide a cycle.
 ``from package import name`` points to ``package.name`` when that is a module of the package, else to
 ``package`` itself (its ``__init__``). Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``; those
@@ -26,7 +27,10 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,6 +53,10 @@ def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> 
     """The modules of ``known`` that one import statement names."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names if alias.name in known]
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
+        first = node.args[0] if node.args else None  # importlib.import_module("a.b") with a literal name
+        literal = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+        return [literal] if literal in known else []
     if not isinstance(node, ast.ImportFrom):
         return []
     if node.level:  # relative: resolved against this module's package
@@ -82,45 +90,23 @@ def import_graph(package_dir: Path, package: str) -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]], prefixes: tuple[str, ...] = ("",)) -> list[list[str]]:
-    """The import cycles among the modules under ``prefixes``: strongly connected components (Tarjan) with more
-    than one module, or a module that imports itself; each sorted, the list sorted."""
+    """The import cycles among the modules under ``prefixes``: strongly connected components (scipy's
+    ``connected_components(connection="strong")``) with more than one module, or a module that imports itself;
+    each sorted, the list sorted."""
 
     def inside(name: str) -> bool:
         return any(name == p or name.startswith(p + ".") or not p for p in prefixes)
 
     nodes = sorted(n for n in graph if inside(n))
-    edges = {n: sorted(t for t in graph[n] if inside(t)) for n in nodes}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:  # recursive Tarjan; the package's import depth is small
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1 or v in edges[v]:
-                found.append(sorted(component))
-
-    for v in nodes:
-        if v not in index:
-            visit(v)
-    return sorted(found)
+    position = {n: i for i, n in enumerate(nodes)}
+    pairs = [(position[n], position[t]) for n in nodes for t in graph[n] if t in position]
+    rows, cols = zip(*pairs, strict=True) if pairs else ((), ())
+    matrix = csr_matrix((np.ones(len(pairs)), (rows, cols)), shape=(len(nodes), len(nodes)))
+    _, labels = connected_components(matrix, directed=True, connection="strong")
+    members: dict[int, list[str]] = {}
+    for node, label in zip(nodes, labels, strict=True):
+        members.setdefault(int(label), []).append(node)
+    return sorted(sorted(c) for c in members.values() if len(c) > 1 or c[0] in graph[c[0]])
 
 
 def test_graph_builder_sees_lazy_relative_and_package_imports(tmp_path: Path) -> None:
@@ -131,12 +117,13 @@ def test_graph_builder_sees_lazy_relative_and_package_imports(tmp_path: Path) ->
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import a\n")
     (pkg / "c.py").write_text("import pkg.sub.b\nfrom pkg import A\n")
+    (pkg / "d.py").write_text("import importlib\ndef g():\n    return importlib.import_module('pkg.d')\n")
     graph = import_graph(pkg, "pkg")
     assert graph == {
         "pkg": {"pkg.a"}, "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.a"},
-        "pkg.c": {"pkg.sub.b", "pkg"},
+        "pkg.c": {"pkg.sub.b", "pkg"}, "pkg.d": {"pkg.d"},
     }
-    assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b"], ["pkg.d"]]
     assert cycles(graph, ("pkg.sub",)) == []
 
 
