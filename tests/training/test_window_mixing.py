@@ -405,7 +405,6 @@ def test_the_spot_checks_round_off_allowance_is_the_windows_own_float32_error():
     import copy
 
     from lightning_dpts.training.independence import ROUND_OFF_FACTOR
-
     from lightning_dpts.training.isolated import IsolatedGradients
 
     module, strategy = Forecaster(), DPForecastStrategy(SIGMA, C, seed=0)
