@@ -556,7 +556,8 @@ def make_private_with_epsilon(
             delta)
         reasons["noise_multiplier_estimate"] = ("Renyi-DP proxy for the given batch size and epochs; the strategy "
                                                 "calibrates the exact value with the PLD accountant")
-    from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+    from lightning_dpts.training.accountant_callback import AccountantCallback
+    from lightning_dpts.training.strategy import DPForecastStrategy
 
     strategy = DPForecastStrategy(max_grad_norm=settings["max_grad_norm"], target_epsilon=epsilon,
                                   target_delta=delta, epochs=settings["epochs"], seed=seed, secure_mode=secure_mode)

@@ -113,3 +113,31 @@ def test_mixing_windows_is_refused_by_the_probe():
                                    AccountantCallback(epsilon=100.0, delta=1e-5)])
     with pytest.warns(UserWarning, match="mixes the windows"):
         trainer.fit(module, datamodule=dm)
+
+
+def test_held_out_evaluation_scores_next_to_seasonal_naive(tmp_path):
+    """At initialisation the wrapped model is seasonal naive: same CRPS; the report goes under private/."""
+    import json
+
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M", lr=0.0)
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=2)
+    lines: list[str] = []
+    evaluation = HeldOutEvaluation(output_dir=tmp_path, print_fn=lines.append)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5), evaluation])
+    trainer.fit(module, datamodule=dm)
+    metrics = evaluation.report["metrics"]
+    assert evaluation.report["forecasts"] == 2 * 40
+    # lr = 0: the median is still seasonal naive's point forecast, so MAE ties; the verdict says ties lose
+    assert metrics["dp"]["mae"] == pytest.approx(metrics["seasonal_naive"]["mae"], rel=1e-6)
+    assert any(line.startswith(("VERDICT", "verdict")) for line in lines)
+    written = json.loads((tmp_path / "private" / "evaluation.json").read_text())
+    assert written["metrics"]["seasonal_naive"]["crps"] == pytest.approx(metrics["seasonal_naive"]["crps"])
+    assert "private" in written["notice"]
