@@ -50,8 +50,10 @@ __all__ = [
     "MIN_DROP_GAIN",
     "MIN_SNR",
     "MIN_STEPS",
+    "PrivateTraining",
     "Recipe",
     "choose_recipe",
+    "make_private_with_epsilon",
     "rdp_noise_multiplier",
 ]
 
@@ -227,6 +229,7 @@ def choose_recipe(
     size: int = 1,
     held_out_windows: int = 1,
     min_series_length: int | None = None,
+    past_length: int | None = None,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
@@ -239,6 +242,8 @@ def choose_recipe(
         held_out_windows: windows of H steps held out at the end of every series (test plus validation).
         min_series_length: a threshold the user gave (series shorter than this many steps are left out; 1 keeps
             all): the recipe then makes its other choices for the series it keeps instead of choosing one.
+        past_length: the past window a given model reads (context plus every lag, time steps): the recipe then
+            keeps it instead of choosing one (:func:`make_private_with_epsilon` passes the user's model's).
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -265,7 +270,10 @@ def choose_recipe(
                                  "shorter --prediction-length")
     reasons: dict[str, str] = {}
     warn: list[str] = []
-    past = _past_window(season, horizon)
+    fixed_past = past_length is not None
+    if fixed_past and not (isinstance(past_length, int) and past_length >= 1):
+        raise ConfigurationError("past_length", past_length, "must be an integer >= 1")
+    past = int(past_length) if fixed_past else _past_window(season, horizon)
     reasons["model"] = (f"{RECIPE_MODEL}: ten weights starting at seasonal naive (season {season}); DP noise grows "
                         "with the number of parameters, and a compact model is what a budget of this size can train")
 
@@ -319,10 +327,11 @@ def choose_recipe(
     starts = threshold_train - horizon + 1
     wanted = past
     floor = max(2, season + 1)
-    while past > floor and past + horizon > MAX_WINDOW_FRACTION * starts:
+    while not fixed_past and past > floor and past + horizon > MAX_WINDOW_FRACTION * starts:
         past -= 1
     num_series, rate, eff = effective(threshold_train, past + horizon)
-    reasons["context_length"] = (
+    reasons["context_length"] = (f"past window {past}: what the given model reads (context plus every lag), kept; "
+                                 f"Theorem 4.4's r = {rate:.3g}") if fixed_past else (
         f"past window {past} = " + (f"2 x season {season}" if past == wanted and season > 1 else
                                     f"2 x horizon {horizon}" if past == wanted else
                                     f"shortened from {wanted} so that a window ({past}+{horizon}) stays within "
@@ -385,3 +394,176 @@ def choose_recipe(
         noise_multiplier_estimate=sigma, max_grad_norm=MAX_GRAD_NORM, learning_rate=LEARNING_RATE,
         signal_to_noise=snr, regime=regime, warnings=tuple(warn), reasons=reasons,
     )
+
+
+@dataclass
+class PrivateTraining:
+    """What :func:`make_private_with_epsilon` configured: the two callbacks, the Trainer and datamodule arguments,
+    and every setting with its reason.
+
+    Attributes:
+        strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
+            for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
+        accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant]}`` for ``lightning.Trainer``.
+        datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
+            :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
+        settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
+            ``epochs``, ``steps``, ``past_length``, ``min_series_length``, ``learning_rate``).
+        reasons: one sentence per setting (``"given"`` for an explicit one).
+        explicit: the names of the settings the caller gave (they win over the recipe).
+        recipe: the underlying :class:`Recipe`.
+        warnings: statements to show before training (the recipe's, e.g. a budget too small for the data).
+    """
+
+    strategy: Any
+    accountant: Any
+    trainer_kwargs: dict[str, Any]
+    datamodule_kwargs: dict[str, Any]
+    settings: dict[str, Any]
+    reasons: dict[str, str]
+    explicit: tuple[str, ...]
+    recipe: Recipe
+    warnings: tuple[str, ...] = ()
+
+    def describe(self) -> list[str]:
+        """Log lines: every setting, then its reason."""
+        return [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+
+    def keep(self, lengths: Sequence[int]) -> np.ndarray:
+        """Boolean mask of the series to train on (length >= ``settings["min_series_length"]``); lengths only."""
+        threshold = self.settings["min_series_length"] or 1
+        return np.asarray([int(n) for n in lengths]) >= threshold
+
+
+def _public_metadata(data: Any) -> tuple[list[int], str | None, int | None, int | None, int | None]:
+    """(lengths, freq, prediction length, held-out windows, batch size) of ``data``: lengths, never values."""
+    if hasattr(data, "collection") and hasattr(data, "sampling_spec"):  # a StructuredSubsamplingDataModule
+        lengths = [len(t) for t in data.collection.targets]
+        return (lengths, data.freq, data.prediction_length, data.test_windows + data.val_windows, data.batch_size)
+    if hasattr(data, "targets") and hasattr(data, "freq"):  # a SeriesCollection
+        return [len(t) for t in data.targets], data.freq, None, None, None
+    if isinstance(data, (str, bytes)) or not all(isinstance(n, (int, np.integer)) for n in data):
+        raise ConfigurationError("data", type(data).__name__, "must be the series' lengths (integers), a "
+                                 "SeriesCollection or a StructuredSubsamplingDataModule")
+    return [int(n) for n in data], None, None, None, None
+
+
+def _model_geometry(module: Any) -> tuple[int | None, int | None]:
+    """(past length incl. lags, prediction length) that ``module`` reads, from ``describe_inputs`` if it has one."""
+    if module is None:
+        return None, None
+    inner = getattr(module, "model", module)
+    prediction = getattr(inner, "prediction_length", None)
+    if not hasattr(inner, "describe_inputs"):
+        return None, prediction
+    spec = inner.describe_inputs(1)
+    past = int(spec["past_target"].shape[1]) if "past_target" in spec else None
+    return past, prediction
+
+
+def make_private_with_epsilon(
+    data: Any,
+    module: Any = None,
+    *,
+    epsilon: float,
+    delta: float,
+    freq: str | None = None,
+    prediction_length: int | None = None,
+    held_out_windows: int | None = None,
+    level: str = "event",
+    size: int = 1,
+    batch_size: int | None = None,
+    epochs: int | None = None,
+    max_grad_norm: float | None = None,
+    min_series_length: int | None = None,
+    past_length: int | None = None,
+    seed: int | None = None,
+    secure_mode: bool = False,
+) -> PrivateTraining:
+    """The recipe of ``dpts fit`` for any model, from Python: one call in the style of Opacus'
+    ``make_private_with_epsilon``.
+
+    Reads **public metadata only** - the series' lengths, the frequency, the horizon, the past window the model
+    reads, the budget and the unit of privacy, never a value - and returns the configured
+    :class:`~lightning_dpts.training.DPForecastStrategy` and :class:`~lightning_dpts.training.AccountantCallback`,
+    the Trainer arguments (``max_epochs``), the datamodule arguments (``batch_size``) and every setting with a
+    reason (:class:`PrivateTraining`). Explicit arguments win over the recipe. The guarantee does not depend on
+    the recipe: the strategy calibrates sigma with the PLD accountant on the datamodule it trains on.
+
+    Args:
+        data: the series' lengths (time steps), a :class:`~lightning_dpts.data.SeriesCollection` or a
+            :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` (its lengths, frequency, horizon and
+            held-out windows are read; build the datamodule you train on with ``datamodule_kwargs``).
+        module: the model to train (optional): the past window it reads (context plus lags, from
+            ``describe_inputs``) and its horizon are kept instead of the recipe's past window.
+        epsilon, delta: the budget.
+        freq, prediction_length, held_out_windows: needed when ``data`` is lengths (held-out windows default 1).
+        level, size: the neighbouring relation (``"event"``/``"user"``, w).
+        batch_size, epochs, max_grad_norm, min_series_length, past_length: explicit settings (they win).
+        seed, secure_mode: passed to the strategy (a seed is for experiments only).
+
+    Raises:
+        ConfigurationError: missing metadata, or what :func:`choose_recipe` refuses.
+    """
+    lengths, dm_freq, dm_horizon, dm_held_out, _ = _public_metadata(data)
+    model_past, model_horizon = _model_geometry(module)
+    freq = freq or dm_freq
+    if freq is None:
+        raise ConfigurationError("freq", None, "give it when data is a list of lengths")
+    horizon = prediction_length or dm_horizon or model_horizon
+    if horizon is None:
+        raise ConfigurationError("prediction_length", None, "give it, or a datamodule or model that knows it")
+    if model_horizon is not None and model_horizon != horizon:
+        raise ConfigurationError("prediction_length", horizon, f"must match the model's {model_horizon}")
+    held_out = held_out_windows or dm_held_out or 1
+    given = {name: value for name, value in (("batch_size", batch_size), ("epochs", epochs),
+                                             ("max_grad_norm", max_grad_norm),
+                                             ("min_series_length", min_series_length),
+                                             ("past_length", past_length)) if value is not None}
+    past = past_length or model_past
+    recipe = choose_recipe(lengths, freq=freq, prediction_length=horizon, epsilon=epsilon, delta=delta, level=level,
+                           size=size, held_out_windows=held_out, min_series_length=min_series_length,
+                           past_length=past)
+    settings: dict[str, Any] = {
+        "max_grad_norm": recipe.max_grad_norm, "batch_size": recipe.batch_size, "epochs": recipe.epochs,
+        "steps": recipe.steps, "noise_multiplier_estimate": recipe.noise_multiplier_estimate,
+        "past_length": recipe.context_length, "min_series_length": recipe.min_series_length,
+        "learning_rate": recipe.learning_rate}
+    reasons = {
+        "max_grad_norm": recipe.reasons["max_grad_norm"], "batch_size": recipe.reasons["batch_size"],
+        "epochs": recipe.reasons["batch_size"], "steps": recipe.reasons["batch_size"],
+        "noise_multiplier_estimate": recipe.reasons["noise_multiplier"],
+        "past_length": recipe.reasons["context_length"], "min_series_length": recipe.reasons["short_series"],
+        "learning_rate": "the recipe's Adam learning rate for seasonal_linear; set it on your module's optimiser "
+                         "(not applied here)"}
+    if batch_size is not None:
+        settings["batch_size"] = int(batch_size)
+        if epochs is None:  # keep the recipe's number of steps for the given batch size
+            per_epoch = max(1, recipe.num_series // int(batch_size))
+            settings["epochs"] = max(1, round(recipe.steps / per_epoch))
+            reasons["epochs"] = f"the recipe's {recipe.steps} steps at the given batch size {batch_size}"
+    if epochs is not None:
+        settings["epochs"] = int(epochs)
+    settings["steps"] = settings["epochs"] * max(1, recipe.num_series // settings["batch_size"])
+    if max_grad_norm is not None:
+        settings["max_grad_norm"] = float(max_grad_norm)
+    for name in given:
+        reasons[name] = "given"
+    if set(given) & {"batch_size", "epochs"}:
+        settings["noise_multiplier_estimate"] = rdp_noise_multiplier(
+            settings["batch_size"] / recipe.num_series * recipe.bottom_level_rate, settings["steps"], epsilon,
+            delta)
+        reasons["noise_multiplier_estimate"] = ("Renyi-DP proxy for the given batch size and epochs; the strategy "
+                                                "calibrates the exact value with the PLD accountant")
+    from lightning_dpts.training.accountant_callback import AccountantCallback
+    from lightning_dpts.training.strategy import DPForecastStrategy
+
+    strategy = DPForecastStrategy(max_grad_norm=settings["max_grad_norm"], target_epsilon=epsilon,
+                                  target_delta=delta, epochs=settings["epochs"], seed=seed, secure_mode=secure_mode)
+    accountant = AccountantCallback(epsilon=epsilon, delta=delta)
+    return PrivateTraining(
+        strategy=strategy, accountant=accountant,
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant]},
+        datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
+        settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings)

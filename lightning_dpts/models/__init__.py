@@ -3,6 +3,8 @@
 * :class:`SeasonalLinearEstimator` / :class:`SeasonalLinearLightningModule` (``dpts fit --model seasonal_linear``):
   seasonal naive plus a zero-initialised linear correction with a Gaussian spread tied to the series' scale,
   ten parameters (:mod:`lightning_dpts.models.seasonal_linear`).
+* :func:`seasonal_residual`: any plain torch network as seasonal naive plus its zero-initialised correction
+  (:mod:`lightning_dpts.models.seasonal_residual`).
 """
 
 from lightning_dpts.models.seasonal_linear import (
@@ -11,5 +13,11 @@ from lightning_dpts.models.seasonal_linear import (
     SeasonalLinearModel,
     gaussian_crps,
 )
+from lightning_dpts.models.seasonal_residual import (
+    SeasonalResidualLightningModule,
+    SeasonalResidualModel,
+    seasonal_residual,
+)
 
-__all__ = ["SeasonalLinearEstimator", "SeasonalLinearLightningModule", "SeasonalLinearModel", "gaussian_crps"]
+__all__ = ["SeasonalLinearEstimator", "SeasonalLinearLightningModule", "SeasonalLinearModel",
+           "SeasonalResidualLightningModule", "SeasonalResidualModel", "gaussian_crps", "seasonal_residual"]

@@ -2,6 +2,8 @@
 
 * :class:`DPForecastStrategy` - per-window clipping + Gaussian noise for an unchanged LightningModule.
 * :class:`AccountantCallback` - logs epsilon every step and stops training within the privacy budget.
+* :class:`HeldOutEvaluation` - at the end of a fit, scores the model on held-out windows next to seasonal naive
+  (private numbers, for the data owner).
 * :func:`make_private_compatible` - the layer surgery (LSTM/GRU/RNN, multi-head attention) behind the strategy.
 * :class:`PrivacyLedger` - the noisy steps a model took, carried by the module and every checkpoint.
 * :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
@@ -15,6 +17,7 @@ from lightning_dpts.training.correlated_noise import (
     optimize_coefficients,
 )
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper
+from lightning_dpts.training.held_out import HeldOutEvaluation
 from lightning_dpts.training.ledger import PrivacyLedger, attach_ledger, install_load_hook, ledger_of, read_ledger
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted, clip_and_noise
 from lightning_dpts.training.surgery import (
@@ -31,6 +34,7 @@ __all__ = [
     "DPCompatibleMultiheadAttention",
     "DPFastLSTM",
     "DPForecastStrategy",
+    "HeldOutEvaluation",
     "NonFiniteGradientError",
     "PerWindowClipper",
     "PrivacyBudgetExhausted",

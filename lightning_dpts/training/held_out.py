@@ -1,0 +1,144 @@
+"""HeldOutEvaluation: at the end of a fit, score the model on the held-out rolling windows next to seasonal naive.
+
+**Its numbers are private.** They are computed from the private data (the held-out windows) without DP, so the
+(epsilon, delta) guarantee does not cover them: they are for the data owner. The callback logs them to the
+Trainer's loggers (keep those logs with the data, as ``dpts fit`` keeps its own under ``private/logs/``), prints
+them with the verdict ``dpts fit`` prints, and, given ``output_dir``, writes them to
+``output_dir/private/evaluation.json`` (:data:`~lightning_dpts.outputs.PRIVATE_DIR`; docs/privacy.md, "What a
+run writes"). Scoring reuses :func:`lightning_dpts.evaluation.score_windows` (pooled CRPS = mean weighted quantile
+loss, MAE of the median, MASE) and :func:`lightning_dpts.evaluation.verdict`; seasonal naive is GluonTS's
+``SeasonalNaivePredictor`` (:func:`lightning_dpts.scoring.baseline_forecasts`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+from lightning_dpts.errors import ConfigurationError
+
+__all__ = ["HeldOutEvaluation"]
+
+
+class HeldOutEvaluation(pl.Callback):
+    """Score the trained model on the datamodule's held-out windows next to seasonal naive (see the module docstring).
+
+    Args:
+        split: ``"test"`` (default) or ``"val"``: which held-out windows of the
+            :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
+        predictor: for GluonTS modules, ``module -> GluonTS Predictor`` (e.g.
+            ``lambda m: estimator.create_predictor(estimator.create_transformation(), m)``). Not needed for a module
+            with ``quantile_forecasts(histories)`` (:func:`~lightning_dpts.models.seasonal_residual`).
+        season_length: m of seasonal naive and MASE (default: from the datamodule's frequency).
+        output_dir: if given, write ``output_dir/private/evaluation.json`` (private: not covered by the guarantee).
+        print_fn: where the comparison and the verdict go (``print``; ``None`` prints nothing).
+
+    After the fit, :attr:`report` holds ``{"metrics": {"dp": ..., "seasonal_naive": ...}, "verdict": [...], ...}``.
+    """
+
+    def __init__(self, split: str = "test", *, predictor: Callable[[Any], Any] | None = None,
+                 season_length: int | None = None, output_dir: str | Path | None = None,
+                 print_fn: Callable[[str], None] | None = print) -> None:
+        if split not in ("test", "val"):
+            raise ConfigurationError("split", split, "must be 'test' or 'val'")
+        self.split = split
+        self.predictor = predictor
+        self.season_length = season_length
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.print_fn = print_fn
+        self.report: dict[str, Any] | None = None
+
+    def _model_quantiles(self, module: Any, dm: Any, windows: list[Any]) -> list[np.ndarray]:
+        from lightning_dpts.scoring import quantile_matrix
+
+        if self.predictor is not None:
+            entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]
+            return [quantile_matrix(f) for f in self.predictor(module).predict(entries)]
+        if hasattr(module, "quantile_forecasts"):
+            return module.quantile_forecasts([w.history for w in windows])
+        raise ConfigurationError("predictor", None, f"{type(module).__name__} has no quantile_forecasts(histories): "
+                                 "pass predictor=lambda m: estimator.create_predictor("
+                                 "estimator.create_transformation(), m) for a GluonTS module")
+
+    def evaluate(self, module: Any, dm: Any, strategy: Any = None, accountant: Any = None) -> dict[str, Any]:
+        """Score ``module`` on ``dm``'s held-out windows next to seasonal naive; returns (and keeps) the report."""
+        from gluonts.time_feature import get_seasonality
+
+        from lightning_dpts.evaluation import score_windows, verdict
+        from lightning_dpts.scoring import baseline_forecasts, quantile_matrix
+
+        windows = dm.evaluation_windows(self.split)
+        if not windows:
+            raise ConfigurationError(f"{self.split}_windows", 0, "must be >= 1 for HeldOutEvaluation")
+        season = self.season_length or int(get_seasonality(dm.freq))
+        was_training = module.training
+        module.eval()
+        try:
+            model_q = self._model_quantiles(module, dm, windows)
+        finally:
+            module.train(was_training)
+        entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]
+        naive_q = [quantile_matrix(f) for f in baseline_forecasts(entries, dm.prediction_length, season, dm.freq,
+                                                                  autoets=False)["seasonal_naive"]]
+        labels = [np.asarray(w.target, dtype=float) for w in windows]
+        histories = [np.asarray(w.history, dtype=float) for w in windows]
+        index = [w.window for w in windows]
+        metrics = {"dp": score_windows(model_q, labels, histories, index, season),
+                   "seasonal_naive": score_windows(naive_q, labels, histories, index, season)}
+        spec = dm.sampling_spec
+        report: dict[str, Any] = {
+            "notice": "private: computed from the held-out windows of the private data without DP; the (epsilon, "
+                      "delta) guarantee does not cover these numbers (keep them with the data owner)",
+            "split": self.split, "forecasts": len(windows), "season_length": season, "metrics": metrics,
+            "privacy_configuration": {"sampling_spec": {
+                "num_series": spec.num_series, "context_length": spec.context_length,
+                "prediction_length": spec.prediction_length, "min_length": spec.min_length,
+                "bottom_level_rate": spec.bottom_level_rate}},
+        }
+        if accountant is not None and getattr(accountant, "epsilon", None) is not None:
+            report["epsilon_budget"] = accountant.epsilon
+        if strategy is not None:
+            try:
+                report["noise_multiplier"] = strategy.noise_multiplier
+            except Exception:  # sigma not calibrated (no fit): the levers then omit it
+                pass
+        # verdict() is dpts fit's; here there is no --no-non-dp option to name
+        report["verdict"] = [line.replace(" (--no-non-dp)", "") for line in verdict(report)]
+        self.report = report
+        return report
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from lightning_dpts.training.accountant_callback import AccountantCallback
+        from lightning_dpts.training.strategy import DPForecastStrategy
+
+        if trainer.global_rank != 0:
+            return
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "evaluation_windows"):
+            raise ConfigurationError("datamodule", type(dm).__name__, "HeldOutEvaluation needs a "
+                                     "StructuredSubsamplingDataModule (fit(model, datamodule=dm))")
+        strategy = next((c for c in trainer.callbacks if isinstance(c, DPForecastStrategy)), None)
+        accountant = next((c for c in trainer.callbacks if isinstance(c, AccountantCallback)), None)
+        report = self.evaluate(pl_module, dm, strategy, accountant)
+        metrics = report["metrics"]
+        logged = {f"heldout_{self.split}/{model}_{name}": value for model, m in metrics.items()
+                  for name, value in m.items() if name in ("crps", "mae", "mase") and math.isfinite(value)}
+        for logger in trainer.loggers:
+            logger.log_metrics(logged, step=trainer.global_step)
+            logger.save()
+        if self.print_fn is not None:
+            scores = ", ".join(f"{model} CRPS {m['crps']:.4f} MAE {m['mae']:.4g}" for model, m in metrics.items())
+            self.print_fn(f"held-out {self.split} windows ({report['forecasts']} forecasts; private numbers, not "
+                          f"covered by the guarantee): {scores}")
+            for line in report["verdict"]:
+                self.print_fn(line)
+        if self.output_dir is not None:
+            from lightning_dpts.outputs import PRIVATE_DIR, write_json
+
+            (self.output_dir / PRIVATE_DIR).mkdir(parents=True, exist_ok=True)
+            write_json(self.output_dir / PRIVATE_DIR / "evaluation.json", report)
