@@ -280,9 +280,11 @@ def _run_privacy(args: argparse.Namespace) -> int:
             print(json.dumps({"epsilon": values}))
         else:
             print(f"{acc.theorem} ({acc.kind} bound), composed per {acc.unit}, delta={args.delta:g}")
-            print(f"{'steps':>12} {acc.unit + 's':>12} {'epsilon':>12}")
+            per_step = acc.unit == "step"  # composed per step: the second column would repeat the first
+            print(f"{'steps':>12}" + ("" if per_step else f" {acc.unit + 's':>12}") + f" {'epsilon':>12}")
             for s in args.steps:
-                print(f"{s:>12d} {acc.compositions(s):>12d} {values[str(s)]:>12.6g}")
+                print(f"{s:>12d}" + ("" if per_step else f" {acc.compositions(s):>12d}")
+                      + f" {values[str(s)]:>12.6g}")
         return 0
 
     # steps
@@ -346,11 +348,22 @@ def _run_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_input_files(args: argparse.Namespace) -> None:
+    """Refuse a missing ``--data`` / ``--public-data`` file before a job imports torch, GluonTS and Lightning."""
+    from pathlib import Path
+
+    for name in ("data", "public_data"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not Path(value).is_file():
+            raise ConfigurationError(name, value, "no such file")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpts`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_input_files(args)  # before any job's heavy imports: a mistyped path is reported at once
         if args.command == "privacy":
             return _run_privacy(args)
         if args.command == "fit":

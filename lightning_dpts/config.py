@@ -332,6 +332,11 @@ class FitConfig:
                                      "rest of the budget trains the model)")
         if self.bands is not None:
             _validate_bands(self)
+        if self.data is not None:  # a missing file is refused here, before the heavy imports and the recipe
+            from pathlib import Path
+
+            if not Path(self.data).is_file():
+                raise ConfigurationError("data", str(self.data), "no such file")
         if self.autoets:
             import importlib.util
 
