@@ -158,16 +158,20 @@ def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
     predict.add_argument("--freq", default=None, help="pandas frequency (default: the model's)")
     predict.add_argument("--quantiles", type=float, nargs="+", default=None, metavar="Q",
                          help="quantile levels in (0, 1) (default 0.1 ... 0.9)")
+    predict.add_argument("--verbose", action="store_true",
+                         help="show third-party warnings and Lightning's info lines (default: quiet)")
     predict.add_argument("--seed", type=int, default=None,
                          help="seed for sample-based forecasts (post-processing; no effect on privacy)")
 
 
 def _run_predict(args: argparse.Namespace) -> int:
+    from lightning_dpts.console import dpts_console
     from lightning_dpts.jobs.predict import predict_to_csv
 
-    table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
-                           time_column=args.time_column, value_column=args.value_column, freq=args.freq,
-                           quantiles=args.quantiles, seed=args.seed)
+    with dpts_console(args.verbose):
+        table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
+                               time_column=args.time_column, value_column=args.value_column, freq=args.freq,
+                               quantiles=args.quantiles, seed=args.seed)
     print(f"{table['item_id'].nunique()} series x {table['horizon'].max()} steps of forecasts written to "
           f"{args.output}")
     return 0
@@ -280,9 +284,11 @@ def _run_privacy(args: argparse.Namespace) -> int:
             print(json.dumps({"epsilon": values}))
         else:
             print(f"{acc.theorem} ({acc.kind} bound), composed per {acc.unit}, delta={args.delta:g}")
-            print(f"{'steps':>12} {acc.unit + 's':>12} {'epsilon':>12}")
+            per_step = acc.unit == "step"  # composed per step: the second column would repeat the first
+            print(f"{'steps':>12}" + ("" if per_step else f" {acc.unit + 's':>12}") + f" {'epsilon':>12}")
             for s in args.steps:
-                print(f"{s:>12d} {acc.compositions(s):>12d} {values[str(s)]:>12.6g}")
+                print(f"{s:>12d}" + ("" if per_step else f" {acc.compositions(s):>12d}")
+                      + f" {values[str(s)]:>12.6g}")
         return 0
 
     # steps
@@ -324,12 +330,18 @@ def _fit_config(args: argparse.Namespace):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
+    from lightning_dpts.console import dpts_console
     from lightning_dpts.jobs.fit import run_fit
 
     config = _fit_config(args)
     out = config.output_dir
     try:
-        run_fit(config)
+        with dpts_console(config.verbose) as console:
+            if not config.verbose:  # the summary table prints the verdict; its Python warning is for Python callers
+                import warnings
+
+                warnings.filterwarnings("ignore", message="dpts fit: VERDICT")
+            run_fit(config, progress=console.say)
     except ConfigurationError:
         raise
     except Exception as err:
@@ -346,11 +358,24 @@ def _run_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_input_files(args: argparse.Namespace) -> None:
+    """Refuse a missing ``--data`` / ``--public-data`` file before a job imports torch, GluonTS and Lightning."""
+    from pathlib import Path
+
+    if args.command not in ("fit", "predict", "synth"):  # dpts privacy --data checks its options first, then reads
+        return
+    for name in ("data", "public_data"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not Path(value).is_file():
+            raise ConfigurationError(name, value, "no such file")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpts`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_input_files(args)  # before any job's heavy imports: a mistyped path is reported at once
         if args.command == "privacy":
             return _run_privacy(args)
         if args.command == "fit":

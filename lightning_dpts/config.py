@@ -127,6 +127,8 @@ class FitConfig:
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
             ``secure_mode`` threat model; needs ``seed=None``).
+        verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
+            default filters known third-party warnings and shows a progress bar only on a terminal).
         output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
@@ -214,6 +216,8 @@ class FitConfig:
                             "entropy)", low=0, high=2**64 - 1, optional=True)
     secure_mode: bool = _opt(False, "bool", "draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no "
                              "--seed)")
+    verbose: bool = _opt(False, "bool", "show every third-party warning, Lightning's info lines and the progress bar "
+                         "even when stdout is not a terminal (default: quiet, a line every tenth of training)")
     output_dir: str = _opt("dpts-run", "str", "where results go, new or empty unless --overwrite (default dpts-run)",
                            metavar="DIR")
     test_windows: int | None = _opt(None, "int", "rolling test windows of the horizon at the end of every series, "
@@ -332,6 +336,11 @@ class FitConfig:
                                      "rest of the budget trains the model)")
         if self.bands is not None:
             _validate_bands(self)
+        if self.data is not None:  # a missing file is refused here, before the heavy imports and the recipe
+            from pathlib import Path
+
+            if not Path(self.data).is_file():
+                raise ConfigurationError("data", str(self.data), "no such file")
         if self.autoets:
             import importlib.util
 

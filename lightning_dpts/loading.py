@@ -13,7 +13,10 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["drop_short_series", "load_fit_table", "load_long_table"]
+__all__ = ["MISSING_CSV_CELLS", "drop_short_series", "load_fit_table", "load_long_table"]
+
+#: The only CSV cells read as a missing value (docs/data.md: "NaN/empty/None is a missing value").
+MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
 
 
 def load_long_table(path: str | Path, id_column: str, time_column: str, value_column: str,
@@ -33,7 +36,9 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
         if name.endswith((".parquet", ".pq")):
             raw = pd.read_parquet(path)
         elif name.endswith((".csv", ".csv.gz", ".txt")):
-            raw = pd.read_csv(path)
+            # only an empty cell, NaN or None is missing (docs/data.md); pandas' other defaults ("n/a", "NA",
+            # "null", "#N/A", ...) stay text, so a value column holding them is refused, not silently emptied
+            raw = pd.read_csv(path, keep_default_na=False, na_values=list(MISSING_CSV_CELLS))
         else:
             raise ConfigurationError("data", str(path), "must be a .csv, .csv.gz or .parquet file")
     except ConfigurationError:

@@ -586,8 +586,10 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         and ``future_observed_values``), in the order of :meth:`evaluation_windows` for that split, so
         ``trainer.predict`` outputs line up with ``evaluation_windows(dm.predict_split)``. Deterministic: no
         training randomness is used. GluonTS modules have no ``predict_step``; see
-        :func:`lightning_dpts.export.attach_quantile_predict_step`.
+        :func:`lightning_dpts.export.attach_quantile_predict_step`: without it, ``trainer.predict`` on a GluonTS
+        module is refused here (Lightning's default step would fail inside GluonTS' ``forward``).
         """
+        _check_predict_step(getattr(self, "trainer", None))
         return self._eval_loader(self.predict_split)
 
     def evaluation_windows(self, split: str = "test") -> list[EvaluationWindow]:
@@ -656,3 +658,22 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             f"bottom_level={s.bottom_level}, {s.steps_per_epoch} steps/epoch, rho={s.top_level_rate:.4g}, "
             f"r={s.bottom_level_rate:.4g}, context_noise={s.context_noise}, forecast_noise={s.forecast_noise}"
         )
+
+
+def _check_predict_step(trainer: Any) -> None:
+    """Refuse ``trainer.predict`` on a GluonTS torch module that has no ``predict_step`` of its own: Lightning's
+    default calls ``module(batch)`` with the whole dict, which fails inside GluonTS (``'dict' object has no
+    attribute 'abs'``)."""
+    if trainer is None or not getattr(trainer, "predicting", False):
+        return  # called directly (or by another stage): no predict_step runs
+    module = getattr(trainer, "lightning_module", None)
+    if module is None or not hasattr(getattr(module, "model", None), "describe_inputs"):
+        return  # not a GluonTS torch module: its own predict_step (or Lightning's default) decides
+    if "predict_step" in vars(module) or type(module).predict_step is not L.LightningModule.predict_step:
+        return  # attach_quantile_predict_step (an instance attribute) or a subclass's own step
+    raise ConfigurationError(
+        "predict_step", type(module).__name__,
+        "a GluonTS module has no predict_step, and Lightning's default cannot feed it a batch dict: call "
+        "lightning_dpts.export.attach_quantile_predict_step(module) before trainer.predict (it returns forecast "
+        "quantiles [B, L_F, Q]), or forecast with the GluonTS predictor (estimator.create_predictor)",
+    )

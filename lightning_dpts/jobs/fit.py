@@ -243,9 +243,13 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         run_dir.register("private/logs/", "private: Lightning CSV logs (noise-free training loss of private "
                          "batches, epsilon by step, the DP settings as hyperparameters)")
         logger = CSVLogger(str(out / PRIVATE_DIR), name="logs")
+    from lightning_dpts.console import progress_bar_wanted, step_lines
+
+    bar = progress_bar_wanted(config.verbose)  # a progress bar only on a terminal; a log gets a line per tenth
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
-                        callbacks=[strategy, accountant], enable_checkpointing=False, enable_model_summary=False,
-                        log_every_n_steps=1)
+                        callbacks=[strategy, accountant, *([] if bar else [step_lines(write=progress)])],
+                        enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
+                        enable_progress_bar=bar)
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
              f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
     trainer.fit(module, datamodule=dm)

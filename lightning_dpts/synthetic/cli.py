@@ -106,6 +106,9 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-private-plots", dest="private_plots", action="store_false",
                    help="do not write private/real_vs_synthetic.png, which shows real private windows")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true",
+                   help="show third-party warnings, Lightning's info lines and progress bars even when stdout is not "
+                        "a terminal (default: quiet)")
 
 
 def _numbers(text: str | None, parameter: str, kind: type) -> list | None:
@@ -128,6 +131,7 @@ def _dp_sgd_reference(fit_config: Any) -> dict[str, Any]:
 def run_synth_command(args: argparse.Namespace) -> int:
     """Build a :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` from ``args`` and run it
     (:func:`lightning_dpts.jobs.synth.run_synth`)."""
+    from lightning_dpts.console import dpts_console, progress_bar_wanted
     from lightning_dpts.jobs.synth import SynthConfig, run_synth
 
     epochs = _numbers(args.pretrain_epochs, "pretrain_epochs", int)
@@ -142,11 +146,13 @@ def run_synth_command(args: argparse.Namespace) -> int:
         prediction_length=args.prediction_length, tstr=not args.no_tstr, tstr_steps=args.tstr_steps,
         compare_dp_sgd=args.compare_dp_sgd, public_data=args.public_data,
         pretrain_epochs=tuple(epochs) if epochs is not None else (0, 0), num_public=args.num_public,
-        secure_noise=args.secure_noise, seed=args.seed, output_dir=args.output_dir, progress=not args.no_progress,
+        secure_noise=args.secure_noise, seed=args.seed, output_dir=args.output_dir,
+        progress=not args.no_progress and progress_bar_wanted(args.verbose),
         private_outputs=args.private_outputs, private_plots=args.private_plots, overwrite=args.overwrite,
     )
     try:
-        run_synth(config, compare=_dp_sgd_reference)
+        with dpts_console(args.verbose):
+            run_synth(config, compare=_dp_sgd_reference)
     except ConfigurationError:
         raise
     except Exception as err:

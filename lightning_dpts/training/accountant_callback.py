@@ -61,7 +61,7 @@ class AccountantCallback(StepAccountant):
     """Enforce a privacy budget (epsilon, delta) and log the epsilon spent at every optimizer step.
 
     Args:
-        epsilon: the budget epsilon >= 0.
+        epsilon: the budget epsilon > 0 (0 allows no step and is refused).
         delta: the budget delta in (0, 1).
         bound: ``"upper"`` (default, the sound guarantee) or ``"lower"`` (the paper's optimistic lower bound;
             only for comparisons - training then stops at a count the guarantee does *not* cover).
@@ -106,9 +106,9 @@ class AccountantCallback(StepAccountant):
             raise ConfigurationError("monte_carlo_samples", monte_carlo_samples, "must be an integer >= 1")
         self.monte_carlo_samples = monte_carlo_samples
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (
-            math.isfinite(epsilon) and epsilon >= 0
-        ):
-            raise ConfigurationError("epsilon", epsilon, "must be a finite number >= 0")
+            math.isfinite(epsilon) and epsilon > 0
+        ):  # epsilon = 0 allows no noisy step: refused, as dpts fit refuses it, instead of training nothing
+            raise ConfigurationError("epsilon", epsilon, "must be a finite number > 0")
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
             raise ConfigurationError("delta", delta, "must lie strictly between 0 and 1")
         if bound not in ("upper", "lower"):

@@ -113,6 +113,17 @@ def check_distributed(trainer: L.Trainer, noise: NoiseSpec, world_size: int) -> 
             f"must be False: SyncBatchNorm normalises with statistics of every rank's windows, so one window "
             f"changes every other window's gradient (docs/privacy.md, rule 8) {where}",
         )
+    module = getattr(trainer, "lightning_module", None)
+    own = [name for name, p in module.named_parameters(recurse=False) if p.requires_grad] if module is not None else []
+    if own:  # Lightning's DDP calls the LightningModule itself with the batch (forward redirected to training_step):
+        # the per-window hooks on a module owning a parameter would see the batch dict as its input
+        raise ConfigurationError(
+            "model", f"parameter {own[0]!r} of {type(module).__name__}",
+            f"is a bare nn.Parameter of the LightningModule itself, which per-window gradients do not support on "
+            f"{world_size} processes (Lightning's DDP calls the LightningModule with the whole batch); move it into "
+            f"a small nn.Module whose forward uses it (e.g. class Scale(nn.Module) with forward(x) = x @ "
+            f"self.weight), use a supported layer such as nn.Linear, or freeze it {where}",
+        )
     if noise.correlated:
         raise ConfigurationError(
             "noise", noise.name,

@@ -195,6 +195,13 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             default for ``bands``.
     """
 
+    def __repr__(self) -> str:
+        # Lightning's "invalid strategy" error for Trainer(strategy=DPForecastStrategy(...)) quotes this repr, the
+        # only part of its message the class controls (it is a Callback, not a lightning Strategy): say where it goes
+        return (f"DPForecastStrategy(noise_multiplier={self._noise_multiplier}, max_grad_norm={self.max_grad_norm}) "
+                "[a Callback, not a Lightning strategy: pass it as Trainer(callbacks=[DPForecastStrategy(...), "
+                "AccountantCallback(...)]), not strategy=]")
+
     def __init__(
         self,
         noise_multiplier: float | None = None,

@@ -273,8 +273,43 @@ def freeze(out: Path, buffer: bool = False) -> None:
     (out / f"freeze{rank}.json").write_text(json.dumps(result))
 
 
+class BareParameter(L.LightningModule):
+    """A LightningModule owning a bare ``nn.Parameter`` used in its own ``forward`` (accepted on one process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = nn.Parameter(0.01 * torch.randn(CONTEXT, HORIZON))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return (self(batch["past_target"]) - batch["future_target"]).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def bare(out: Path) -> None:
+    """Issue 32: a bare parameter of the LightningModule itself under DDP (Opacus' hook saw the batch dict)."""
+    rank = int(os.environ["RANK"])
+    model, dm = BareParameter(), datamodule()
+    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
+    t = trainer(out, [strategy], max_steps=3, logger=False, enable_checkpointing=False)
+    result: dict = {"rank": rank}
+    try:
+        t.fit(model, datamodule=dm)
+        result.update(error=None, ledger_steps=strategy.ledger.steps, weights_after=weights(model))
+    except Exception as err:  # recorded for the test
+        result.update(error=type(err).__name__, message=str(err)[:600])
+    (out / f"bare{rank}.json").write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
-    if sys.argv[2:] in (["freeze"], ["buffer"]):
+    if sys.argv[2:] == ["bare"]:
+        bare(Path(sys.argv[1]))
+    elif sys.argv[2:] in (["freeze"], ["buffer"]):
         freeze(Path(sys.argv[1]), buffer=sys.argv[2] == "buffer")
     else:
         main(Path(sys.argv[1]))

@@ -306,6 +306,28 @@ def test_several_processes_refuse_what_is_not_supported() -> None:
         dp._check_distributed(_fake_trainer(dm=L.LightningDataModule()))
 
 
+def test_a_bare_parameter_of_the_lightning_module_is_refused_on_several_processes() -> None:
+    """Issue 32: Lightning's DDP calls the LightningModule with the batch dict, and Opacus' hook on a module that
+    owns a parameter failed with "'dict' object has no attribute 'detach'": refused at setup, naming the fix."""
+    dp = DPForecastStrategy(noise_multiplier=1.0)
+    dp._world_size = 2
+    trainer = _fake_trainer()
+    trainer.lightning_module = worker.BareParameter()
+    with pytest.raises(ConfigurationError, match="bare nn.Parameter of the LightningModule.*'weight'|'weight'.*bare"):
+        dp._check_distributed(trainer)
+    trainer.lightning_module = worker.Tiny()  # parameters inside layers: accepted
+    dp._check_distributed(trainer)
+
+
+@pytest.mark.slow  # two processes for ~10 s
+def test_a_bare_parameter_of_the_lightning_module_is_refused_under_ddp(tmp_path: Path) -> None:
+    _launch(tmp_path, "bare")
+    ranks = [json.loads((tmp_path / f"bare{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert r["error"] == "ConfigurationError" and "bare nn.Parameter" in r["message"], r
+        assert "'dict' object" not in r["message"]
+
+
 def test_secure_mode_sampling_is_refused_on_several_processes() -> None:
     from lightning_dpts.data import StructuredSubsamplingDataModule
 

@@ -147,3 +147,13 @@ def test_predict_split_val_uses_the_validation_windows():
     dm.predict_split = "val"
     for got, want in zip(dm.predict_dataloader(), dm.val_dataloader(), strict=True):
         assert all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_trainer_predict_without_a_predict_step_names_the_helper():
+    """Issue 32: Lightning's default step fails inside GluonTS; the datamodule refuses first, naming the helper."""
+    from lightning_dpts.errors import ConfigurationError
+
+    module = make_module("dlinear")
+    dm = data.StructuredSubsamplingDataModule("us_employment", batch_size=16, model=module, seed=1, test_windows=1)
+    with pytest.raises(ConfigurationError, match="attach_quantile_predict_step"):
+        trainer().predict(module, datamodule=dm)
