@@ -291,7 +291,8 @@ class IndependenceChecks:
         gap = float(torch.linalg.vector_norm(clipped[0] - clipped[1]))
         if gap <= window_tolerance(both.dtype, both.shape[1], scale):
             return
-        if gap <= ROUND_OFF_FACTOR * float(factors[0]) * self._round_off(pl_module, batch, j, iso, alone):
+        round_off = float(factors[0]) * self._round_off(pl_module, batch, j, iso, alone)
+        if gap <= ROUND_OFF_FACTOR * round_off:
             return  # within what this window's own float32 round-off reaches: not evidence of a mix
         for k in (float(size), 1.0 / size):  # the batched one is k times the window's own: a loss_reduction slip
             scaled = both[0] * k
@@ -319,6 +320,6 @@ class IndependenceChecks:
             f"forward mixes the windows of a batch: spot check at noisy step {self.ledger.steps + 1} (this fit's step "
             f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
             f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
-            f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}; most in parameter {param!r}). The step is refused "
-            f"before its update (docs/privacy.md, rule 8). {self._refusal_advice()}",
+            f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}, the window's own round-off {round_off:.3g}; most "
+            f"in parameter {param!r}). The step is refused before its update (docs/privacy.md, rule 8). {self._refusal_advice()}",
         )
