@@ -321,5 +321,6 @@ class IndependenceChecks:
             f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
             f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
             f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}, the window's own round-off {round_off:.3g}; most "
-            f"in parameter {param!r}). The step is refused before its update (docs/privacy.md, rule 8). {self._refusal_advice()}",
+            f"in parameter {param!r}). The step is refused before its update (docs/privacy.md, rule 8). "
+            f"{self._refusal_advice()}",
         )
