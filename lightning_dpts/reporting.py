@@ -41,9 +41,9 @@ PRIVATE_NOTICE = (
     "model, verdict, levers): NOT covered by the (epsilon, delta) guarantee - keep it with the data owner, do not "
     "publish it"
 )
-#: Most grid points of the public epsilon curve (report.json ``epsilon_curve``, epsilon.png); each costs one
-#: accountant read-out (about 0.05 s), computed after training from the accountant alone.
-EPSILON_CURVE_POINTS = 32
+#: Largest relative step between consecutive values of the public epsilon curve (report.json ``epsilon_curve``,
+#: epsilon.png), computed after training from the accountant alone (the demo's curve: about 0.5 s).
+EPSILON_CURVE_RTOL = 0.01
 
 
 def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy: Any, spec: Any, sigma: float,
@@ -158,25 +158,31 @@ def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str
     write_json(out / "report.json", report)
 
 
-def epsilon_curve(accountant: Any, spec: Any, steps: int, final: Any,
-                   points: int = EPSILON_CURVE_POINTS) -> dict[str, list[Any]]:
-    """Epsilon after every step, as upper bounds at up to ``points`` grid steps, from the accountant alone.
+def epsilon_curve(accountant: Any, spec: Any, steps: int, final: Any, rtol: float = EPSILON_CURVE_RTOL
+                  ) -> dict[str, list[Any]]:
+    """Epsilon after every step, as upper bounds within ``rtol`` of each other, from the accountant alone.
 
     Public: it depends only on the configuration (sampling spec, sigma, delta) and the number of steps, never on
     the data or on timings. ``{"steps": [s_1, ..., s_K = steps], "epsilon": [...]}``: epsilon after any step
-    s <= s_k is at most ``epsilon[k]`` (the composition count is monotone). A Monte Carlo (``--bands``) run has
-    one whole-run bound, valid for every prefix.
+    s <= s_k is at most ``epsilon[k]``; consecutive values differ by at most ``rtol`` (relative) unless one step
+    apart (:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`, the table the
+    AccountantCallback logs), and the last is the run's own epsilon. A Monte Carlo (``--bands``) run has one
+    whole-run bound, valid for every prefix.
     """
     acc = getattr(accountant, "accountant", None)
     if steps <= 0:
         return {"steps": [], "epsilon": []}
     if acc is None or accountant.monte_carlo is not None:
         return {"steps": [steps], "epsilon": [float(final.epsilon)]}
-    last = acc.compositions(steps)
-    grid = sorted({math.ceil(k * last / min(points, last)) for k in range(1, min(points, last) + 1)})
-    out_steps = [min(steps, spec.max_steps_for_compositions(c)) for c in grid]
-    values = [float(final.epsilon) if s == steps else float(acc.epsilon(s, final.delta)) for s in out_steps]
-    return {"steps": out_steps, "epsilon": values}
+    last, total = acc.compositions(steps), float(final.epsilon)
+    by_step: dict[int, float] = {}
+    for count, value in acc.epsilon_curve(last, final.delta, rtol=rtol):
+        step = min(steps, spec.max_steps_for_compositions(count))
+        # epsilon is nondecreasing in the count, so the run's own epsilon bounds every earlier step too
+        by_step[step] = total if step == steps else min(float(value), total)
+    by_step[steps] = total
+    ordered = sorted(by_step)
+    return {"steps": ordered, "epsilon": [by_step[s] for s in ordered]}
 
 
 def curve_by_step(curve: dict[str, list[Any]], steps: int) -> tuple[np.ndarray, np.ndarray]:

@@ -94,6 +94,28 @@ def test_no_private_outputs_writes_only_public_files(tiny_csv, tmp_path, capsys)
     assert {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()} == set(files)
 
 
+def test_the_published_epsilon_curve_is_within_one_percent_of_epsilon_after_every_step(tiny_csv, tmp_path):
+    """report.json's epsilon_curve (drawn in epsilon.png) bounds epsilon after every step and stays within 1% of
+    the accountant's own epsilon(step) (issue 26: it used to be a staircase of 32 points, 3x too high at step 1)."""
+    from lightning_dpts.privacy import NeighbouringRelation, SamplingSpec, StructuredSubsamplingAccountant
+    from lightning_dpts.reporting import curve_by_step
+
+    run = _fit_in(tmp_path, pd.read_csv(tiny_csv), "--no-private-outputs", "--no-non-dp", "--epochs", "40")
+    report = json.loads((run / "report.json").read_text())
+    assert report["steps"] > 64  # more steps than the old 32-point grid
+    spec_dict = dict(report["privacy_configuration"]["sampling_spec"])
+    relation = NeighbouringRelation(**spec_dict.pop("relation"))
+    for derived in ("top_level_rate", "bottom_level_rate", "windows_per_unit", "steps_per_epoch"):
+        spec_dict.pop(derived)
+    spec_dict["lengths"] = tuple(spec_dict["lengths"]) if spec_dict["lengths"] else None
+    acc = StructuredSubsamplingAccountant(SamplingSpec(relation=relation, **spec_dict), report["noise_multiplier"])
+    steps, bound = curve_by_step(report["epsilon_curve"], report["steps"])
+    assert list(steps) == list(range(1, report["steps"] + 1))
+    for s in sorted({1, 2, 3, *range(5, report["steps"] + 1, max(1, report["steps"] // 12)), report["steps"]}):
+        exact = acc.epsilon(int(s), report["delta"])
+        assert exact * (1 - 1e-9) <= bound[s - 1] <= exact * 1.011, (s, exact, bound[s - 1])
+
+
 def test_rerun_into_a_used_directory_is_refused_and_overwrite_removes_the_stale_plot(tiny_csv, tmp_path, capsys,
                                                                                      monkeypatch):
     """The stale-plot scenario: an earlier run left private/forecasts.png; a new run must not sit next to it."""
