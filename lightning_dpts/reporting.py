@@ -9,7 +9,6 @@ the terminal's summary.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import asdict
