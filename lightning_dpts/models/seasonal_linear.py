@@ -185,7 +185,25 @@ class SeasonalLinearModel(nn.Module):
         return (crps * obs).sum(-1) / obs.sum(-1).clamp(min=1.0)
 
 
-class SeasonalLinearLightningModule(pl.LightningModule):
+class CRPSSteps(pl.LightningModule):
+    """Training and validation steps of a module whose ``_loss(batch)`` is the mean per-window CRPS (logged as
+    ``train_loss`` / ``val_loss``): shared by the seasonal models."""
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
+        loss = self._loss(batch)
+        self.log("train_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
+        loss = self._loss(batch)
+        self.log("val_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
+        return loss
+
+
+class SeasonalLinearLightningModule(CRPSSteps):
     """LightningModule of :class:`SeasonalLinearModel` (GluonTS-style: ``model_kwargs``, ``lr``, ``weight_decay``).
 
     ``training_step`` returns the mean of the per-window CRPS over the batch (``loss_reduction="mean"`` for
@@ -214,16 +232,6 @@ class SeasonalLinearLightningModule(pl.LightningModule):
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model.loss(**select(self.inputs, batch), future_target=batch["future_target"],
                                future_observed_values=batch["future_observed_values"]).mean()
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
-        loss = self._loss(batch)
-        self.log("train_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
-        loss = self._loss(batch)
-        self.log("val_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
-        return loss
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)

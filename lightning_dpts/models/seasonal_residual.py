@@ -29,14 +29,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from gluonts.model import Input, InputSpec
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.models.seasonal_linear import _SPREAD_AT_INIT, SeasonalLinearModel, gaussian_crps
+from lightning_dpts.models.seasonal_linear import _SPREAD_AT_INIT, CRPSSteps, SeasonalLinearModel, gaussian_crps
 
 __all__ = ["SeasonalResidualLightningModule", "SeasonalResidualModel", "seasonal_residual"]
 
@@ -133,7 +132,7 @@ class SeasonalResidualModel(nn.Module):
         return (gaussian_crps(mu, sigma, y) * obs).sum(-1) / obs.sum(-1).clamp(min=1.0)
 
 
-class SeasonalResidualLightningModule(pl.LightningModule):
+class SeasonalResidualLightningModule(CRPSSteps):
     """LightningModule of :class:`SeasonalResidualModel`: mean per-window CRPS (``loss_reduction="mean"``), Adam.
 
     :meth:`quantile_forecasts` forecasts from histories (what
@@ -149,16 +148,6 @@ class SeasonalResidualLightningModule(pl.LightningModule):
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model.loss(batch["past_target"], batch["past_observed_values"], batch["future_target"],
                                batch["future_observed_values"]).mean()
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
-        loss = self._loss(batch)
-        self.log("train_loss", loss, on_epoch=True, on_step=False, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # type: ignore[override]
-        loss = self._loss(batch)
-        self.log("val_loss", loss, on_epoch=True, on_step=False)
-        return loss
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.model.parameters(), lr=self.lr)
