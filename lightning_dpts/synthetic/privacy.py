@@ -42,6 +42,7 @@ from lightning_dpts.privacy.accountant import ProfileAccountant
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
+    "PROTECTS",
     "RELATIONS",
     "UNITS",
     "PETSAccountant",
@@ -54,8 +55,18 @@ __all__ = [
 
 #: Neighbouring relations: add/remove one unit (Delta = 1) or substitute one unit (Delta = sqrt(2)).
 RELATIONS: tuple[str, ...] = ("add_remove", "substitution")
-#: Privacy units: one window (the paper's) or one series (at most m windows, vote weight 1/m each).
+#: Privacy units: one series (at most m windows, vote weight 1/m each) or one window (the paper's, weight 1).
 UNITS: tuple[str, ...] = ("series", "window")
+#: What each unit protects, in words (``report.json``'s ``protects``, ``dpts synth --help``, docs/synthetic.md).
+PROTECTS: dict[str, str] = {
+    "series": "one whole series (all its values) joining or leaving the data (relation add_remove, the default), "
+              "or being replaced (substitution)",
+    "window": "one window of --length consecutive steps of one series: with relation substitution (the default) "
+              "any change of the values inside it, e.g. one time step's value (the windows do not overlap, so one "
+              "step lies in exactly one window); with add_remove only one window joining or leaving. A change "
+              "spanning k windows (w consecutive steps reach up to ceil((w - 1) / length) + 1 windows) is covered "
+              "only by group privacy over k units, a whole series over all its windows",
+}
 
 
 def sensitivity(relation: str) -> float:
