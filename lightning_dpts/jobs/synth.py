@@ -82,7 +82,7 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
     with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
         models = _pretrain(config, plan["pretrain"], public, out, run_dir, log)
         log(f"noise multiplier {plan['sigma']:.4f} (std {plan['noise_std']:.4f} votes per bin, sensitivity "
-            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} rounds give "
+            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} round(s) give "
             f"epsilon={plan['epsilon']:.4f} at delta={config.delta:g}")
         result = _evolve(config, data, plan, models, entropy)
         synthetic = standardize_windows(result.synthetic)

@@ -188,7 +188,14 @@ def calibrate_pets_noise(epsilon: float, delta: float, rounds: int, rtol: float 
         return PETSAccountant(sigma).epsilon(rounds, delta) <= epsilon
 
     # closed-form guess, then bracket [lo (fails), hi (fits)] and bisect on log sigma
-    guess = optimize.brentq(lambda s: theorem_2_delta(epsilon, s, rounds) - delta, 1e-3, 1e6)
+    smallest, largest = 1e-3, 1e6
+    if theorem_2_delta(epsilon, smallest, rounds) <= delta:
+        raise ConfigurationError("epsilon", epsilon, f"is too large to calibrate: {rounds} round(s) would need a noise "
+                                 f"multiplier below {smallest:g} (the votes would be released almost exactly)")
+    if theorem_2_delta(epsilon, largest, rounds) > delta:
+        raise ConfigurationError("epsilon", epsilon, f"is too small to calibrate: {rounds} round(s) would need a noise "
+                                 f"multiplier above {largest:g}")
+    guess = optimize.brentq(lambda s: theorem_2_delta(epsilon, s, rounds) - delta, smallest, largest)
     hi = guess * 1.01
     while not fits(hi):
         hi *= 1.1
