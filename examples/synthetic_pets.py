@@ -6,11 +6,11 @@ Run from the repository root::
 
 Uses the bundled us_employment data as the private dataset, public pretraining on the rule-based generator's
 output (cached in the output directory), series-level privacy (each series votes with total weight 1) and
-(epsilon, delta) = (1, 1e-5) with ``dpts synth``'s defaults (one round, threshold one noise std). It needs about
-21 s of CPU, public pretraining of a first run included (measured: 2 min 49 s wall on a 2-core machine shared
-at load average 14-16, so mostly waiting; see docs/synthetic.md) and prints how long it took. ``synthetic.csv.gz`` is the
-release; the C-FID, TSTR and verdict lines printed at the end are computed from the private data and are for you,
-not for publication.
+(epsilon, delta) = (1, 1e-5) with ``dpts synth``'s defaults (one round, threshold one noise std). It needs
+about 21 s of CPU, public pretraining of a first run included (measured: 2 min 49 s wall on a 2-core machine
+shared at load average 14-16, so mostly waiting; see docs/synthetic.md) and prints how long it took.
+``synthetic.csv.gz`` is the release; the C-FID, TSTR and verdict lines printed at the end are computed from the
+private data and are for you, not for publication.
 """
 
 from __future__ import annotations

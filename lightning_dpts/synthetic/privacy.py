@@ -4,7 +4,9 @@ What is protected (the neighbouring relation):
 
 * ``unit="window"`` (the paper's unit): one private sample is one window. Adding or removing one window changes
   the vote histogram of Algorithm 2 by one count in one bin: L2 sensitivity Delta = 1. Under *substitution*
-  (replace one window) one count moves between two bins: Delta = sqrt(2).
+  (replace one window) one count moves between two bins: Delta = sqrt(2). Substitution is ``dpts synth``'s
+  default for this unit because it is what a changed value does: the windows do not overlap, so one time step
+  lies in exactly one window, and changing it can move that window's vote to another candidate.
 * ``unit="series"`` (beyond the paper, for forecasting users): one private sample is a whole series. Each series
   contributes at most ``m`` windows, each with vote weight 1/m, so its vote vector v is non-negative with
   ||v||_2 <= ||v||_1 <= 1: Delta = 1 under add/remove; under substitution ||v - v'||_2^2 = ||v||^2 + ||v'||^2
