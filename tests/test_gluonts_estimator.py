@@ -103,6 +103,30 @@ def test_explicit_settings_win_and_a_gluonts_model_trains(series):
     assert forecast.mean.shape == (H,) and np.isfinite(forecast.mean).all()
 
 
+@pytest.mark.parametrize("name", ["deepar", "dlinear", "patchtst"])
+def test_every_supported_gluonts_estimator_trains_and_forecasts(series, name):
+    if name == "deepar":
+        from gluonts.torch.model.deepar import DeepAREstimator
+
+        estimator = DeepAREstimator(freq="M", prediction_length=H, context_length=H, hidden_size=8, num_layers=1)
+    elif name == "dlinear":
+        from gluonts.torch.model.d_linear import DLinearEstimator
+
+        estimator = DLinearEstimator(prediction_length=H, context_length=24, hidden_dimension=8)
+    else:
+        from gluonts.torch.model.patch_tst import PatchTSTEstimator
+
+        estimator = PatchTSTEstimator(prediction_length=H, patch_len=6, context_length=24, d_model=8, nhead=2,
+                                      dim_feedforward=8, num_encoder_layers=1)
+    private = PrivateEstimator(estimator, epsilon=1.0, delta=1e-7, epochs=1, batch_size=64, seed=2,
+                               trainer_kwargs={"accelerator": "cpu", "enable_progress_bar": False})
+    predictor = _quiet(private.train, _training(series))
+    report = predictor.privacy_report
+    assert report.steps == report.series // 64 and 0 < report.epsilon <= 1.0  # one epoch of the kept series
+    forecast = next(iter(_quiet(predictor.predict, ListDataset(series[:1], freq="M"))))
+    assert forecast.mean.shape == (H,) and np.isfinite(forecast.mean).all()
+
+
 def test_refusals_come_before_any_work(series):
     from gluonts.torch.model.deepar import DeepAREstimator
     from gluonts.torch.model.tft import TemporalFusionTransformerEstimator
