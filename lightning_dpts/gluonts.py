@@ -29,6 +29,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from gluonts.model import Estimator
+
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
@@ -134,8 +136,10 @@ def _same_freq(a: str, b: str) -> bool:
         return pd.Period("2000-01-01", freq=a).freqstr == pd.Period("2000-01-01", freq=b).freqstr
 
 
-class PrivateEstimator:
+class PrivateEstimator(Estimator):
     """A GluonTS estimator trained with differential privacy: ``PrivateEstimator(est, epsilon=1, delta=1e-7)``.
+
+    A ``gluonts.model.Estimator``: ``train(training_data)`` returns a ``Predictor``.
 
     Args:
         estimator: a GluonTS torch estimator of :data:`SUPPORTED_ESTIMATORS`, configured as usual (its
@@ -208,6 +212,7 @@ class PrivateEstimator:
         if "strategy" in trainer_kwargs:
             raise ConfigurationError("trainer_kwargs['strategy']", trainer_kwargs["strategy"],
                                      "is not accepted: PrivateEstimator adds DPForecastStrategy as a callback")
+        super().__init__(lead_time=0)
         self.estimator = estimator
         self.epsilon = float(epsilon)
         self.delta = float(delta)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gluonts.dataset.common import ListDataset
 from gluonts.evaluation import Evaluator, make_evaluation_predictions
+from gluonts.model import Estimator
 from gluonts.model.seasonal_naive import SeasonalNaivePredictor
 from gluonts.torch.model.predictor import PyTorchPredictor
 
@@ -63,6 +64,7 @@ def test_recipe_model_trains_privately_and_beats_seasonal_naive(series, tmp_path
     private = PrivateEstimator(SeasonalLinearEstimator(prediction_length=H, context_length=24, season_length=12),
                                epsilon=1.0, delta=1e-7, seed=0,
                                trainer_kwargs={"accelerator": "cpu", "enable_progress_bar": False})
+    assert isinstance(private, Estimator) and private.prediction_length == H
     out = _quiet(private.train_model, _training(series))
     assert isinstance(out.predictor, PyTorchPredictor)
     report = out.predictor.privacy_report
