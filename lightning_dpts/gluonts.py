@@ -204,6 +204,10 @@ class PrivateEstimator(Estimator):
         if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
                                           or not 0 < max_grad_norm < float("inf")):
             raise ConfigurationError("max_grad_norm", max_grad_norm, "must be a finite number > 0, or None")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigurationError("seed", seed, "must be None (secret OS entropy) or an integer >= 0")
+        if not isinstance(secure_mode, bool) or (secure_mode and seed is not None):
+            raise ConfigurationError("secure_mode", secure_mode, "must be True or False, and True needs seed=None")
         trainer_kwargs = dict(trainer_kwargs or {})
         for key in _RECIPE_TRAINER_KEYS:
             if key in trainer_kwargs:

@@ -140,7 +140,8 @@ def test_refusals_come_before_any_work(series):
     deepar = DeepAREstimator(freq="W", prediction_length=H)
     for kwargs, name in (({"epsilon": 0}, "epsilon"), ({"delta": 1.0}, "delta"), ({"epochs": 0}, "epochs"),
                          ({"trainer_kwargs": {"max_epochs": 5}}, "max_epochs"),
-                         ({"trainer_kwargs": {"strategy": "ddp"}}, "strategy")):
+                         ({"trainer_kwargs": {"strategy": "ddp"}}, "strategy"), ({"seed": -1}, "seed"),
+                         ({"secure_mode": True, "seed": 0}, "secure_mode"), ({"max_grad_norm": 0}, "max_grad_norm")):
         with pytest.raises(ConfigurationError, match=name):
             PrivateEstimator(deepar, **{"epsilon": 1, "delta": 1e-7, **kwargs})
     private = PrivateEstimator(deepar, epsilon=1, delta=1e-7)
