@@ -69,3 +69,13 @@ def test_the_shipped_yaml_parses_unchanged():
 def test_a_data_string_is_a_bundled_name_or_a_file():
     with pytest.raises(ConfigurationError, match="data.*neither a bundled dataset name"):
         StructuredSubsamplingDataModule("no/such/file.csv", batch_size=8, context_length=4, prediction_length=2)
+
+
+def test_scheme_names_and_the_relation_parse_from_the_command_line():
+    args = ["--config", str(ROOT / "examples" / "lightning_cli.yaml"), "--data.top_level", "poisson",
+            "--data.relation", '{"level": "user", "size": 2}']
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cli = _example().PrivateCLI(datamodule_class=StructuredSubsamplingDataModule, run=False, args=args)
+    spec = cli.datamodule.sampling_spec
+    assert spec.top_level == "poisson" and (spec.relation.level, spec.relation.size) == ("user", 2)
