@@ -259,23 +259,35 @@ class ProfileAccountant:
         wanted = min(finer, MAX_REFINEMENT, unit_limit)
         return min(wanted, fits), fits < wanted
 
-    def _plain(self, compositions: int, level: int) -> tuple[int | None, PrivacyLossDistribution]:
-        """(grid, untilted composed PLD) for ``compositions`` units at ``level``: by FFT on :meth:`_grid`'s grid, or
-        by squaring (grid ``None``, :meth:`_squares`) for huge counts and wherever the FFT's range would exceed
-        the memory bound or force a grid coarser than the count needs (raises _TooLarge only with
-        ``min_grid_points=0`` beyond the memory bound, or beyond :data:`MAX_COMPOSITIONS`)."""
+    def _plain(self, compositions: int, level: int) -> tuple[int | None, list[PrivacyLossDistribution]]:
+        """(grid, untilted composed PLDs, each an upper bound) for ``compositions`` units at ``level``.
+
+        Huge counts (:meth:`_fine_only`) are composed by squaring (grid ``None``; :func:`~lightning_dpts.privacy.
+        pld.compose_by_squaring`). Otherwise by FFT on :meth:`_grid`'s grid, or the next coarser grids if its
+        range exceeds the memory bound; where the memory bound limits that grid (or no grid fits), the composition
+        by squaring is added and the read-outs take the better of the two. Raises _TooLarge beyond
+        :data:`MAX_COMPOSITIONS`, or with ``min_grid_points=0`` beyond the memory bound.
+        """
         if compositions > MAX_COMPOSITIONS:
             raise _TooLarge
         grid, limited = self._grid_and_limit(compositions, level)
-        if self._squares(compositions, limited):
-            return None, self._squared(compositions, level).pld
+        if self._squares(compositions, False):
+            return None, [self._squared(compositions, level).pld]
         while True:
             try:
-                return grid, self._composition(level, grid).power(compositions)
+                plain = self._composition(level, grid).power(compositions)
+                break
             except OverflowError:
-                if self.min_grid_points > 0:
-                    return None, self._squared(compositions, level).pld
-                raise _TooLarge from None
+                h0 = self._composition(level, 0).h
+                limited = True
+                if self.min_grid_points == 0 or h0 * 2.0**-grid >= self.discretization:
+                    if self._squares(compositions, True):
+                        return None, [self._squared(compositions, level).pld]
+                    raise _TooLarge from None
+                grid -= 1
+        if self._squares(compositions, limited):
+            return grid, [plain, self._squared(compositions, level).pld]
+        return grid, [plain]
 
     def _squares(self, compositions: int, limited: bool) -> bool:
         """Whether ``compositions`` units are composed by squaring (:func:`~lightning_dpts.privacy.pld.
@@ -361,12 +373,11 @@ class ProfileAccountant:
         if compositions == 1:
             plds = [self._unit(level, 0)]
         else:
-            grid, plain = self._plain(compositions, level)
+            grid, plds = self._plain(compositions, level)
             tilt = 0.0
-            if level > 0 and grid is not None:  # below FINE_DELTA the untilted FFT round-off can matter: add the tilted one
+            if level > 0 and grid is not None:  # below FINE_DELTA the FFT round-off can matter: add the tilted one
                 unit = self._unit(level, grid)
-                tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plain, _TILT_DELTA[level]))
-            plds = [plain]
+                tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plds[0], _TILT_DELTA[level]))
             if tilt != 0.0:
                 try:
                     plds.append(compose(unit, compositions, self._tails(level)[1], tilt))
@@ -524,13 +535,15 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
             try:
                 if c == 1:
                     return self._epsilon_units(1, delta)
+                def plain(level: int, at: float) -> float:
+                    return min(epsilon_from_pld(p, at) for p in self._plain(c, level)[1])
+
                 if self._fine_only(c):
-                    return epsilon_from_pld(self._plain(c, 1)[1], delta)
+                    return plain(1, delta)
                 if delta >= FINE_DELTA:
-                    return epsilon_from_pld(self._plain(c, 0)[1], delta)
+                    return plain(0, delta)
                 # as _epsilon_units, without the tilted composition (which only lowers the result)
-                return max(epsilon_from_pld(self._plain(c, 1)[1], delta),
-                           epsilon_from_pld(self._plain(c, 0)[1], FINE_DELTA))
+                return max(plain(1, delta), plain(0, FINE_DELTA))
             except _TooLarge:
                 raise self._too_many(c) from None
 
