@@ -21,9 +21,13 @@ import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option", "add_config_arguments",
-           "add_option", "option_flags"]
+__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
+           "add_config_arguments", "add_option", "option_flags"]
 
+#: ``dpts fit --logger`` choices -> the package each needs (checked before any work).
+LOGGER_PACKAGES: dict[str, tuple[str, ...]] = {"csv": (), "tensorboard": ("tensorboard", "tensorboardX"),
+                                               "mlflow": ("mlflow",)}
+LOGGERS: tuple[str, ...] = tuple(LOGGER_PACKAGES)
 MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
 #: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
 #: (the recipe's constants are tuned for ``seasonal_linear``): context = horizon, as before the recipe.
@@ -127,6 +131,11 @@ class FitConfig:
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
             ``secure_mode`` threat model; needs ``seed=None``).
+        logger: the Lightning logger of the training logs under ``private/logs/`` (they hold the noise-free
+            training loss of private batches, so they are private): ``"csv"`` (default, ``CSVLogger``),
+            ``"tensorboard"`` (``TensorBoardLogger``; the DP settings appear in the HParams dashboard) or
+            ``"mlflow"`` (``MLFlowLogger`` with a file store in ``private/logs/mlruns``). A logger whose package is
+            not installed is refused before any work. Nothing is logged with ``private_outputs=False``.
         verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
             default filters known third-party warnings and shows a progress bar only on a terminal).
         output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
@@ -216,6 +225,9 @@ class FitConfig:
                             "entropy)", low=0, high=2**64 - 1, optional=True)
     secure_mode: bool = _opt(False, "bool", "draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no "
                              "--seed)")
+    logger: str = _opt("csv", "str", "Lightning logger of the training logs under private/logs/ (noise-free "
+                       "training loss, epsilon by step, the DP settings as hyperparameters): csv (default), "
+                       "tensorboard or mlflow (needs its package)", choices=LOGGERS)
     verbose: bool = _opt(False, "bool", "show every third-party warning, Lightning's info lines and the progress bar "
                          "even when stdout is not a terminal (default: quiet, a line every tenth of training)")
     output_dir: str = _opt("dpts-run", "str", "where results go, new or empty unless --overwrite (default dpts-run)",
@@ -293,6 +305,15 @@ class FitConfig:
 
         if self.model is not None and self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
+        if self.logger not in LOGGERS:
+            raise ConfigurationError("logger", self.logger, f"must be one of {', '.join(LOGGERS)}")
+        packages = LOGGER_PACKAGES[self.logger]
+        if packages:
+            import importlib.util
+
+            if not any(importlib.util.find_spec(name) is not None for name in packages):
+                raise ConfigurationError("logger", self.logger, f"needs the package {packages[0]}, which is not "
+                                         f"installed (pip install {packages[0]}), or choose --logger csv")
         # without --bands only the structured PLD accountant runs: no top level that needs the Monte Carlo one
         fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(
             name for name, scheme in TOP_LEVEL_SCHEMES.items() if not scheme.needs_monte_carlo)

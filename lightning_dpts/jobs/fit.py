@@ -232,7 +232,6 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
                       run_dir: Any, freq: str, progress: Callable[[str], None]) -> int:
     """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken."""
     import lightning as L
-    from lightning.pytorch.loggers import CSVLogger
 
     from lightning_dpts.export import MODEL_FILE, PREDICTOR_DIR, export_model
     from lightning_dpts.outputs import atomic_path
@@ -240,9 +239,9 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
     out = Path(config.output_dir)
     logger: Any = False
     if config.private_outputs:  # the training loss of private batches is logged without noise: private
-        run_dir.register("private/logs/", "private: Lightning CSV logs (noise-free training loss of private "
-                         "batches, epsilon by step, the DP settings as hyperparameters)")
-        logger = CSVLogger(str(out / PRIVATE_DIR), name="logs")
+        run_dir.register("private/logs/", f"private: Lightning {config.logger} logs (noise-free training loss of "
+                         "private batches, epsilon by step, the DP settings as hyperparameters)")
+        logger = make_logger(config.logger, out / PRIVATE_DIR)
     from lightning_dpts.console import progress_bar_wanted, step_lines
 
     bar = progress_bar_wanted(config.verbose)  # a progress bar only on a terminal; a log gets a line per tenth
@@ -261,6 +260,22 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
     run_dir.register(MODEL_FILE, "public: the model's class, constructor arguments and window geometry")
     export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
     return int(trainer.global_step)
+
+
+def make_logger(kind: str, private_dir: Path) -> Any:
+    """The Lightning logger ``--logger`` names, writing under ``private_dir/logs`` (its package was checked by
+    :meth:`FitConfig.validate`)."""
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(private_dir), name="logs")
+    if kind == "mlflow":
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        return MLFlowLogger(experiment_name="dpts", tracking_uri=(private_dir / "logs" / "mlruns").resolve().as_uri())
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(str(private_dir), name="logs")
 
 
 def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: Any, module: Any, test_windows: int,
