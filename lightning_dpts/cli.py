@@ -326,7 +326,13 @@ def _fit_config(args: argparse.Namespace):
     for key, value in vars(args).items():
         if key not in ("command", "config"):
             values[key] = value
-    return FitConfig.from_mapping(values, source=None)
+    config = FitConfig.from_mapping(values, source=None)
+    if config.resume is not None:  # the run's own configuration; the options given here must agree with it
+        config.validate()
+        from lightning_dpts.resume import resumed_config
+
+        config = resumed_config(config.resume, {key: getattr(config, key) for key in values})
+    return config
 
 
 def _run_fit(args: argparse.Namespace) -> int:

@@ -138,6 +138,11 @@ class FitConfig:
             not installed is refused before any work. Nothing is logged with ``private_outputs=False``.
         verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
             default filters known third-party warnings and shows a progress bar only on a terminal).
+        resume: a ``dpts fit`` run directory to continue from its last checkpoint (``checkpoints/last.ckpt``) with
+            its stored configuration (:mod:`lightning_dpts.resume`): the noisy steps it already took are accounted
+            once (the final epsilon is that of one uninterrupted run of the same total steps); options that differ
+            from the run's, a seeded run, and a directory whose ``ledger.json`` does not match its checkpoint are
+            refused before any work.
         output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
@@ -230,6 +235,9 @@ class FitConfig:
                        "tensorboard or mlflow (needs its package)", choices=LOGGERS)
     verbose: bool = _opt(False, "bool", "show every third-party warning, Lightning's info lines and the progress bar "
                          "even when stdout is not a terminal (default: quiet, a line every tenth of training)")
+    resume: str | None = _opt(None, "str", "continue the interrupted dpts fit run in RUN_DIR from its last checkpoint "
+                              "with its own configuration, accounting every noisy step it already took (other "
+                              "options must be omitted or equal the run's)", optional=True, metavar="RUN_DIR")
     output_dir: str = _opt("dpts-run", "str", "where results go, new or empty unless --overwrite (default dpts-run)",
                            metavar="DIR")
     test_windows: int | None = _opt(None, "int", "rolling test windows of the horizon at the end of every series, "
@@ -357,6 +365,11 @@ class FitConfig:
                                      "rest of the budget trains the model)")
         if self.bands is not None:
             _validate_bands(self)
+        if self.resume is not None:
+            from pathlib import Path
+
+            if not Path(self.resume).is_dir():
+                raise ConfigurationError("resume", str(self.resume), "no such run directory")
         if self.data is not None:  # a missing file is refused here, before the heavy imports and the recipe
             from pathlib import Path
 
