@@ -84,7 +84,10 @@ class FitConfig:
 
     Attributes (units in brackets):
         data: path of a long-format CSV/Parquet file, or ``None`` for the bundled ``us_employment`` data.
-        id_column, time_column, value_column: column names in ``data``.
+        id_column, timestamp_column, value_column: column names in ``data`` (default ``item_id``, ``timestamp``,
+            ``target``, as everywhere in lightning-dpts: :mod:`lightning_dpts.columns`). The old keyword
+            ``time_column`` is accepted with a ``DeprecationWarning``; data with the old default columns ``id`` /
+            ``value`` is read from them (with a ``DeprecationWarning``) when the names are left at their defaults.
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
         prediction_length: forecast horizon [time steps].
         model: one of :data:`MODELS`; ``None`` (default): the recipe's (:mod:`lightning_dpts.recipe`,
@@ -174,9 +177,10 @@ class FitConfig:
 
     data: str | None = _opt(None, "str", "long-format CSV or Parquet file (default: the bundled us_employment data)",
                             optional=True, metavar="PATH")
-    id_column: str = _opt("id", "str", "series id column (default id)")
-    time_column: str = _opt("timestamp", "str", "time stamp column (default timestamp)")
-    value_column: str = _opt("value", "str", "value column (default value)")
+    id_column: str = _opt("item_id", "str", "series id column (default item_id)", metavar="COLUMN")
+    timestamp_column: str = _opt("timestamp", "str", "time stamp column (default timestamp; the old --time-column "
+                                 "is accepted, deprecated)", metavar="COLUMN")
+    value_column: str = _opt("target", "str", "value column (default target)", metavar="COLUMN")
     freq: str | None = _opt(None, "str", "pandas frequency (default: inferred from the time stamps)", optional=True)
     prediction_length: int = _opt(12, "int", "forecast horizon (default 12)", low=1, high=100_000, metavar="H")
     context_length: int | None = _opt(None, "int", "model context (default: the recipe's; the horizon for a --model "
@@ -293,6 +297,14 @@ class FitConfig:
         is ``None``, e.g. for command-line values).
         """
         known = {f.name for f in fields(cls)}
+        if "time_column" in values:  # the old key (YAML, dpts privacy --data)
+            from lightning_dpts.columns import renamed_parameter
+
+            values = dict(values)
+            old = values.pop("time_column")
+            if "timestamp_column" not in values:
+                renamed_parameter(f"{source or 'config'} key time_column", "timestamp_column")
+                values["timestamp_column"] = old
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigurationError(source or "config", unknown, f"has unknown keys; known keys are {sorted(known)}")
@@ -407,6 +419,11 @@ class FitConfig:
             raise ConfigurationError("clip_count_epsilon", self.clip_count_epsilon, f"must be smaller than epsilon="
                                      f"{self.epsilon:g} (the rest of the budget trains the model)")
 
+
+
+from lightning_dpts.columns import accept_time_column_keyword  # noqa: E402 (after the class)
+
+accept_time_column_keyword(FitConfig)
 
 
 def _options() -> list[tuple[str, Option]]:

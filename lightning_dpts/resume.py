@@ -5,18 +5,22 @@ A ``dpts fit`` run keeps two public files for this (counts and settings only, ne
 * ``checkpoints/last.ckpt``: a full Lightning checkpoint written at the end of every training epoch (weights,
   optimizer state, loop state, the strategy's :class:`~lightning_dpts.training.ledger.PrivacyLedger`), written
   atomically;
-* :data:`RUN_LEDGER` (``ledger.json``): the run's id, its configuration as given, and its ledger, rewritten after
+* :data:`RUN_LEDGER` (``ledger.json``): the run's configuration as given and its ledger, rewritten after
   *every* noisy step. It counts every noisy step this run directory ever took, including steps taken after the
   last checkpoint (lost at an interruption) and the steps of an earlier continuation from an older checkpoint.
 
-Resuming (:func:`check_resume`, :class:`RunLedgerCallback`) continues ``last.ckpt`` with the stored
+Resuming (:func:`check_resume`, :func:`make_run_ledger_callback`) continues ``last.ckpt`` with the stored
 configuration and accounts ``max(ledger.json, checkpoint)`` noisy steps before any new one (docs/privacy.md rule
 7: every noisy step that touched the data counted once), so the final epsilon is that of one uninterrupted run
-of the same total steps. It refuses, before any work: a directory without either file; a checkpoint of another
-run (its run id differs); a checkpoint whose ledger was accounted with other settings (sigma, C, sampling, noise)
-than ``ledger.json``; a ``ledger.json`` that counts fewer steps than the checkpoint (a rolled-back or replaced
-ledger); a BandMF run (its noise band is never stored); a seeded run (its seed is never stored, and reusing it
-would replay the first run's sampling and noise); options that conflict with the stored configuration.
+of the same total steps. It refuses, before any work: a directory without either file; a checkpoint whose ledger
+was accounted with other settings (sigma, C, sampling, noise) than ``ledger.json``; a ``ledger.json`` that counts
+fewer steps than the checkpoint (a rolled-back or replaced ledger); a BandMF run (its noise band is never
+stored); a seeded run (its seed is never stored, and reusing it would replay the first run's sampling and
+noise); options that conflict with the stored configuration.
+
+A checkpoint put there from another run is refused when it holds more steps than ``ledger.json`` counts, and
+otherwise continued with this run's larger count (the model's steps are then over-, never under-counted). The
+files carry no run identifier: the public files of a seeded run stay byte-identical on neighbouring datasets.
 
 What the files cannot show: a user who restores *both* files from a backup (or copies the whole directory and
 resumes each copy) releases two continuations of the same steps; each one's epsilon is true for its own model,
@@ -29,22 +33,19 @@ import json
 import math
 import os
 import tempfile
-import uuid
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["LAST_CHECKPOINT", "RUN_LEDGER", "RUN_KEY", "ResumeState", "check_resume", "resumed_config",
+__all__ = ["LAST_CHECKPOINT", "RUN_LEDGER", "ResumeState", "check_resume", "resumed_config",
            "write_run_ledger"]
 
 #: The run's ledger file (public: counts, settings and the configuration as given).
 RUN_LEDGER = "ledger.json"
 #: The checkpoint ``--resume`` continues (public: the DP model's state at the end of the last epoch).
 LAST_CHECKPOINT = "checkpoints/last.ckpt"
-#: Key of the run's id and configuration in the checkpoints ``dpts fit`` writes.
-RUN_KEY = "dpts_run"
 #: Options that may differ from the stored configuration on ``--resume`` (they change no training setting).
 RESUME_MAY_CHANGE = ("verbose", "resume", "output_dir", "overwrite")
 
@@ -56,9 +57,9 @@ def _stored_config(config: Any) -> dict[str, Any]:
     return out
 
 
-def write_run_ledger(path: Path, run_id: str, config: Any, ledger: dict[str, Any]) -> None:
+def write_run_ledger(path: Path, config: Any, ledger: dict[str, Any]) -> None:
     """Write ``ledger.json`` (tmp file and ``os.replace``: a kill leaves the old or the new file, never half)."""
-    data = {"written_by": "lightning_dpts", "run_id": run_id, "config": _stored_config(config), "ledger": ledger}
+    data = {"written_by": "lightning_dpts", "config": _stored_config(config), "ledger": ledger}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -79,7 +80,7 @@ def _read_run_ledger(run_dir: Path) -> dict[str, Any]:
         ok = isinstance(data, dict) and isinstance(data.get("ledger"), dict) and isinstance(data.get("config"), dict)
     except (OSError, ValueError):
         ok = False
-    if not ok or not isinstance(data.get("run_id"), str):
+    if not ok:
         raise ConfigurationError("resume", str(run_dir), f"{RUN_LEDGER} cannot be read as a dpts run ledger")
     return data
 
@@ -132,10 +133,9 @@ def resumed_config(run_dir: str | Path, given: dict[str, Any]) -> Any:
 class ResumeState:
     """What a checked run directory resumes from (:func:`check_resume`)."""
 
-    def __init__(self, run_dir: Path, run_id: str, checkpoint: Path, steps: int, epochs: int,
+    def __init__(self, run_dir: Path, checkpoint: Path, steps: int, epochs: int,
                  ledger: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self.run_id = run_id
         self.checkpoint = checkpoint
         self.steps = steps  # noisy steps the run directory ever took (ledger.json), >= the checkpoint's
         self.epochs = epochs
@@ -159,11 +159,7 @@ def check_resume(run_dir: str | Path) -> ResumeState:
     except Exception as err:  # a truncated or foreign file
         raise ConfigurationError("resume", str(run_dir), f"{LAST_CHECKPOINT} cannot be loaded ({type(err).__name__}: "
                                  f"{err})") from err
-    run = saved.get(RUN_KEY) if isinstance(saved, dict) else None
-    if not isinstance(run, dict) or run.get("run_id") != data["run_id"]:
-        raise ConfigurationError("resume", str(run_dir), f"{LAST_CHECKPOINT} was not written by this run (its run id "
-                                 f"differs from {RUN_LEDGER}'s): the ledger does not match the checkpoint")
-    ckpt = read_ledger(saved)
+    ckpt = read_ledger(saved) if isinstance(saved, dict) else None
     if ckpt is None:
         raise ConfigurationError("resume", str(run_dir), f"{LAST_CHECKPOINT} carries no privacy ledger")
     run_ledger = data["ledger"]
@@ -181,15 +177,10 @@ def check_resume(run_dir: str | Path) -> ResumeState:
         raise ConfigurationError("resume", str(run_dir), f"{RUN_LEDGER} counts {steps} noisy steps ({epochs} epochs) "
                                  f"but {LAST_CHECKPOINT} already took {ckpt.steps} ({ckpt.epochs}): the ledger was "
                                  "rolled back or replaced and does not match the checkpoint")
-    return ResumeState(run_dir, data["run_id"], checkpoint, steps, epochs, run_ledger)
+    return ResumeState(run_dir, checkpoint, steps, epochs, run_ledger)
 
 
-def new_run_id() -> str:
-    """An identifier tying ``ledger.json`` to the run's checkpoints (not privacy randomness: it protects nothing)."""
-    return uuid.uuid4().hex
-
-
-def make_run_ledger_callback(run_dir: Path, run_id: str, config: Any, resume: ResumeState | None) -> Any:
+def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | None) -> Any:
     """The callback that keeps ``ledger.json`` and ``checkpoints/last.ckpt`` (a Lightning ``Callback``)."""
     import lightning as L
 
@@ -206,7 +197,7 @@ def make_run_ledger_callback(run_dir: Path, run_id: str, config: Any, resume: Re
 
         def _write(self, trainer: L.Trainer) -> None:
             if trainer.is_global_zero:
-                write_run_ledger(run_dir / RUN_LEDGER, run_id, config, self._strategy(trainer).ledger.to_dict())
+                write_run_ledger(run_dir / RUN_LEDGER, config, self._strategy(trainer).ledger.to_dict())
 
         def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             if resume is not None:  # after Lightning restored the checkpoint, before the accountant plans
@@ -226,9 +217,5 @@ def make_run_ledger_callback(run_dir: Path, run_id: str, config: Any, resume: Re
             self._write(trainer)  # the ledger first: it never counts fewer steps than the checkpoint
             with atomic_path(run_dir / LAST_CHECKPOINT) as tmp:
                 trainer.save_checkpoint(str(tmp))
-
-        def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                               checkpoint: dict[str, Any]) -> None:
-            checkpoint[RUN_KEY] = {"run_id": run_id}
 
     return RunLedgerCallback()  # dpts fit lists it after the strategy and the AccountantCallback

@@ -131,7 +131,7 @@ def test_resuming_twice_from_the_same_checkpoint_is_accounted(tiny_csv, tmp_path
          "ledger": {**json.loads((out / "ledger.json").read_text())["ledger"], "steps": 0, "epochs": 0}})),
      "rolled back"),
     (lambda out, other: shutil.copy(other / "checkpoints" / "last.ckpt", out / "checkpoints" / "last.ckpt"),
-     "run id"),
+     "already took"),  # another run's checkpoint, one epoch further than this run's ledger
     (lambda out, other: (out / "ledger.json").write_text(json.dumps(
         {**json.loads((out / "ledger.json").read_text()),
          "ledger": {**json.loads((out / "ledger.json").read_text())["ledger"], "noise_multiplier": 99.0}})),
@@ -141,7 +141,7 @@ def test_a_ledger_that_does_not_match_its_checkpoint_is_refused(tiny_csv, tmp_pa
                                                                 words):
     out = _interrupted(tiny_csv, tmp_path, monkeypatch)
     other = tmp_path / "other"
-    _interrupt_after(monkeypatch, 0)
+    _interrupt_after(monkeypatch, 1)
     assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(other)]) == 1
     monkeypatch.undo()
     tamper(out, other)
@@ -151,6 +151,24 @@ def test_a_ledger_that_does_not_match_its_checkpoint_is_refused(tiny_csv, tmp_pa
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--resume" in err and words in err, err
     assert not (out / "report.json").exists()
+
+
+def test_another_runs_checkpoint_with_no_more_steps_is_continued_with_this_runs_count(tiny_csv, tmp_path,
+                                                                                      monkeypatch):
+    """A checkpoint swapped in from another run (same settings, same steps) is not refused, but the resumed model
+    is charged with this run's count: its own steps are never undercounted."""
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch, epoch=1, batches=3)  # ledger: 1 epoch + 3 steps
+    other = tmp_path / "other"
+    _interrupt_after(monkeypatch, 0)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(other)]) == 1
+    monkeypatch.undo()
+    shutil.copy(other / "checkpoints" / "last.ckpt", out / "checkpoints" / "last.ckpt")
+    taken = _ledger(out)["steps"]
+    saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["dpts_privacy_ledger"]["steps"]
+    assert taken > saved
+    assert _fit(["--resume", str(out)]) == 0
+    report = _report(out)
+    assert report["privacy_ledger"]["steps"] == taken + (report["steps"] - saved)
 
 
 def test_conflicting_options_are_refused_naming_them(tiny_csv, tmp_path, monkeypatch, capsys):

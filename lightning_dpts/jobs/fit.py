@@ -77,7 +77,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     config.validate()  # first, before the heavy imports: a bad option is refused at once
     from lightning_dpts.budget import dp_callbacks, noise_multiplier
     from lightning_dpts.outputs import OutputDirectory, check_output_dir
-    from lightning_dpts.resume import check_resume, new_run_id, resumed_config
+    from lightning_dpts.resume import check_resume, resumed_config
 
     resume = None
     if config.resume is not None:  # the stored configuration; a conflicting option or a mismatched ledger: refused
@@ -102,7 +102,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     # lock; --overwrite removes the earlier run's files, --resume keeps them
     with OutputDirectory(out, config.overwrite, resume=resume is not None) as run_dir:
         strategy, accountant = dp_callbacks(config, sigma, train_epsilon, bandmf)
-        run = (given, resume.run_id if resume is not None else new_run_id(), resume)
+        run = (given, resume)
         steps = _train_and_export(config, estimator, module, dm, strategy, accountant, run_dir, data.freq, progress,
                                   run)
         privacy = accountant.report
@@ -160,6 +160,11 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     from lightning_dpts.privacy import NeighbouringRelation
 
     table, freq, name = load_fit_table(config)
+    if "source_columns" in table.attrs:  # the columns read (the old default names, if the data has those)
+        from dataclasses import replace
+
+        id_column, timestamp_column, value_column = table.attrs["source_columns"]
+        config = replace(config, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column)
     lengths = table.groupby("item_id", sort=False).size()
     config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
     if recipe is not None:
@@ -248,10 +253,10 @@ def _given(config: FitConfig) -> dict[str, Any]:
 
 
 def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, strategy: Any, accountant: Any,
-                      run_dir: Any, freq: str, progress: Callable[[str], None], run: tuple[Any, str, Any]) -> int:
+                      run_dir: Any, freq: str, progress: Callable[[str], None], run: tuple[Any, Any]) -> int:
     """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken.
 
-    ``run``: (the configuration as given, the run id, the :class:`~lightning_dpts.resume.ResumeState` or ``None``):
+    ``run``: (the configuration as given, the :class:`~lightning_dpts.resume.ResumeState` or ``None``):
     ``ledger.json`` and ``checkpoints/last.ckpt`` are kept for ``--resume`` (:mod:`lightning_dpts.resume`)."""
     import lightning as L
 
@@ -267,12 +272,12 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         logger = make_logger(config.logger, out / PRIVATE_DIR)
     from lightning_dpts.console import progress_bar_wanted, step_lines
 
-    given, run_id, resume = run
-    run_dir.register(RUN_LEDGER, "public: the run's id, configuration and privacy ledger (noisy steps taken, sigma, "
+    given, resume = run
+    run_dir.register(RUN_LEDGER, "public: the run's configuration and privacy ledger (noisy steps taken, sigma, "
                      "C, sampling), rewritten after every step (dpts fit --resume)")
-    run_dir.register(LAST_CHECKPOINT, "public: the DP model's Lightning checkpoint at the end of the last epoch "
-                     "(dpts fit --resume continues it)")
-    keeper = make_run_ledger_callback(out, run_id, given, resume)
+    run_dir.register(LAST_CHECKPOINT.split("/")[0] + "/", "public: the DP model's Lightning checkpoint at the end of "
+                     "the last epoch (dpts fit --resume continues it)")
+    keeper = make_run_ledger_callback(out, given, resume)
     bar = progress_bar_wanted(config.verbose)  # a progress bar only on a terminal; a log gets a line per tenth
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
                         callbacks=[strategy, accountant, keeper, *([] if bar else [step_lines(write=progress)])],
@@ -287,7 +292,9 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         trainer.save_checkpoint(str(tmp))
     run_dir.register(f"{PREDICTOR_DIR}/", "public: the DP model as a GluonTS predictor (dpts predict)")
     run_dir.register(MODEL_FILE, "public: the model's class, constructor arguments and window geometry")
-    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
+    columns = None if config.data is None else {  # dpts predict reads new data with the run's column names
+        "id_column": config.id_column, "timestamp_column": config.timestamp_column, "value_column": config.value_column}
+    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt", extra={"columns": columns})
     return int(trainer.global_step)
 
 
