@@ -145,7 +145,8 @@ class FitConfig:
             its stored configuration (:mod:`lightning_dpts.resume`): the noisy steps it already took are accounted
             once (the final epsilon is that of one uninterrupted run of the same total steps); options that differ
             from the run's, a seeded run, and a directory whose ``ledger.json`` does not match its checkpoint are
-            refused before any work.
+            refused before any work. From Python (``run_fit``), fields left at their defaults take the run's
+            values (a default cannot be told from an explicit value there; the command line can).
         output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
