@@ -95,6 +95,11 @@ def test_resume_accounts_the_steps_once_and_ends_where_one_run_ends(tiny_csv, tm
     assert _ledger(out)["steps"] == report["steps"]
     assert report["files"]["ledger.json"].startswith("public: ")
     assert report["files"]["checkpoints/last.ckpt"].startswith("public: ")
+    # resuming the finished run: Lightning has no epoch left to train; the steps are accounted, none is added
+    assert _fit(["--resume", str(out)]) == 0
+    again = _report(out)
+    assert again["privacy_ledger"]["steps"] == report["privacy_ledger"]["steps"]
+    assert again["epsilon"] == pytest.approx(report["epsilon"], rel=1e-12)
 
 
 def test_steps_after_the_last_checkpoint_are_charged(tiny_csv, tmp_path, monkeypatch):

@@ -286,6 +286,11 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
              f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
     trainer.fit(module, datamodule=dm, ckpt_path=None if resume is None else str(resume.checkpoint))
+    if resume is not None and accountant.report is None:
+        # the checkpoint had already finished the run's epochs, so Lightning skipped training: account the steps taken
+        # (the accountant finds the budget spent, or allows no step in no epoch left) without training
+        accountant.on_train_start(trainer, module)
+        accountant.on_train_end(trainer, module)
     run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
                      "are functions of the noisy gradients only; the privacy ledger travels with them)")
     with atomic_path(out / "dp-model.ckpt") as tmp:
