@@ -24,9 +24,10 @@ from lightning_dpts.errors import ConfigurationError
 __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
            "add_config_arguments", "add_option", "option_flags"]
 
-#: ``dpts fit --logger`` choices -> the package each needs (checked before any work).
-LOGGER_PACKAGES: dict[str, tuple[str, ...]] = {"csv": (), "tensorboard": ("tensorboard", "tensorboardX"),
-                                               "mlflow": ("mlflow",)}
+#: ``dpts fit --logger`` choices -> the packages each needs (checked before any work): every group, one package
+#: of each (MLflow's SQLite store needs SQLAlchemy, which mlflow-skinny lacks).
+LOGGER_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "csv": (), "tensorboard": (("tensorboard", "tensorboardX"),), "mlflow": (("mlflow",), ("sqlalchemy",))}
 LOGGERS: tuple[str, ...] = tuple(LOGGER_PACKAGES)
 MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
 #: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
@@ -137,7 +138,8 @@ class FitConfig:
         logger: the Lightning logger of the training logs under ``private/logs/`` (they hold the noise-free
             training loss of private batches, so they are private): ``"csv"`` (default, ``CSVLogger``),
             ``"tensorboard"`` (``TensorBoardLogger``; the DP settings appear in the HParams dashboard) or
-            ``"mlflow"`` (``MLFlowLogger`` with a file store in ``private/logs/mlruns``). A logger whose package is
+            ``"mlflow"`` (``MLFlowLogger`` with a SQLite store ``private/logs/mlflow.db``, artifacts in
+            ``private/logs/artifacts``). A logger whose package is
             not installed is refused before any work. Nothing is logged with ``private_outputs=False``.
         verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
             default filters known third-party warnings and shows a progress bar only on a terminal).
@@ -328,13 +330,12 @@ class FitConfig:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
         if self.logger not in LOGGERS:
             raise ConfigurationError("logger", self.logger, f"must be one of {', '.join(LOGGERS)}")
-        packages = LOGGER_PACKAGES[self.logger]
-        if packages:
-            import importlib.util
+        import importlib.util
 
-            if not any(importlib.util.find_spec(name) is not None for name in packages):
-                raise ConfigurationError("logger", self.logger, f"needs the package {packages[0]}, which is not "
-                                         f"installed (pip install {packages[0]}), or choose --logger csv")
+        for group in LOGGER_PACKAGES[self.logger]:
+            if not any(importlib.util.find_spec(name) is not None for name in group):
+                raise ConfigurationError("logger", self.logger, f"needs the package {group[0]}, which is not "
+                                         f"installed (pip install {group[0]}), or choose --logger csv")
         # without --bands only the structured PLD accountant runs: no top level that needs the Monte Carlo one
         fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(
             name for name, scheme in TOP_LEVEL_SCHEMES.items() if not scheme.needs_monte_carlo)

@@ -19,12 +19,19 @@ def test_default_logger_is_csv_as_before():
     assert FitConfig().logger == "csv"
 
 
-@pytest.mark.parametrize("logger, package", [("mlflow", "mlflow"), ("tensorboard", "tensorboard")])
+@pytest.mark.parametrize("logger, package", [("mlflow", "mlflow"), ("mlflow", "sqlalchemy"),
+                                             ("tensorboard", "tensorboard")])
 def test_a_logger_without_its_package_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch, logger,
                                                                            package):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in (package, "tensorboardX") else real(name, *a))
+    present = {"mlflow", "sqlalchemy", "tensorboard"} - {package}  # as if only `package` were missing
+
+    def find_spec(name, *a):
+        if name in (package, "tensorboardX"):
+            return None
+        return object() if name in present else real(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(SystemExit) as exit_:
         main(["fit", "--logger", logger, "--output-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
@@ -65,5 +72,13 @@ def test_mlflow_logs_are_private(tiny_csv, tmp_path):
     pytest.importorskip("mlflow")
     out = tmp_path / "run"
     assert main(["fit", "--data", str(tiny_csv), *FAST, "--logger", "mlflow", "--output-dir", str(out)]) == 0
-    assert (out / "private" / "logs" / "mlruns").is_dir()
-    assert not (out / "mlruns").exists()
+    assert (out / "private" / "logs" / "mlflow.db").is_file()
+    assert not (out / "mlruns").exists() and not (out / "mlflow.db").exists()
+    import mlflow
+
+    store = (out / "private" / "logs" / "mlflow.db").resolve()
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{store}")
+    run = client.search_runs([client.get_experiment_by_name("dpts").experiment_id])[0]
+    report = json.loads((out / "report.json").read_text())
+    assert float(run.data.params["dp/noise_multiplier"]) == pytest.approx(report["noise_multiplier"])
+    assert "epsilon" in run.data.metrics

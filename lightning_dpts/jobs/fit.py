@@ -310,10 +310,13 @@ def make_logger(kind: str, private_dir: Path) -> Any:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         return TensorBoardLogger(str(private_dir), name="logs")
-    if kind == "mlflow":
+    if kind == "mlflow":  # a SQLite store in private/logs (MLflow 3 refuses new file stores); artifacts beside it
         from lightning.pytorch.loggers import MLFlowLogger
 
-        return MLFlowLogger(experiment_name="dpts", tracking_uri=(private_dir / "logs" / "mlruns").resolve().as_uri())
+        logs = (private_dir / "logs").resolve()
+        logs.mkdir(parents=True, exist_ok=True)
+        return MLFlowLogger(experiment_name="dpts", tracking_uri=f"sqlite:///{logs / 'mlflow.db'}",
+                            artifact_location=(logs / "artifacts").as_uri())
     from lightning.pytorch.loggers import CSVLogger
 
     return CSVLogger(str(private_dir), name="logs")

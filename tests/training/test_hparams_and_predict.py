@@ -169,7 +169,8 @@ def test_mlflow_gets_the_dp_settings(tmp_path):
     pytest.importorskip("mlflow")
     from lightning.pytorch.loggers import MLFlowLogger
 
-    logger = MLFlowLogger(experiment_name="dpts", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    logger = MLFlowLogger(experiment_name="dpts", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          artifact_location=(tmp_path / "artifacts").as_uri())
     _fit([logger], save_hyperparameters=True)
     run = logger.experiment.get_run(logger.run_id)
     assert float(run.data.params["dp/noise_multiplier"]) == SIGMA
