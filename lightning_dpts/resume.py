@@ -15,8 +15,8 @@ configuration and accounts ``max(ledger.json, checkpoint)`` noisy steps before a
 of the same total steps. It refuses, before any work: a directory without either file; a checkpoint whose ledger
 was accounted with other settings (sigma, C, sampling, noise) than ``ledger.json``; a ``ledger.json`` that counts
 fewer steps than the checkpoint (a rolled-back or replaced ledger); a BandMF run (its noise band is never
-stored); a seeded run (its seed is never stored, and reusing it would replay the first run's sampling and
-noise); options that conflict with the stored configuration.
+stored); a seeded run (its seed is never stored, so it cannot continue as the reproducible run it was);
+options that conflict with the stored configuration.
 
 A checkpoint put there from another run is refused when it holds more steps than ``ledger.json`` counts, and
 otherwise continued with this run's larger count (the model's steps are then over-, never under-counted). The
@@ -99,9 +99,9 @@ def resumed_config(run_dir: str | Path, given: dict[str, Any]) -> Any:
         raise ConfigurationError("resume", str(run_dir), "no such run directory")
     stored = _read_run_ledger(run_dir)["config"]
     if stored.get("seed") is not None:
-        raise ConfigurationError("resume", str(run_dir), "is a seeded run: its seed is never stored, and resuming "
-                                 "with the same seed would replay the first run's sampling and noise (which the "
-                                 "accounting does not cover); seeded runs are for experiments, start it anew")
+        raise ConfigurationError("resume", str(run_dir), "is a seeded run: its seed is never stored, so it cannot be "
+                                 "continued as the reproducible run it was (and a seed given again could not be "
+                                 "checked); seeded runs are for experiments: start it anew")
     if stored.get("bands") is not None:
         raise ConfigurationError("resume", str(run_dir), "is a BandMF run (--bands): its noise band and b-min-sep "
                                  "history are secret and never stored, so it cannot be continued (docs/bandmf.md); "
