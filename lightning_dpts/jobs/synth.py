@@ -135,7 +135,7 @@ def _public_windows(config: SynthConfig) -> tuple[np.ndarray | None, str]:
     from lightning_dpts.synthetic.evolution import private_windows
     from lightning_dpts.synthetic.pretrain import check_public_windows
 
-    table, _ = load_long_table(config.public_data, config.id_column, config.time_column, config.value_column,
+    table, _ = load_long_table(config.public_data, config.id_column, config.timestamp_column, config.value_column,
                                config.freq)
     values = [g.to_numpy(dtype=float) for _, g in table.groupby("item_id", sort=False)["target"]]
     windows = private_windows(values, config.length, unit="window").windows
@@ -327,7 +327,7 @@ def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None],
 
 def _dp_sgd_config(config: SynthConfig, out: Path) -> Any:
     """The :class:`~lightning_dpts.config.FitConfig` of the DP-SGD comparison (DLinear, same budget and horizon)."""
-    return FitConfig(data=config.data, id_column=config.id_column, time_column=config.time_column,
+    return FitConfig(data=config.data, id_column=config.id_column, timestamp_column=config.timestamp_column,
                      value_column=config.value_column, freq=config.freq, prediction_length=config.prediction_length,
                      context_length=config.length - config.prediction_length, model="dlinear",
                      epsilon=config.epsilon, delta=config.delta, non_dp=False, output_dir=str(out))

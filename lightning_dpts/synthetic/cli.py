@@ -14,7 +14,7 @@ __all__ = ["SYNTH_OPTION_NAMES", "add_synth_parser", "run_synth_command"]
 SYNTH_OPTION_NAMES = {
     "data": "--data",
     "id_column": "--id-column",
-    "time_column": "--time-column",
+    "timestamp_column": "--timestamp-column",
     "value_column": "--value-column",
     "freq": "--freq",
     "class_column": "--class-column",
@@ -58,9 +58,15 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
                     "computed from the private data (evaluation.json, real_vs_synthetic.png; not covered).",
     )
     p.add_argument("--data", metavar="PATH", help="long-format CSV or Parquet file (default: bundled us_employment)")
-    p.add_argument("--id-column", default=d.id_column, help=f"series id column (default {d.id_column})")
-    p.add_argument("--time-column", default=d.time_column, help=f"time stamp column (default {d.time_column})")
-    p.add_argument("--value-column", default=d.value_column, help=f"value column (default {d.value_column})")
+    p.add_argument("--id-column", default=d.id_column, metavar="COLUMN",
+                   help=f"series id column (default {d.id_column})")
+    p.add_argument("--timestamp-column", default=d.timestamp_column, metavar="COLUMN",
+                   help=f"time stamp column (default {d.timestamp_column})")
+    p.add_argument("--value-column", default=d.value_column, metavar="COLUMN",
+                   help=f"value column (default {d.value_column})")
+    from lightning_dpts.columns import add_deprecated_time_column
+
+    add_deprecated_time_column(p)
     p.add_argument("--freq", help="pandas frequency (default: inferred)")
     p.add_argument("--class-column", help="column with each series' class (conditional generation)")
     p.add_argument("--classes", help="comma-separated public list of classes (required with --class-column)")
@@ -142,7 +148,8 @@ def run_synth_command(args: argparse.Namespace) -> int:
 
     epochs = _numbers(args.pretrain_epochs, "pretrain_epochs", int)
     config = SynthConfig(
-        data=args.data, id_column=args.id_column, time_column=args.time_column, value_column=args.value_column,
+        data=args.data, id_column=args.id_column, timestamp_column=args.timestamp_column,
+        value_column=args.value_column,
         freq=args.freq, class_column=args.class_column,
         classes=None if args.classes is None else [c.strip() for c in args.classes.split(",") if c.strip()],
         length=args.length, num_samples=args.num_samples, iterations=args.iterations, epsilon=args.epsilon,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lightning_dpts.columns import accept_time_column_keyword
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
 
@@ -39,7 +40,9 @@ class SynthConfig:
 
     Attributes (units in brackets):
         data: long-format CSV/Parquet file, or ``None`` for the bundled ``us_employment`` data.
-        id_column, time_column, value_column, freq: as in ``dpts fit``.
+        id_column, timestamp_column, value_column, freq: as in ``dpts fit`` (default ``item_id``, ``timestamp``,
+            ``target``; the old keyword ``time_column`` and data with the old default columns ``id`` / ``value``
+            are accepted with a ``DeprecationWarning``: :mod:`lightning_dpts.columns`).
         class_column: optional column holding each series' class (conditional generation, Algorithm 1
             with |C| > 1); then ``classes`` must list the classes, which are treated as public.
         classes: the public list of class values (required with ``class_column``).
@@ -81,9 +84,9 @@ class SynthConfig:
     """
 
     data: str | None = None
-    id_column: str = "id"
-    time_column: str = "timestamp"
-    value_column: str = "value"
+    id_column: str = "item_id"
+    timestamp_column: str = "timestamp"
+    value_column: str = "target"
     freq: str | None = None
     class_column: str | None = None
     classes: list[str] | None = None
@@ -173,6 +176,9 @@ class SynthConfig:
         return float(noise_std) if self.threshold is None else float(self.threshold)
 
 
+accept_time_column_keyword(SynthConfig)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------------------
@@ -185,8 +191,10 @@ def load_series(config: SynthConfig) -> tuple[list[np.ndarray], list[str], list[
     else:
         from lightning_dpts.loading import load_long_table
 
-        table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
+        table, freq = load_long_table(config.data, config.id_column, config.timestamp_column, config.value_column,
                                       config.freq)
+        # the columns read (the old default names, if the file has those): also the names synthetic.csv.gz uses
+        config.id_column, config.timestamp_column, config.value_column = table.attrs["source_columns"]
         name = str(config.data)
     from lightning_dpts.data.sources import to_collection
 
@@ -341,12 +349,13 @@ def synth_verdict(evaluation: dict, *, epsilon: float, noise_std: float, votes: 
 
 
 def write_synthetic(path: Path, synthetic: np.ndarray, classes: np.ndarray, config: SynthConfig, freq: str) -> None:
-    """Long format (``id, timestamp, value`` [+ class column]); time stamps are an arbitrary public start."""
+    """Long format (the data's id, time stamp and value columns [+ class column]); time stamps are an arbitrary
+    public start."""
     m, length = synthetic.shape
     stamps = pd.period_range("2000-01-01", periods=length, freq=freq).to_timestamp()
     frame = pd.DataFrame({
         config.id_column: np.repeat([f"synthetic-{i:05d}" for i in range(m)], length),
-        config.time_column: np.tile(stamps, m),
+        config.timestamp_column: np.tile(stamps, m),
         config.value_column: synthetic.reshape(-1),
     })
     if config.class_column is not None and config.classes is not None:

@@ -146,6 +146,20 @@ class AccountantCallback(StepAccountant):
     def state_key(self) -> str:
         return "AccountantCallback"
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Hold back TensorBoard's HParams session until ``on_train_start`` adds the DP settings to it (one session
+        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.hparams`)."""
+        if stage == "fit":
+            from lightning_dpts.hparams import defer_tensorboard_hparams
+
+            defer_tensorboard_hparams(trainer.loggers)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """A fit refused before ``on_train_start`` logged: write the held-back session as it is."""
+        from lightning_dpts.hparams import release_tensorboard_hparams
+
+        release_tensorboard_hparams(trainer.loggers)
+
     @property
     def steps(self) -> int:
         """Accounted steps of the model (``ledger.accounted_steps(spec)``; 0 before training starts)."""
@@ -388,7 +402,7 @@ class AccountantCallback(StepAccountant):
             f"noise={strategy.noise_kind}, bands={spec.bands}, sigma={sigma:.4g}) within the budget "
             f"epsilon={self.epsilon}; logged as {acc.log_name!r}"
         )
-        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         hp = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=None,
@@ -398,8 +412,7 @@ class AccountantCallback(StepAccountant):
                    "composition_unit": "run", "noise": strategy.noise_kind, "bands": spec.bands,
                    "monte_carlo_samples": acc.samples})
         self.hyperparameters = hp
-        for logger in trainer.loggers:
-            logger.log_hyperparams({HPARAMS_KEY: dict(hp)})
+        log_dp_hyperparameters(trainer.loggers, hp)
 
     def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
                              sigma: float) -> None:
@@ -408,15 +421,14 @@ class AccountantCallback(StepAccountant):
         The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
         also kept as :attr:`hyperparameters` for reports.
         """
-        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         self.hyperparameters = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,
             strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound,
             max_steps=self.max_steps,
         )
-        for logger in trainer.loggers:
-            logger.log_hyperparams({HPARAMS_KEY: dict(self.hyperparameters)})
+        log_dp_hyperparameters(trainer.loggers, self.hyperparameters)
 
     @staticmethod
     def _trainer_steps_left(trainer: L.Trainer) -> int | None:
