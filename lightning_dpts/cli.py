@@ -365,7 +365,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         "; NOT covered, keep private: private/ (evaluation.json, logs/"
         + (", forecasts.png)" if config.private_plots else ")"))
     print(f"results written to {out}/: covered by the guarantee or public: report.json (lists every file), "
-          f"epsilon.png, dp-model.ckpt, model.json, predictor/{private}")
+          f"epsilon.png, dp-model.ckpt, model.json, predictor/, ledger.json and checkpoints/ (for --resume){private}")
     return 0
 
 
