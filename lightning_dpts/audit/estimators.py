@@ -1,0 +1,503 @@
+"""Empirical lower bounds on ε from canary guesses (numpy/scipy only; no torch).
+
+Three estimators turn what an auditor observed into a statement "the mechanism is *not* (ε, δ)-DP for this ε,
+except with probability at most 1 - confidence". Each returns an :class:`AuditBound`; ``epsilon`` is 0.0 when
+nothing is shown.
+
+* :func:`one_run_epsilon_lower_bound`: one training run with ``m`` canaries, each included independently with
+  probability 1/2 (Steinke, Nasr & Jagielski, "Privacy auditing with one (1) training run", NeurIPS 2023,
+  Theorem 3 with its δ term). The auditor guesses "in" for the ``k_plus`` highest scores, "out" for the
+  ``k_minus`` lowest and abstains on the rest; the bound is the largest over a grid of ``(k_plus, k_minus)``,
+  each tested at level ``(1 - confidence) / len(grid)`` (Bonferroni), so the maximum stays valid.
+* :func:`one_run_fdp_lower_bound`: the same game read through Gaussian differential privacy (Dong, Roth & Su,
+  2022) in the spirit of Mahloujifar, Melis & Chaudhuri ("Auditing f-differential privacy in one run", ICML 2025):
+  the largest μ such that "the mechanism is μ-GDP" is rejected, converted to ε at δ with the GDP closed form
+  (Balle & Wang 2018, Dong et al. Corollary 2.13). What is implemented is *not* the paper's own recursion (see
+  the function's docstring for exactly what is and its proof).
+* :func:`clopper_pearson_epsilon_lower_bound`: many independent runs, each with or without one canary
+  (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): Clopper-Pearson upper bounds on the attack's false
+  positive and false negative rates and the (ε, δ)-DP hypothesis-testing inequalities.
+
+Units: ε in nats (natural log), δ and confidence are probabilities, μ is the GDP parameter (a mean shift in
+units of the noise's standard deviation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import expit, log_ndtr, logit
+from scipy.stats import beta as beta_dist
+from scipy.stats import binom
+
+from lightning_dpts.errors import ConfigurationError
+
+__all__ = [
+    "AuditBound",
+    "clopper_pearson_epsilon_lower_bound",
+    "default_guess_grid",
+    "gaussian_dp_delta",
+    "gaussian_dp_epsilon",
+    "one_run_epsilon_lower_bound",
+    "one_run_fdp_lower_bound",
+]
+
+#: the largest ε (nats) the one-run searches consider; q = expit(50) differs from 1 by 2e-22
+EPSILON_CAP = 50.0
+#: the largest GDP μ the f-DP search considers (ε at δ = 1e-5 of μ = 40 is about 980)
+MU_CAP = 40.0
+#: smallest number of guesses in the default grid: fewer cannot show anything at the Bonferroni level
+MIN_GUESSES = 10
+
+
+@dataclass(frozen=True)
+class AuditBound:
+    """An empirical lower bound on ε with what it rests on.
+
+    Attributes:
+        epsilon: the lower bound in nats; 0.0 if the observations show nothing. With probability at least
+            ``confidence`` (over the canaries' coin flips and the mechanism's noise) the audited mechanism is not
+            (ε', ``delta``)-DP for any ε' < ``epsilon`` (for ``method == "one_run_gdp"``: under the assumption
+            stated in :func:`one_run_fdp_lower_bound`).
+        confidence: the probability the statement holds (the grid search is already paid for).
+        delta: the δ of the (ε, δ) statement.
+        method: ``"one_run"``, ``"one_run_gdp"`` or ``"clopper_pearson"``.
+        guesses: non-abstaining guesses of the chosen grid point (one-run), or trials (multi-run).
+        correct: correct guesses among them.
+        canaries: canaries in the run (one-run), or ``None``.
+        k_plus: "in" guesses at the chosen grid point (the highest scores), or ``None``.
+        k_minus: "out" guesses at the chosen grid point (the lowest scores), or ``None``.
+        grid_size: grid points searched; each was tested at level ``(1 - confidence) / grid_size``.
+        mu: the largest rejected GDP μ (``"one_run_gdp"`` only).
+        false_positive_rate_upper: Clopper-Pearson upper bound on FPR (``"clopper_pearson"`` only).
+        false_negative_rate_upper: Clopper-Pearson upper bound on FNR (``"clopper_pearson"`` only).
+    """
+
+    epsilon: float
+    confidence: float
+    delta: float
+    method: str
+    guesses: int
+    correct: int
+    canaries: int | None = None
+    k_plus: int | None = None
+    k_minus: int | None = None
+    grid_size: int = 1
+    mu: float | None = None
+    false_positive_rate_upper: float | None = None
+    false_negative_rate_upper: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (plain floats, ints and ``None``)."""
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------- validation
+
+
+def _check_confidence(confidence: float) -> float:
+    if not isinstance(confidence, (int, float)) or not 0.0 < float(confidence) < 1.0:
+        raise ConfigurationError("confidence", confidence, "a probability in (0, 1), e.g. 0.95")
+    return float(confidence)
+
+
+def _check_delta(delta: float, *, positive: bool = False) -> float:
+    ok = isinstance(delta, (int, float)) and math.isfinite(float(delta))
+    if positive:
+        if not (ok and 0.0 < float(delta) < 1.0):
+            raise ConfigurationError(
+                "delta", delta, "a probability in (0, 1): a μ-GDP mechanism with μ > 0 has ε = ∞ at δ = 0"
+            )
+    elif not (ok and 0.0 <= float(delta) < 1.0):
+        raise ConfigurationError("delta", delta, "a probability in [0, 1)")
+    return float(delta)
+
+
+def _check_scores(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 1 or s.size < 1:
+        raise ConfigurationError("scores", np.shape(scores), "a non-empty 1-D array, one score per canary")
+    if not np.all(np.isfinite(s)):
+        raise ConfigurationError("scores", "non-finite values", "finite floats (no NaN or inf)")
+    inc = np.asarray(included)
+    if inc.shape != s.shape:
+        raise ConfigurationError(
+            "included", np.shape(included), f"a 1-D boolean array of the same length as scores ({s.size})"
+        )
+    if inc.dtype != bool:
+        if not np.all(np.isin(inc, (0, 1))):
+            raise ConfigurationError("included", "values other than 0/1", "booleans (True = canary was included)")
+        inc = inc.astype(bool)
+    return s, inc
+
+
+def default_guess_grid(canaries: int) -> list[tuple[int, int]]:
+    """The ``(k_plus, k_minus)`` pairs searched when ``guesses=None``.
+
+    For every k in the 1-2-5 sequence from :data:`MIN_GUESSES` up to ``canaries`` (and ``canaries`` itself): only
+    "in" guesses ``(k, 0)``, only "out" guesses ``(0, k)`` and both ``(k, k)`` when ``2k <= canaries``. For m canaries
+    that is about 3·3·log10(m / 10) points (33 at m = 10^5). Fixed before the data are seen, as the Bonferroni
+    correction requires.
+    """
+    ks: list[int] = []
+    decade = MIN_GUESSES
+    while decade <= canaries:
+        ks += [k for k in (decade, 2 * decade, 5 * decade) if k <= canaries]
+        decade *= 10
+    if canaries >= MIN_GUESSES and canaries not in ks:
+        ks.append(canaries)
+    if not ks:  # fewer canaries than MIN_GUESSES: guess on all of them
+        ks = [canaries]
+    grid: list[tuple[int, int]] = []
+    for k in ks:
+        grid += [(k, 0), (0, k)]
+        if 2 * k <= canaries:
+            grid.append((k, k))
+    return grid
+
+
+def _check_grid(guesses: Sequence[tuple[int, int]] | None, canaries: int) -> list[tuple[int, int]]:
+    if guesses is None:
+        return default_guess_grid(canaries)
+    grid: list[tuple[int, int]] = []
+    try:
+        pairs = [tuple(g) for g in guesses]
+    except TypeError as err:
+        raise ConfigurationError("guesses", guesses, "a sequence of (k_plus, k_minus) integer pairs") from err
+    for pair in pairs:
+        if len(pair) != 2 or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in pair):
+            raise ConfigurationError("guesses", pair, "(k_plus, k_minus) pairs of integers")
+        kp, km = int(pair[0]), int(pair[1])
+        if kp < 0 or km < 0 or not 1 <= kp + km <= canaries:
+            raise ConfigurationError(
+                "guesses", pair, f"k_plus >= 0, k_minus >= 0 and 1 <= k_plus + k_minus <= {canaries} (the canaries)"
+            )
+        grid.append((kp, km))
+    if not grid:
+        raise ConfigurationError("guesses", guesses, "at least one (k_plus, k_minus) pair, or None for the default")
+    return grid
+
+
+def _guess_counts(scores: np.ndarray, included: np.ndarray, grid: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(r, v)`` per grid point: guesses made and correct guesses for top-``k_plus`` "in", bottom-``k_minus`` "out".
+
+    Ties are broken by canary index (a stable sort), which does not depend on which canaries were included.
+    """
+    order = np.argsort(-scores, kind="stable")
+    inc_sorted = included[order].astype(np.int64)
+    cum_in = np.concatenate(([0], np.cumsum(inc_sorted)))  # cum_in[k] = included among the top k
+    m = scores.size
+    total_in = int(cum_in[-1])
+    out: list[tuple[int, int]] = []
+    for kp, km in grid:
+        correct_in = int(cum_in[kp])
+        included_in_bottom = total_in - int(cum_in[m - km])
+        correct_out = km - included_in_bottom
+        out.append((kp + km, correct_in + correct_out))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ Steinke et al., Thm 3
+
+
+def _pure_epsilon(r: int, v: int, alpha: float) -> float:
+    """Largest ε with P[Binomial(r, expit(ε)) >= v] <= alpha (0.0 if none), capped at :data:`EPSILON_CAP`.
+
+    P[Binomial(r, q) >= v] is the regularized incomplete beta I_q(v, r - v + 1), increasing in q, so the answer is
+    logit of its alpha-quantile (the one-sided Clopper-Pearson lower limit on q).
+    """
+    if v <= 0:
+        return 0.0
+    q_lo = float(beta_dist.ppf(alpha, v, r - v + 1))
+    if not q_lo > 0.5:
+        return 0.0
+    return float(min(logit(q_lo), EPSILON_CAP)) if q_lo < 1.0 else EPSILON_CAP
+
+
+def _delta_coefficient(r: int, v: int, q: float, window: int = 4096) -> float:
+    """An upper bound on Steinke et al.'s max_{i in 1..v} P[v > Binomial(r, q) >= v - i] / i.
+
+    The partial sums are evaluated exactly for i = 1 .. w, w = min(v, ``window``, v - (12 standard deviations below
+    the mean)); every ratio with i > w is at most P[Binomial < v] / (w + 1), which is added as a candidate, so the
+    result is never below the exact maximum.
+    """
+    if v <= 0:
+        return 0.0
+    mean, sd = r * q, math.sqrt(max(r * q * (1.0 - q), 1e-300))
+    w = min(v, window, max(1, v - int(math.floor(mean - 12.0 * sd))))
+    j = np.arange(v - 1, v - w - 1, -1)
+    partial = np.cumsum(binom.pmf(j, r, q))
+    best = float(np.max(partial / np.arange(1, w + 1)))
+    if w < v:
+        best = max(best, float(binom.cdf(v - 1, r, q)) / (w + 1))
+    return best
+
+
+def _steinke_tail(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Steinke, Nasr & Jagielski (2023), Theorem 3: an upper bound on P[W >= v] for an (ε, δ)-DP mechanism.
+
+    W is the number of correct guesses among r non-abstaining guesses on m canaries included independently with
+    probability 1/2: P[W >= v] <= P[Bin(r, q) >= v] + 2 m δ max_i P[v > Bin(r, q) >= v - i] / i, q = e^ε/(1+e^ε).
+    """
+    q = float(expit(epsilon))
+    tail = float(binom.sf(v - 1, r, q))
+    if delta > 0.0:
+        tail += 2.0 * m * delta * _delta_coefficient(r, v, q)
+    return min(tail, 1.0)
+
+
+def _largest_rejected(test: Any, hi: float, tol: float) -> float:
+    """Bisection for the largest x in [0, hi] with ``test(x)`` true, starting from ``test(0)``.
+
+    Returns a point where ``test`` holds (0.0 if it fails at 0): the bound is valid whether or not ``test`` is
+    monotone, because every returned point was itself rejected at the stated level.
+    """
+    if not test(0.0):
+        return 0.0
+    if test(hi):
+        return hi
+    lo = 0.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def one_run_epsilon_lower_bound(
+    scores: Any,
+    included: Any,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: Sequence[tuple[int, int]] | None = None,
+    tolerance: float = 1e-4,
+) -> AuditBound:
+    """One-run ε lower bound of Steinke, Nasr & Jagielski (NeurIPS 2023, Theorem 3, with δ).
+
+    Game: m canaries, each included in the training data independently with probability 1/2 (``included``, drawn
+    before training, from randomness independent of everything else). After one run the auditor scores each canary
+    (``scores``: higher = more likely included; any function of the run's output and the public canaries, but not
+    of ``included``). For each grid point ``(k_plus, k_minus)`` it guesses "in" for the ``k_plus`` highest scores,
+    "out" for the ``k_minus`` lowest and abstains on the rest, giving r = k_plus + k_minus guesses of which v are
+    correct. If the mechanism is (ε, δ)-DP with respect to each canary, P[W >= v] <= P[Bin(r, q) >= v] + 2mδ ·
+    max_i P[v > Bin(r, q) >= v - i] / i with q = e^ε / (1 + e^ε). The reported ε is the largest (to ``tolerance``)
+    for which that bound is <= (1 - confidence) / len(grid) at some grid point; over the grid the failure
+    probability adds up to at most 1 - confidence (Bonferroni).
+
+    Args:
+        scores: one float per canary.
+        included: one bool per canary (the truth).
+        delta: the δ of the tested (ε, δ) hypothesis, in [0, 1). Note the 2mδ factor: with δ = 1e-5 and 10^5
+            canaries it is 2, which caps what can be shown; :func:`one_run_fdp_lower_bound` avoids this.
+        confidence: probability in (0, 1) that the statement holds.
+        guesses: the ``(k_plus, k_minus)`` grid, fixed before looking at the scores; ``None`` uses
+            :func:`default_guess_grid`.
+        tolerance: bisection tolerance on ε (nats); the result is rounded down.
+
+    Returns:
+        An :class:`AuditBound` with ``method="one_run"`` and the grid point that gave the bound.
+    """
+    confidence = _check_confidence(confidence)
+    delta = _check_delta(delta)
+    s, inc = _check_scores(scores, included)
+    m = s.size
+    grid = _check_grid(guesses, m)
+    alpha = (1.0 - confidence) / len(grid)
+    best = (0.0, grid[0], *_guess_counts(s, inc, grid[:1])[0])
+    for (kp, km), (r, v) in zip(grid, _guess_counts(s, inc, grid), strict=True):
+        hi = _pure_epsilon(r, v, alpha)  # the δ term only adds, so ε cannot exceed the pure-DP answer
+        if hi <= best[0]:
+            continue
+        eps = _largest_rejected(lambda e, r=r, v=v: _steinke_tail(m, r, v, e, delta) <= alpha, hi, tolerance)
+        if eps > best[0]:
+            best = (eps, (kp, km), r, v)
+    eps, (kp, km), r, v = best
+    return AuditBound(
+        epsilon=float(eps), confidence=confidence, delta=delta, method="one_run", guesses=int(r), correct=int(v),
+        canaries=m, k_plus=kp, k_minus=km, grid_size=len(grid),
+    )
+
+
+# ------------------------------------------------------------------------------------------ Gaussian DP (one run)
+
+
+def gaussian_dp_delta(mu: float, epsilon: float) -> float:
+    """δ(ε) of μ-GDP: Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2) (Dong, Roth & Su 2022, Corollary 2.13; Balle & Wang 2018).
+
+    This is also the exact privacy profile of the Gaussian mechanism with sensitivity/σ = μ. ``mu = 0`` gives 0.
+    """
+    if mu <= 0.0:
+        return 0.0
+    a = log_ndtr(mu / 2.0 - epsilon / mu)
+    b = epsilon + log_ndtr(-mu / 2.0 - epsilon / mu)
+    return float(max(math.exp(a) * -math.expm1(min(b - a, 0.0)), 0.0))
+
+
+def gaussian_dp_epsilon(mu: float, delta: float) -> float:
+    """The smallest ε >= 0 with :func:`gaussian_dp_delta` (mu, ε) <= delta (nats), for δ in (0, 1)."""
+    if mu <= 0.0 or gaussian_dp_delta(mu, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_dp_delta(mu, hi) > delta:
+        hi *= 2.0
+    return float(brentq(lambda e: gaussian_dp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def one_run_fdp_lower_bound(
+    scores: Any,
+    included: Any,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: Sequence[tuple[int, int]] | None = None,
+    tolerance: float = 1e-4,
+    epsilon_points: int = 48,
+) -> AuditBound:
+    """One-run lower bound through Gaussian DP: the largest rejected μ, reported as ε at ``delta``.
+
+    Same game and grid as :func:`one_run_epsilon_lower_bound`. Mahloujifar, Melis & Chaudhuri (ICML 2025) audit a
+    hypothesised tradeoff curve f directly with their own recursion over the guesses; we could not consult that
+    algorithm, so this function implements a weaker test we can prove, for the family of Gaussian tradeoff curves
+    G_μ:
+
+    1. A μ-GDP mechanism is (ε, δ_μ(ε))-DP for *every* ε >= 0, with δ_μ from :func:`gaussian_dp_delta` (Dong et al.
+       2022, Corollary 2.13). So Steinke et al.'s Theorem 3 holds at every ε simultaneously and
+       P[W >= v] <= F_μ(v) := inf_ε T(ε, δ_μ(ε); v), where T is that theorem's tail bound.
+    2. For each grid point we evaluate T at ``epsilon_points`` values of ε (chosen from (r, v) only) and reject μ
+       if the smallest value is <= α = (1 - confidence) / len(grid). This rejects only when F_μ(v) <= α, and
+       P[F_μ(W) <= α] <= α for any function F_μ that bounds the tail of W (the rejecting v's all lie at or above the
+       smallest of them, v*, and P[W >= v*] <= F_μ(v*) <= α).
+    3. δ_μ(ε) grows with μ, so each grid point's rejection set is an interval [0, μ_g); bisection finds it, and the
+       reported μ is the largest over the grid. If the true curve is G_μ0, then μ > μ0 is reported only if some grid
+       point rejected μ0: probability at most 1 - confidence (Bonferroni).
+
+    Assumption (the price of the tighter number): the reported ``epsilon`` = ε_μ(δ) of the rejected μ is a lower
+    bound on the mechanism's ε at ``delta`` only if the mechanism's tradeoff curve is a Gaussian one G_μ0 (or
+    lies between G_μ0 and a curve with the same ε at ``delta``). That holds for the Gaussian mechanism and, by the
+    central limit theorem for composition (Dong et al., Theorem 3.5), approximately for DP-SGD with many steps.
+    What holds without assumption: "the mechanism is not μ-GDP" for the reported ``mu``. For a statement about
+    (ε, δ) that needs no assumption, use :func:`one_run_epsilon_lower_bound`.
+
+    Args:
+        scores, included, confidence, guesses, tolerance: as in :func:`one_run_epsilon_lower_bound`
+            (``tolerance`` is on μ here).
+        delta: the δ at which the rejected μ is reported as ε, in (0, 1).
+        epsilon_points: how many ε values the infimum in step 1 is evaluated at (more: slightly tighter, slower).
+
+    Returns:
+        An :class:`AuditBound` with ``method="one_run_gdp"``, ``mu`` the largest rejected μ and ``epsilon`` =
+        :func:`gaussian_dp_epsilon` (mu, delta).
+    """
+    confidence = _check_confidence(confidence)
+    delta = _check_delta(delta, positive=True)
+    s, inc = _check_scores(scores, included)
+    if not isinstance(epsilon_points, int) or epsilon_points < 1:
+        raise ConfigurationError("epsilon_points", epsilon_points, "an integer >= 1")
+    m = s.size
+    grid = _check_grid(guesses, m)
+    alpha = (1.0 - confidence) / len(grid)
+    best = (0.0, grid[0], *_guess_counts(s, inc, grid[:1])[0])
+    shrink = np.concatenate((np.geomspace(1e-4, 0.9, epsilon_points - 1), [1.0])) if epsilon_points > 1 else [0.0]
+    for (kp, km), (r, v) in zip(grid, _guess_counts(s, inc, grid), strict=True):
+        eps_pure = _pure_epsilon(r, v, alpha)
+        if eps_pure <= 0.0:
+            continue
+        eps_grid = eps_pure * (1.0 - np.asarray(shrink))
+        q = expit(eps_grid)
+        tails = binom.sf(v - 1, r, q)
+        ok = tails < alpha  # ε where the pure part leaves room for the δ term
+        if not np.any(ok):
+            continue
+        eps_ok, tails_ok = eps_grid[ok], tails[ok]
+        coef = 2.0 * m * np.array([_delta_coefficient(r, v, float(qq)) for qq in q[ok]])
+
+        def rejects(mu: float, eps_ok: np.ndarray = eps_ok, tails_ok: np.ndarray = tails_ok,
+                    coef: np.ndarray = coef) -> bool:
+            deltas = np.array([gaussian_dp_delta(mu, float(e)) for e in eps_ok])
+            return bool(np.min(tails_ok + coef * deltas) <= alpha)
+
+        mu = _largest_rejected(rejects, MU_CAP, tolerance)
+        if mu > best[0]:
+            best = (mu, (kp, km), r, v)
+    mu, (kp, km), r, v = best
+    return AuditBound(
+        epsilon=gaussian_dp_epsilon(mu, delta), confidence=confidence, delta=delta, method="one_run_gdp",
+        guesses=int(r), correct=int(v), canaries=m, k_plus=kp, k_minus=km, grid_size=len(grid), mu=float(mu),
+    )
+
+
+# ------------------------------------------------------------------------------------------ multi-run (Clopper-Pearson)
+
+
+def _check_count(name: str, value: Any, upper: int | None = None) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ConfigurationError(name, value, "a nonnegative integer")
+    if upper is not None and value > upper:
+        raise ConfigurationError(name, value, f"an integer in [0, {upper}]")
+    return int(value)
+
+
+def _clopper_pearson_upper(errors: int, trials: int, alpha: float) -> float:
+    """One-sided Clopper-Pearson upper limit on a rate: P[Bin(trials, p) <= errors] = alpha (1.0 if all erred)."""
+    if errors >= trials:
+        return 1.0
+    return float(beta_dist.ppf(1.0 - alpha, errors + 1, trials - errors))
+
+
+def clopper_pearson_epsilon_lower_bound(
+    false_positives: int,
+    negatives: int,
+    false_negatives: int,
+    positives: int,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+) -> AuditBound:
+    """Multi-run ε lower bound from a membership test's error counts (Jagielski et al. 2020; Nasr et al. 2021).
+
+    Setting: ``positives`` independent runs with the canary and ``negatives`` runs without it; a decision rule fixed
+    before the runs says "in" or "out" for each. An (ε, δ)-DP mechanism forces TPR <= e^ε FPR + δ and
+    TNR <= e^ε FNR + δ (Kairouz et al. 2015), hence ε >= log((1 - δ - FNR)/FPR) and ε >= log((1 - δ - FPR)/FNR).
+    Replacing FPR and FNR by one-sided Clopper-Pearson upper limits at level (1 - confidence)/2 each makes both
+    bounds hold together with probability >= confidence; the larger is reported (0.0 if neither is positive).
+
+    Args:
+        false_positives: runs without the canary that the rule called "in" (0..negatives).
+        negatives: runs without the canary (>= 1).
+        false_negatives: runs with the canary called "out" (0..positives).
+        positives: runs with the canary (>= 1).
+        delta: δ in [0, 1).
+        confidence: probability in (0, 1).
+
+    Returns:
+        An :class:`AuditBound` with ``method="clopper_pearson"``, ``guesses`` = all runs, ``correct`` = the rule's
+        correct calls and the two upper limits.
+    """
+    confidence = _check_confidence(confidence)
+    delta = _check_delta(delta)
+    for name, value in (("negatives", negatives), ("positives", positives)):
+        if _check_count(name, value) < 1:
+            raise ConfigurationError(name, value, "an integer >= 1 (at least one run)")
+    fp = _check_count("false_positives", false_positives, int(negatives))
+    fn = _check_count("false_negatives", false_negatives, int(positives))
+    n_neg, n_pos = int(negatives), int(positives)
+    alpha = (1.0 - confidence) / 2.0
+    fpr_hi = _clopper_pearson_upper(fp, n_neg, alpha)
+    fnr_hi = _clopper_pearson_upper(fn, n_pos, alpha)
+    eps = 0.0
+    for num, den in ((1.0 - delta - fnr_hi, fpr_hi), (1.0 - delta - fpr_hi, fnr_hi)):
+        if num > 0.0 and den > 0.0:
+            eps = max(eps, math.log(num / den))
+    return AuditBound(
+        epsilon=float(eps), confidence=confidence, delta=delta, method="clopper_pearson", guesses=n_neg + n_pos,
+        correct=(n_neg - fp) + (n_pos - fn), false_positive_rate_upper=fpr_hi, false_negative_rate_upper=fnr_hi,
+    )
