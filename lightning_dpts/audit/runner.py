@@ -43,10 +43,10 @@ import numpy as np
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
-__all__ = ["AuditResult", "run_audit"]
+__all__ = ["AuditResult", "options_from_fit_config", "plot_audit", "relation_from", "run_audit", "write_audit"]
 
 #: Defaults of the full audit and of ``quick=True`` (canaries, steps).
-DEFAULT_SIZE = (4096, 20)
+DEFAULT_SIZE = (8192, 10)
 QUICK_SIZE = (1024, 5)
 _ENTROPY_INIT, _ENTROPY_DATA, _ENTROPY_NOISE, _ENTROPY_PLACES = 102, 103, 104, 105
 
@@ -158,6 +158,37 @@ class _ScaledNoise:
         return self.inner.sample(numel, std * self.scale, dtype)
 
 
+def relation_from(level: str | None, size: int | None, value_bound: float | None,
+                  base: NeighbouringRelation | None = None) -> NeighbouringRelation:
+    """``base`` (default: one event) with the given fields replaced; validated by
+    :class:`~lightning_dpts.privacy.NeighbouringRelation` (a :class:`ConfigurationError` naming the field)."""
+    base = NeighbouringRelation() if base is None else base
+    return NeighbouringRelation(level=base.level if level is None else level,  # type: ignore[arg-type]
+                                size=base.size if size is None else size,
+                                value_bound=base.value_bound if value_bound is None else value_bound)
+
+
+def options_from_fit_config(config: Any) -> dict[str, Any]:
+    """The :func:`run_audit` arguments a ``dpts fit`` configuration (:class:`~lightning_dpts.config.FitConfig`)
+    decides: ``epsilon``, ``delta``, the ``relation`` (level, size, value bound), ``max_grad_norm`` (when set),
+    ``seed`` and the ``data`` (its file, or the bundled data). The audit keeps its own model and window geometry
+    (docs/audit.md: what an audit of a configuration measures)."""
+    config.validate()
+    from lightning_dpts.loading import load_fit_table
+
+    options: dict[str, Any] = {
+        "epsilon": float(config.epsilon), "delta": float(config.delta),
+        "relation": NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound),
+        "seed": config.seed,
+    }
+    if config.max_grad_norm is not None:
+        options["max_grad_norm"] = float(config.max_grad_norm)
+    if config.data is not None:
+        table, _freq, _name = load_fit_table(config)
+        options["data"] = table
+    return options
+
+
 def run_audit(
     *,
     epsilon: float = 8.0,
@@ -167,7 +198,7 @@ def run_audit(
     quick: bool = False,
     data: Any = "us_employment",
     context_length: int = 4,
-    prediction_length: int = 4,
+    prediction_length: int = 1,
     chunk_length: int | None | str = "auto",
     batch_size: int | None = None,
     relation: NeighbouringRelation | None = None,
@@ -191,8 +222,8 @@ def run_audit(
     Args:
         epsilon: the accountant's target epsilon (sigma is calibrated for it), in (0, 100].
         delta: delta in (0, 0.1] for the accountant and the estimators.
-        canaries: m >= 2, the number of canaries (default 4096; 1024 with ``quick``).
-        steps: noisy optimizer steps >= 1 (default 20; 5 with ``quick``).
+        canaries: m >= 2, the number of canaries (default 8192; 1024 with ``quick``).
+        steps: noisy optimizer steps >= 1 (default 10; 5 with ``quick``).
         quick: the smaller default size (for a first look; proves less).
         data: the base series: the bundled dataset's name, a long-format DataFrame, a list of arrays (see
             :mod:`lightning_dpts.data.sources`). Each series is divided by its mean absolute value.
@@ -247,6 +278,8 @@ def run_audit(
     if magnitude is None:
         magnitude = relation.value_bound if relation.value_bound is not None else 100.0
     magnitude = _positive_float("magnitude", magnitude)
+    if relation.value_bound is not None and magnitude > relation.value_bound:
+        raise ConfigurationError("magnitude", magnitude, f"must be <= the relation's value_bound={relation.value_bound}")
     if seed is not None:
         _positive_int("seed", seed, 0)
     if _noise_scale != 1.0:
@@ -259,6 +292,11 @@ def run_audit(
     from lightning_dpts.randomness import numpy_generator, resolve_entropy
 
     entropy = resolve_entropy(seed)
+    if entropy.seeded:
+        from lightning_dpts.randomness import SEEDED_NOTICE
+
+        warnings.warn(f"dpts audit: {SEEDED_NOTICE}", UserWarning, stacklevel=2)
+        say(f"WARNING: {SEEDED_NOTICE}")
     base = _base_series(data)
     if chunk_length is not None:
         base = [s for s in base if len(s) >= chunk_length]
