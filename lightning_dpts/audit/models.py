@@ -52,13 +52,14 @@ class AuditForecaster(L.LightningModule):
 class WindowMixingForecaster(AuditForecaster):
     """A *deliberately broken* :class:`AuditForecaster` for the audit's sharpness test (never for training).
 
-    Window i's forecast borrows the levels of the other series of the batch: ``level[s_i] + k * sum_j w_j
-    level[s_j]`` with attention weights ``w = softmax(sum of each window's forecast-window values / 10)`` and
-    ``k = sqrt(batch size)``: a cross-series attention keyed on the windows' values. Window i's gradient then
-    reaches the level of every series with large values in the batch, so one window's values move the clipped
-    gradients of all the others, and the update moves by far more than the 2C the accountant assumes
-    (docs/privacy.md, rule 8). The probe and the spot check of :class:`~lightning_dpts.training.DPForecastStrategy`
-    refuse it; the audit runs it with them switched off, and must show more leakage than the accountant's epsilon.
+    Window i's forecast adds a cross-series attention term: ``level[s_i] + W x_i + k * (y_i / 50) * sum_j w_j
+    level[s_j]``, attention weights ``w = softmax(sum of each window's forecast-window values / 10)`` over the
+    windows of the batch, ``k = sqrt(batch size)``, ``y_i`` the window's own forecast-window mean. Window i's gradient
+    then reaches the level of every series with large values in the batch, with the same sign for every window, so
+    one window's values move the clipped gradients of all the others and the update moves by far more than the 2C
+    the accountant assumes (docs/privacy.md, rule 8). The probe and the spot check of
+    :class:`~lightning_dpts.training.DPForecastStrategy` would refuse it; the audit runs it with them switched off
+    and must show more leakage than the accountant's epsilon.
     """
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int = 0) -> torch.Tensor:
@@ -67,6 +68,7 @@ class WindowMixingForecaster(AuditForecaster):
         n = index.shape[0]
         weights = torch.softmax(target.sum(1) / 10.0, dim=0)  # [B]
         borrowed = self.level(index[None, :].expand(n, n))  # [B, B, L_F]: window i reads every series' level
-        mixed = self(batch) + (n ** 0.5) * (weights[None, :, None] * borrowed).sum(1)
+        gate = target.mean(1, keepdim=True) / 50.0  # [B, 1]
+        mixed = self(batch) + (n ** 0.5) * gate * (weights[None, :, None] * borrowed).sum(1)
         err = (mixed - target) * batch["future_observed_values"]
         return err.pow(2).mean()

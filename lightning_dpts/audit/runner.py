@@ -279,7 +279,8 @@ def run_audit(
         magnitude = relation.value_bound if relation.value_bound is not None else 100.0
     magnitude = _positive_float("magnitude", magnitude)
     if relation.value_bound is not None and magnitude > relation.value_bound:
-        raise ConfigurationError("magnitude", magnitude, f"must be <= the relation's value_bound={relation.value_bound}")
+        raise ConfigurationError("magnitude", magnitude,
+                                 f"must be <= the relation's value_bound={relation.value_bound}")
     if seed is not None:
         _positive_int("seed", seed, 0)
     if _noise_scale != 1.0:
