@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import expit, log_ndtr, logit
+from scipy.special import expit, log_ndtr, logit, ndtr, ndtri
 from scipy.stats import beta as beta_dist
 from scipy.stats import binom
 
@@ -239,15 +239,16 @@ def _delta_coefficient(r: int, v: int, q: float, window: int = 4096) -> float:
     return best
 
 
-def _steinke_tail(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+def _steinke_tail(m: int, r: int, v: int, epsilon: float, delta: float, stop_above: float = math.inf) -> float:
     """Steinke, Nasr & Jagielski (2023), Theorem 3: an upper bound on P[W >= v] for an (ε, δ)-DP mechanism.
 
     W is the number of correct guesses among r non-abstaining guesses on m canaries included independently with
     probability 1/2: P[W >= v] <= P[Bin(r, q) >= v] + 2 m δ max_i P[v > Bin(r, q) >= v - i] / i, q = e^ε/(1+e^ε).
+    If the binomial term alone is >= ``stop_above``, that term is returned (a value known to be >= ``stop_above``).
     """
     q = float(expit(epsilon))
     tail = float(binom.sf(v - 1, r, q))
-    if delta > 0.0:
+    if delta > 0.0 and tail < stop_above:  # the δ term only adds: skip it once the answer is known to exceed
         tail += 2.0 * m * delta * _delta_coefficient(r, v, q)
     return min(tail, 1.0)
 
@@ -317,7 +318,9 @@ def one_run_epsilon_lower_bound(
         hi = _pure_epsilon(r, v, alpha)  # the δ term only adds, so ε cannot exceed the pure-DP answer
         if hi <= best[0]:
             continue
-        eps = _largest_rejected(lambda e, r=r, v=v: _steinke_tail(m, r, v, e, delta) <= alpha, hi, tolerance)
+        eps = _largest_rejected(
+            lambda e, r=r, v=v: _steinke_tail(m, r, v, e, delta, stop_above=alpha) <= alpha, hi, tolerance
+        )
         if eps > best[0]:
             best = (eps, (kp, km), r, v)
     eps, (kp, km), r, v = best
@@ -352,6 +355,39 @@ def gaussian_dp_epsilon(mu: float, delta: float) -> float:
     return float(brentq(lambda e: gaussian_dp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
+def _gdp_consistent(mu: float, m: int, r: int, v: int, alpha: float) -> bool:
+    """Mahloujifar, Melis & Chaudhuri (ICML 2025), the one-run f-DP test for the Gaussian curve G_μ.
+
+    Returns False when "the mechanism is μ-GDP with respect to each canary" is rejected at level ``alpha`` by v
+    correct guesses out of r on m canaries. Their theorem: under f-DP, P[W >= v] >= alpha is only possible if the
+    guessing mass the adversary needs, computed backwards from the all-correct end, fits in the r/m it has. Start
+    with h_v = alpha·(r - v)/m (mass of wrong guesses) and s_v = alpha·v/m (mass of right guesses); for
+    i = v - 1, ..., 0: h_i = max(h_{i+1}, f̄⁻¹(s_{i+1})) and s_i = s_{i+1} + i/(r - i)·(h_i - h_{i+1}), where
+    f̄⁻¹(x) = Φ(Φ⁻¹(x) - μ) is the smallest type-I error at which a test of G_μ reaches power x. Consistent iff
+    s_0 + h_0 <= r/m. Once h stops growing the state is fixed, so the loop stops there.
+    """
+    h = alpha * (r - v) / m
+    s = alpha * v / m
+    for i in range(v - 1, -1, -1):
+        h_next = max(h, float(ndtr(ndtri(s) - mu)))
+        if h_next == h:
+            break
+        s += i / (r - i) * (h_next - h)
+        h = h_next
+    return s + h <= r / m
+
+
+def _gdp_profile_rejects(mu: float, eps_ok: np.ndarray, tails_ok: np.ndarray, coef: np.ndarray, alpha: float) -> bool:
+    """The ``analysis="profile"`` test: min over ε of Steinke's tail bound at (ε, δ_μ(ε)) is <= alpha."""
+    if mu <= 0.0:
+        deltas = np.zeros_like(eps_ok)
+    else:  # gaussian_dp_delta on an array of ε
+        a = log_ndtr(mu / 2.0 - eps_ok / mu)
+        b = eps_ok + log_ndtr(-mu / 2.0 - eps_ok / mu)
+        deltas = np.maximum(np.exp(a) * -np.expm1(np.minimum(b - a, 0.0)), 0.0)
+    return bool(np.min(tails_ok + coef * deltas) <= alpha)
+
+
 def one_run_fdp_lower_bound(
     scores: Any,
     included: Any,
@@ -360,78 +396,84 @@ def one_run_fdp_lower_bound(
     confidence: float = 0.95,
     guesses: Sequence[tuple[int, int]] | None = None,
     tolerance: float = 1e-4,
+    analysis: str = "recursion",
     epsilon_points: int = 48,
 ) -> AuditBound:
     """One-run lower bound through Gaussian DP: the largest rejected μ, reported as ε at ``delta``.
 
-    Same game and grid as :func:`one_run_epsilon_lower_bound`. Mahloujifar, Melis & Chaudhuri (ICML 2025) audit a
-    hypothesised tradeoff curve f directly with their own recursion over the guesses; we could not consult that
-    algorithm, so this function implements a weaker test we can prove, for the family of Gaussian tradeoff curves
-    G_μ:
+    Same game and grid as :func:`one_run_epsilon_lower_bound`: r guesses (top ``k_plus`` "in", bottom ``k_minus``
+    "out"), v correct. For each grid point, the hypothesis "the mechanism is μ-GDP with respect to each canary"
+    (tradeoff curve G_μ(x) = Φ(Φ⁻¹(1 - x) - μ), Dong, Roth & Su 2022) is tested at level
+    α = (1 - confidence) / len(grid); the rejection set is an interval [0, μ_g) (every test below gets easier as μ
+    shrinks), found by bisection, and the reported μ is the largest over the grid. If the true curve is G_μ0, a
+    μ > μ0 is reported only if some grid point rejected μ0: probability at most 1 - confidence (Bonferroni).
 
-    1. A μ-GDP mechanism is (ε, δ_μ(ε))-DP for *every* ε >= 0, with δ_μ from :func:`gaussian_dp_delta` (Dong et al.
-       2022, Corollary 2.13). So Steinke et al.'s Theorem 3 holds at every ε simultaneously and
-       P[W >= v] <= F_μ(v) := inf_ε T(ε, δ_μ(ε); v), where T is that theorem's tail bound.
-    2. For each grid point we evaluate T at ``epsilon_points`` values of ε (chosen from (r, v) only) and reject μ
-       if the smallest value is <= α = (1 - confidence) / len(grid). This rejects only when F_μ(v) <= α, and
-       P[F_μ(W) <= α] <= α for any function F_μ that bounds the tail of W (the rejecting v's all lie at or above the
-       smallest of them, v*, and P[W >= v*] <= F_μ(v*) <= α).
-    3. δ_μ(ε) grows with μ, so each grid point's rejection set is an interval [0, μ_g); bisection finds it, and the
-       reported μ is the largest over the grid. If the true curve is G_μ0, then μ > μ0 is reported only if some grid
-       point rejected μ0: probability at most 1 - confidence (Bonferroni).
+    ``analysis`` picks the test:
+
+    * ``"recursion"`` (default): Mahloujifar, Melis & Chaudhuri, "Auditing f-differential privacy in one run"
+      (ICML 2025), their bound on the probability of v correct guesses out of r under f-DP, specialised to G_μ
+      (see :func:`_gdp_consistent`; written from the paper's method as its authors' reference implementation in
+      facebookresearch/PrivacyGuard computes it). Its validity rests on their theorem.
+    * ``"profile"``: a weaker test whose proof is short. A μ-GDP mechanism is (ε, δ_μ(ε))-DP for every ε (Dong et
+      al., Corollary 2.13), so Steinke et al.'s Theorem 3 gives P[W >= v] <= F_μ(v) := inf_ε T(ε, δ_μ(ε); v) with T
+      that theorem's tail bound. μ is rejected if T <= α at one of ``epsilon_points`` values of ε chosen from
+      (r, v); that implies F_μ(v) <= α, and P[F_μ(W) <= α] <= α for any tail bound F_μ of W (the rejecting v all lie
+      at or above the smallest one, v*, and P[W >= v*] <= F_μ(v*) <= α).
 
     Assumption (the price of the tighter number): the reported ``epsilon`` = ε_μ(δ) of the rejected μ is a lower
-    bound on the mechanism's ε at ``delta`` only if the mechanism's tradeoff curve is a Gaussian one G_μ0 (or
-    lies between G_μ0 and a curve with the same ε at ``delta``). That holds for the Gaussian mechanism and, by the
-    central limit theorem for composition (Dong et al., Theorem 3.5), approximately for DP-SGD with many steps.
-    What holds without assumption: "the mechanism is not μ-GDP" for the reported ``mu``. For a statement about
-    (ε, δ) that needs no assumption, use :func:`one_run_epsilon_lower_bound`.
+    bound on the mechanism's ε at ``delta`` only if its tradeoff curve is Gaussian, G_μ0 for some μ0 (true for the
+    Gaussian mechanism and, by the central limit theorem for composition, Dong et al. Theorem 3.5, approximately
+    for DP-SGD with many steps). What holds without it: "the mechanism is not μ-GDP" for the reported ``mu``. For
+    an (ε, δ) statement with no assumption use :func:`one_run_epsilon_lower_bound`.
 
     Args:
-        scores, included, confidence, guesses, tolerance: as in :func:`one_run_epsilon_lower_bound`
-            (``tolerance`` is on μ here).
+        scores, included, confidence, guesses: as in :func:`one_run_epsilon_lower_bound`.
         delta: the δ at which the rejected μ is reported as ε, in (0, 1).
-        epsilon_points: how many ε values the infimum in step 1 is evaluated at (more: slightly tighter, slower).
+        tolerance: bisection tolerance on μ; the result is rounded down.
+        analysis: ``"recursion"`` or ``"profile"`` (above).
+        epsilon_points: ``"profile"`` only: how many ε values the infimum is evaluated at.
 
     Returns:
-        An :class:`AuditBound` with ``method="one_run_gdp"``, ``mu`` the largest rejected μ and ``epsilon`` =
-        :func:`gaussian_dp_epsilon` (mu, delta).
+        An :class:`AuditBound` with ``method="one_run_gdp"`` (``"one_run_gdp_profile"`` for the profile test),
+        ``mu`` the largest rejected μ and ``epsilon`` = :func:`gaussian_dp_epsilon` (mu, delta).
     """
     confidence = _check_confidence(confidence)
     delta = _check_delta(delta, positive=True)
     s, inc = _check_scores(scores, included)
-    if not isinstance(epsilon_points, int) or epsilon_points < 1:
-        raise ConfigurationError("epsilon_points", epsilon_points, "an integer >= 1")
+    if analysis not in ("recursion", "profile"):
+        raise ConfigurationError("analysis", analysis, '"recursion" (Mahloujifar et al. 2025) or "profile"')
+    if not isinstance(epsilon_points, int) or epsilon_points < 2:
+        raise ConfigurationError("epsilon_points", epsilon_points, "an integer >= 2")
     m = s.size
     grid = _check_grid(guesses, m)
     alpha = (1.0 - confidence) / len(grid)
     best = (0.0, grid[0], *_guess_counts(s, inc, grid[:1])[0])
-    shrink = np.concatenate((np.geomspace(1e-4, 0.9, epsilon_points - 1), [1.0])) if epsilon_points > 1 else [0.0]
+    shrink = np.concatenate((np.geomspace(1e-4, 0.9, epsilon_points - 1), [1.0]))
     for (kp, km), (r, v) in zip(grid, _guess_counts(s, inc, grid), strict=True):
-        eps_pure = _pure_epsilon(r, v, alpha)
-        if eps_pure <= 0.0:
-            continue
-        eps_grid = eps_pure * (1.0 - np.asarray(shrink))
-        q = expit(eps_grid)
-        tails = binom.sf(v - 1, r, q)
-        ok = tails < alpha  # ε where the pure part leaves room for the δ term
-        if not np.any(ok):
-            continue
-        eps_ok, tails_ok = eps_grid[ok], tails[ok]
-        coef = 2.0 * m * np.array([_delta_coefficient(r, v, float(qq)) for qq in q[ok]])
+        if analysis == "recursion":
+            def rejects(mu: float, r: int = r, v: int = v) -> bool:
+                return not _gdp_consistent(mu, m, r, v, alpha)
+        else:
+            eps_grid = _pure_epsilon(r, v, alpha) * (1.0 - shrink)
+            q = expit(eps_grid)
+            tails = binom.sf(v - 1, r, q)
+            ok = tails < alpha  # ε where the binomial part leaves room for the δ term
+            if not np.any(ok):
+                continue
+            coef = 2.0 * m * np.array([_delta_coefficient(r, v, float(qq)) for qq in q[ok]])
 
-        def rejects(mu: float, eps_ok: np.ndarray = eps_ok, tails_ok: np.ndarray = tails_ok,
-                    coef: np.ndarray = coef) -> bool:
-            deltas = np.array([gaussian_dp_delta(mu, float(e)) for e in eps_ok])
-            return bool(np.min(tails_ok + coef * deltas) <= alpha)
+            def rejects(mu: float, e: np.ndarray = eps_grid[ok], t: np.ndarray = tails[ok],
+                        c: np.ndarray = coef) -> bool:
+                return _gdp_profile_rejects(mu, e, t, c, alpha)
 
         mu = _largest_rejected(rejects, MU_CAP, tolerance)
         if mu > best[0]:
             best = (mu, (kp, km), r, v)
     mu, (kp, km), r, v = best
     return AuditBound(
-        epsilon=gaussian_dp_epsilon(mu, delta), confidence=confidence, delta=delta, method="one_run_gdp",
-        guesses=int(r), correct=int(v), canaries=m, k_plus=kp, k_minus=km, grid_size=len(grid), mu=float(mu),
+        epsilon=gaussian_dp_epsilon(mu, delta), confidence=confidence, delta=delta,
+        method="one_run_gdp" if analysis == "recursion" else "one_run_gdp_profile", guesses=int(r),
+        correct=int(v), canaries=m, k_plus=kp, k_minus=km, grid_size=len(grid), mu=float(mu),
     )
 
 
