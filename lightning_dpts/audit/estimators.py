@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,11 @@ __all__ = [
     "default_guess_grid",
     "gaussian_dp_delta",
     "gaussian_dp_epsilon",
+    "inverse_power_from_privacy_profile",
     "one_run_epsilon_lower_bound",
     "one_run_fdp_lower_bound",
+    "one_run_tradeoff_test",
+    "TradeoffTest",
 ]
 
 #: the largest ε (nats) the one-run searches consider; q = expit(50) differs from 1 by 2e-22
@@ -355,26 +358,32 @@ def gaussian_dp_epsilon(mu: float, delta: float) -> float:
     return float(brentq(lambda e: gaussian_dp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
-def _gdp_consistent(mu: float, m: int, r: int, v: int, alpha: float) -> bool:
-    """Mahloujifar, Melis & Chaudhuri (ICML 2025), the one-run f-DP test for the Gaussian curve G_μ.
+def _fdp_consistent(inverse_power: Callable[[float], float], m: int, r: int, v: int, alpha: float) -> bool:
+    """Mahloujifar, Melis & Chaudhuri (ICML 2025): can an f-DP mechanism give v correct guesses out of r?
 
-    Returns False when "the mechanism is μ-GDP with respect to each canary" is rejected at level ``alpha`` by v
-    correct guesses out of r on m canaries. Their theorem: under f-DP, P[W >= v] >= alpha is only possible if the
-    guessing mass the adversary needs, computed backwards from the all-correct end, fits in the r/m it has. Start
-    with h_v = alpha·(r - v)/m (mass of wrong guesses) and s_v = alpha·v/m (mass of right guesses); for
-    i = v - 1, ..., 0: h_i = max(h_{i+1}, f̄⁻¹(s_{i+1})) and s_i = s_{i+1} + i/(r - i)·(h_i - h_{i+1}), where
-    f̄⁻¹(x) = Φ(Φ⁻¹(x) - μ) is the smallest type-I error at which a test of G_μ reaches power x. Consistent iff
-    s_0 + h_0 <= r/m. Once h stops growing the state is fixed, so the loop stops there.
+    Returns False when "the mechanism is f-DP with respect to each canary" is rejected at level ``alpha`` by v
+    correct guesses out of r on m canaries (membership: a binary alphabet). Their theorem: under f-DP,
+    P[W >= v] >= alpha is only possible if the guessing mass the adversary needs, computed backwards from the
+    all-correct end, fits in the r/m it has. Start with h_v = alpha·(r - v)/m (mass of wrong guesses) and
+    s_v = alpha·v/m (mass of right guesses); for i = v - 1, ..., 0: h_i = max(h_{i+1}, f̄⁻¹(s_{i+1})) and
+    s_i = s_{i+1} + i/(r - i)·(h_i - h_{i+1}), where f̄⁻¹(x) = ``inverse_power(x)`` is the smallest type-I error at
+    which a test between neighbours reaches power x (for G_μ: Φ(Φ⁻¹(x) - μ)). Consistent iff s_0 + h_0 <= r/m.
+    Once h stops growing the state is fixed, so the loop stops there.
     """
     h = alpha * (r - v) / m
     s = alpha * v / m
     for i in range(v - 1, -1, -1):
-        h_next = max(h, float(ndtr(ndtri(s) - mu)))
+        h_next = max(h, float(inverse_power(s)))
         if h_next == h:
             break
         s += i / (r - i) * (h_next - h)
         h = h_next
     return s + h <= r / m
+
+
+def _gdp_inverse_power(mu: float) -> Callable[[float], float]:
+    """f̄⁻¹ of the Gaussian tradeoff curve G_μ: the smallest type-I error with power x is Φ(Φ⁻¹(x) - μ)."""
+    return lambda x: float(ndtr(ndtri(x) - mu))
 
 
 def _gdp_profile_rejects(mu: float, eps_ok: np.ndarray, tails_ok: np.ndarray, coef: np.ndarray, alpha: float) -> bool:
@@ -412,7 +421,7 @@ def one_run_fdp_lower_bound(
 
     * ``"recursion"`` (default): Mahloujifar, Melis & Chaudhuri, "Auditing f-differential privacy in one run"
       (ICML 2025), their bound on the probability of v correct guesses out of r under f-DP, specialised to G_μ
-      (see :func:`_gdp_consistent`; written from the paper's method as its authors' reference implementation in
+      (see :func:`_fdp_consistent`; written from the paper's method as its authors' reference implementation in
       facebookresearch/PrivacyGuard computes it). Its validity rests on their theorem.
     * ``"profile"``: a weaker test whose proof is short. A μ-GDP mechanism is (ε, δ_μ(ε))-DP for every ε (Dong et
       al., Corollary 2.13), so Steinke et al.'s Theorem 3 gives P[W >= v] <= F_μ(v) := inf_ε T(ε, δ_μ(ε); v) with T
@@ -452,7 +461,7 @@ def one_run_fdp_lower_bound(
     for (kp, km), (r, v) in zip(grid, _guess_counts(s, inc, grid), strict=True):
         if analysis == "recursion":
             def rejects(mu: float, r: int = r, v: int = v) -> bool:
-                return not _gdp_consistent(mu, m, r, v, alpha)
+                return not _fdp_consistent(_gdp_inverse_power(mu), m, r, v, alpha)
         else:
             eps_grid = _pure_epsilon(r, v, alpha) * (1.0 - shrink)
             q = expit(eps_grid)
@@ -475,6 +484,104 @@ def one_run_fdp_lower_bound(
         method="one_run_gdp" if analysis == "recursion" else "one_run_gdp_profile", guesses=int(r),
         correct=int(v), canaries=m, k_plus=kp, k_minus=km, grid_size=len(grid), mu=float(mu),
     )
+
+
+def inverse_power_from_privacy_profile(epsilons: Any, deltas: Any) -> Callable[[float], float]:
+    """f̄⁻¹ of the tradeoff curve implied by a table of (ε, δ(ε)) guarantees (Dong, Roth & Su 2022, Prop. 2.12).
+
+    A mechanism that is (ε_j, δ_j)-DP for every row j has, between neighbours in either order, power at most
+    min_j min(e^ε_j·x + δ_j, 1 - e^-ε_j·(1 - δ_j - x)) at type-I error x; so reaching power p needs type-I error at
+    least max(0, max_j max((p - δ_j)·e^-ε_j, 1 - δ_j - e^ε_j·(1 - p))). The returned function computes that. A
+    finite table gives a curve below the mechanism's true one, so rejecting it rejects the table's claim. The table
+    must hold for both orders of the neighbouring pair (as an accountant's ε(δ) does when it reports the worse one).
+
+    Args:
+        epsilons: ε_j in nats (>= 0), e.g. an accountant's ε at several δ.
+        deltas: δ_j in [0, 1], same length.
+    """
+    eps = np.asarray(epsilons, dtype=float)
+    dls = np.asarray(deltas, dtype=float)
+    if eps.ndim != 1 or eps.size < 1 or eps.shape != dls.shape:
+        raise ConfigurationError("epsilons", np.shape(epsilons), "a non-empty 1-D array with one δ per ε (deltas)")
+    if not (np.all(np.isfinite(eps)) and np.all(eps >= 0.0)):
+        raise ConfigurationError("epsilons", epsilons, "finite values >= 0 (nats)")
+    if not (np.all(np.isfinite(dls)) and np.all((dls >= 0.0) & (dls <= 1.0))):
+        raise ConfigurationError("deltas", deltas, "probabilities in [0, 1]")
+    scale_down, scale_up = np.exp(-eps), np.exp(eps)
+
+    def inverse_power(p: float) -> float:
+        return float(max(0.0, np.max((p - dls) * scale_down), np.max(1.0 - dls - scale_up * (1.0 - p))))
+
+    return inverse_power
+
+
+@dataclass(frozen=True)
+class TradeoffTest:
+    """The outcome of :func:`one_run_tradeoff_test`.
+
+    Attributes:
+        rejected: True if the observations refute "the mechanism is f-DP" at ``confidence``: for an f-DP mechanism
+            this happens with probability at most 1 - confidence.
+        confidence: as passed.
+        guesses, correct, k_plus, k_minus: the grid point with the strongest evidence (the first that rejected,
+            else the one with the most correct guesses in excess of half its guesses).
+        canaries: canaries in the run.
+        grid_size: grid points tested, each at level (1 - confidence) / grid_size.
+    """
+
+    rejected: bool
+    confidence: float
+    guesses: int
+    correct: int
+    canaries: int
+    k_plus: int
+    k_minus: int
+    grid_size: int
+    method: str = "one_run_fdp"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def one_run_tradeoff_test(
+    scores: Any,
+    included: Any,
+    *,
+    inverse_power: Callable[[float], float],
+    confidence: float = 0.95,
+    guesses: Sequence[tuple[int, int]] | None = None,
+) -> TradeoffTest:
+    """Test one claimed tradeoff curve f in one run (Mahloujifar, Melis & Chaudhuri, ICML 2025).
+
+    The hypothesis is "the mechanism is f-DP with respect to each canary", e.g. the accountant's own guarantee
+    (build ``inverse_power`` with :func:`inverse_power_from_privacy_profile` from its ε at several δ). It is
+    rejected if some grid point's guesses (as in :func:`one_run_epsilon_lower_bound`) fail the paper's test at
+    level (1 - confidence) / len(grid). Unlike :func:`one_run_fdp_lower_bound`, no family of curves is assumed:
+    a rejection says the claimed guarantee is false, with the stated confidence.
+
+    Args:
+        scores, included, confidence, guesses: as in :func:`one_run_epsilon_lower_bound`.
+        inverse_power: p -> the smallest type-I error at which a test between neighbours reaches power p, under
+            the claimed curve (nondecreasing, values in [0, 1]).
+    """
+    confidence = _check_confidence(confidence)
+    s, inc = _check_scores(scores, included)
+    if not callable(inverse_power):
+        raise ConfigurationError("inverse_power", inverse_power, "a function from power to type-I error")
+    m = s.size
+    grid = _check_grid(guesses, m)
+    alpha = (1.0 - confidence) / len(grid)
+    counts = _guess_counts(s, inc, grid)
+    chosen = max(range(len(grid)), key=lambda j: counts[j][1] - counts[j][0] / 2)
+    rejected = False
+    for j, (r, v) in enumerate(counts):
+        if not _fdp_consistent(inverse_power, m, r, v, alpha):
+            chosen, rejected = j, True
+            break
+    (kp, km), (r, v) = grid[chosen], counts[chosen]
+    return TradeoffTest(rejected=rejected, confidence=confidence, guesses=int(r), correct=int(v), canaries=m,
+                        k_plus=kp, k_minus=km, grid_size=len(grid))
 
 
 # ------------------------------------------------------------------------------------------ multi-run (Clopper-Pearson)

@@ -26,8 +26,10 @@ from lightning_dpts.audit import (
     default_guess_grid,
     gaussian_dp_delta,
     gaussian_dp_epsilon,
+    inverse_power_from_privacy_profile,
     one_run_epsilon_lower_bound,
     one_run_fdp_lower_bound,
+    one_run_tradeoff_test,
 )
 from lightning_dpts.errors import ConfigurationError
 
@@ -255,6 +257,48 @@ def test_bound_as_dict_is_json():
     assert isinstance(bound, AuditBound)
     with pytest.raises(AttributeError):
         bound.epsilon = 1.0  # frozen
+
+
+# ------------------------------------------------------------------------------------ testing a claimed curve
+
+
+def test_inverse_power_from_a_dense_gaussian_profile_approaches_the_gaussian_curve():
+    """From the Gaussian mechanism's (ε, δ(ε)) at 4000 values of ε, the implied smallest type-I error at power p is
+    at most, and within 2e-3 of, the Gaussian curve's Φ(Φ⁻¹(p) - μ) (Dong et al. 2022, Prop. 2.12 is tight there)."""
+    mu = 1.5
+    epsilons = np.linspace(0.0, 15.0, 4000)
+    deltas = [gaussian_dp_delta(mu, e) for e in epsilons]
+    inverse = inverse_power_from_privacy_profile(epsilons, deltas)
+    for p in (0.05, 0.3, 0.5, 0.8, 0.95, 0.999):
+        exact = norm.cdf(norm.ppf(p) - mu)
+        assert exact - 2e-3 <= inverse(p) <= exact + 1e-12
+
+
+def test_inverse_power_of_one_point():
+    """(ε, δ)-DP alone: power p needs type-I error max(0, (p - δ)e^-ε, 1 - δ - e^ε(1 - p))."""
+    inverse = inverse_power_from_privacy_profile([1.0], [0.01])
+    assert inverse(0.005) == 0.0
+    assert inverse(0.5) == pytest.approx((0.5 - 0.01) / math.e)
+    assert inverse(0.99) == pytest.approx(1 - 0.01 - math.e * 0.01)
+
+
+def test_tradeoff_test_rejects_a_false_claim_and_keeps_a_true_one():
+    """The accountant's claim as a curve: the Gaussian mechanism's (ε, δ) table for μ = 0.5 (ε = 2 at δ = 1e-5).
+    A run with a quarter of the noise (μ = 2) is refuted with 5000 canaries (seed fixed); runs that meet the claim
+    are refuted in at most 3 of 20 seeds (each with probability <= 0.05: false-failure rate
+    P[Bin(20, 0.05) >= 4] = 0.016)."""
+    epsilons = np.linspace(0.0, 12.0, 600)
+    claim = inverse_power_from_privacy_profile(epsilons, [gaussian_dp_delta(0.5, e) for e in epsilons])
+    leaky = one_run_tradeoff_test(*gaussian_canaries(np.random.default_rng(6), 2.0, 5000), inverse_power=claim)
+    assert leaky.rejected and leaky.correct > leaky.guesses / 2
+    rng = np.random.default_rng(60)
+    refuted = sum(one_run_tradeoff_test(*gaussian_canaries(rng, 0.5, 2000), inverse_power=claim).rejected
+                  for _ in range(20))
+    assert refuted <= 3
+    with pytest.raises(ConfigurationError, match="inverse_power"):
+        one_run_tradeoff_test([1.0, 2.0], [True, False], inverse_power=0.5)
+    with pytest.raises(ConfigurationError, match="deltas"):
+        inverse_power_from_privacy_profile([1.0], [1.5])
 
 
 # ------------------------------------------------------------------------------------ multi-run (Clopper-Pearson)
