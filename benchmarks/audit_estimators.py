@@ -10,8 +10,10 @@ For ε in {1, 2, 4, 8} at δ = 1e-5 and m in {10^3, 10^4, 10^5} canaries, prints
 lower bound / true ε at confidence 0.95 for
 
 * ``one_run``: :func:`~lightning_dpts.audit.one_run_epsilon_lower_bound` (Steinke et al. 2023, (ε, δ) statement),
-* ``one_run_gdp``: :func:`~lightning_dpts.audit.one_run_fdp_lower_bound` (Mahloujifar et al. 2025 recursion),
-* ``one_run_gdp_profile``: the same with ``analysis="profile"``,
+* ``one_run_fdp``: :func:`~lightning_dpts.audit.one_run_fdp_lower_bound` (Mahloujifar et al. 2025, the (ε, δ)
+  curve family: no assumption),
+* ``one_run_gdp``: the same with ``curve="gaussian"`` (assumes a Gaussian tradeoff curve, true here),
+* ``one_run_gdp_profile``: ``curve="gaussian_profile"``,
 * ``clopper_pearson``: for comparison, m independent runs (m/2 with the canary, m/2 without) judged by the
   likelihood-ratio threshold that maximises the bound on the *expected* counts (an oracle choice), with
   :func:`~lightning_dpts.audit.clopper_pearson_epsilon_lower_bound`. It costs m trainings, not one.
@@ -38,7 +40,7 @@ from lightning_dpts.audit import (
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CANARIES = (1_000, 10_000, 100_000)
 DELTA = 1e-5
-ESTIMATORS = ("one_run", "one_run_gdp", "one_run_gdp_profile", "clopper_pearson")
+ESTIMATORS = ("one_run", "one_run_fdp", "one_run_gdp", "one_run_gdp_profile", "clopper_pearson")
 
 
 def mu_for(epsilon: float, delta: float) -> float:
@@ -68,10 +70,10 @@ def one_cell(epsilon: float, m: int, seeds: int) -> dict[str, list[float]]:
         included = rng.random(m) < 0.5
         scores = rng.normal(size=m) + mu * included
         out["one_run"].append(one_run_epsilon_lower_bound(scores, included, delta=DELTA).epsilon / epsilon)
-        out["one_run_gdp"].append(one_run_fdp_lower_bound(scores, included, delta=DELTA).epsilon / epsilon)
-        out["one_run_gdp_profile"].append(
-            one_run_fdp_lower_bound(scores, included, delta=DELTA, analysis="profile").epsilon / epsilon
-        )
+        for name, curve in (("one_run_fdp", "epsilon_delta"), ("one_run_gdp", "gaussian"),
+                            ("one_run_gdp_profile", "gaussian_profile")):
+            bound = one_run_fdp_lower_bound(scores, included, delta=DELTA, curve=curve)
+            out[name].append(bound.epsilon / epsilon)
         out["clopper_pearson"].append(clopper_pearson_oracle(rng, mu, m, DELTA) / epsilon)
     return out
 
