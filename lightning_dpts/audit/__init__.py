@@ -13,12 +13,15 @@ many runs (Clopper-Pearson; Jagielski et al. 2020, Nasr et al. 2021).
 from lightning_dpts.audit.canaries import Canary, CanaryPlan, chunk_series, plan_canaries
 from lightning_dpts.audit.estimators import (
     AuditBound,
+    TradeoffTest,
     clopper_pearson_epsilon_lower_bound,
     default_guess_grid,
     gaussian_dp_delta,
     gaussian_dp_epsilon,
+    inverse_power_from_privacy_profile,
     one_run_epsilon_lower_bound,
     one_run_fdp_lower_bound,
+    one_run_tradeoff_test,
 )
 from lightning_dpts.audit.runner import AuditResult, options_from_fit_config, run_audit
 
@@ -27,13 +30,16 @@ __all__ = [
     "AuditResult",
     "Canary",
     "CanaryPlan",
+    "TradeoffTest",
     "chunk_series",
     "clopper_pearson_epsilon_lower_bound",
     "default_guess_grid",
     "gaussian_dp_delta",
     "gaussian_dp_epsilon",
+    "inverse_power_from_privacy_profile",
     "one_run_epsilon_lower_bound",
     "one_run_fdp_lower_bound",
+    "one_run_tradeoff_test",
     "options_from_fit_config",
     "plan_canaries",
     "run_audit",
