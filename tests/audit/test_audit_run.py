@@ -90,3 +90,27 @@ def test_window_mixing_model_is_caught() -> None:
                        module=lambda n, p, h: WindowMixingForecaster(n, p, h),
                        strategy_options={"per_window": "fast", "check_independence": False, "spot_check": 0.0})
     assert result.white_box_epsilon > result.accountant_epsilon
+
+
+def test_white_box_score_matches_the_closed_form() -> None:
+    """At the initial model (all zeros, learning rate 0) with one-step pieces, canary j's window has the gradient
+    -2 y in its own level and nothing else; with |y| >> C both clip to norm C, so a - b = -2C e_j, (a + b) / 2 = 0
+    and the score is sum_s -2C (Lambda g~_s)[j] / (sigma C)^2, computed here from the noisy updates alone."""
+    updates: list[np.ndarray] = []
+    from lightning_dpts.audit import scores
+
+    original = scores.WhiteBoxScorer.__call__
+
+    def spy(self, module, strategy, step, noisy):  # noqa: ANN001
+        updates.append(noisy[0].detach().numpy().copy())  # the level table comes first
+        return original(self, module, strategy, step, noisy)
+
+    scores.WhiteBoxScorer.__call__ = spy  # type: ignore[method-assign]
+    try:
+        result = run_audit(epsilon=2.0, canaries=32, steps=3, module=lambda n, p, h: AuditForecaster(n, p, h, lr=0.0),
+                           black_box=False, seed=4, max_grad_norm=0.5, progress=None)
+    finally:
+        scores.WhiteBoxScorer.__call__ = original  # type: ignore[method-assign]
+    c, sigma, lam = 0.5, result.noise_multiplier, 32
+    expected = sum(-2 * c * lam * u[:, 0] for u in updates) / (sigma * c) ** 2
+    np.testing.assert_allclose(result.white_box_scores, expected, rtol=1e-5, atol=1e-6)
