@@ -134,8 +134,9 @@ def _positive_float(name: str, value: Any, high: float | None = None) -> float:
     return float(value)
 
 
-def _base_series(data: Any) -> list[np.ndarray]:
-    """Every series of ``data`` as float arrays ``[L]`` (univariate) divided by its mean absolute value."""
+def _base_series(data: Any, scale: bool = True) -> list[np.ndarray]:
+    """Every series of ``data`` as float arrays ``[L]`` (univariate), divided by its mean absolute value if
+    ``scale``."""
     from lightning_dpts.data.sources import to_collection
 
     collection = to_collection(data)
@@ -143,8 +144,8 @@ def _base_series(data: Any) -> list[np.ndarray]:
     for t in collection.targets:
         arr = np.asarray(t, dtype=np.float64)
         arr = arr[:, 0] if arr.ndim == 2 and arr.shape[1] == 1 else arr
-        scale = np.nanmean(np.abs(arr))
-        out.append(arr / (scale if np.isfinite(scale) and scale > 0 else 1.0))
+        size = np.nanmean(np.abs(arr)) if scale else 1.0
+        out.append(arr / (size if np.isfinite(size) and size > 0 else 1.0))
     return out
 
 
@@ -181,6 +182,8 @@ def options_from_fit_config(config: Any) -> dict[str, Any]:
         "relation": NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound),
         "seed": config.seed,
     }
+    if config.value_bound is not None:  # the bound is in the data's units: audit the data unscaled
+        options["scale_series"] = False
     if config.max_grad_norm is not None:
         options["max_grad_norm"] = float(config.max_grad_norm)
     if config.data is not None:
@@ -198,12 +201,13 @@ def run_audit(
     quick: bool = False,
     data: Any = "us_employment",
     context_length: int = 4,
-    prediction_length: int = 1,
+    prediction_length: int | None = None,
     chunk_length: int | None | str = "auto",
     batch_size: int | None = None,
     relation: NeighbouringRelation | None = None,
     magnitude: float | None = None,
     max_grad_norm: float = 1.0,
+    scale_series: bool = True,
     module: Callable[[int, int, int], Any] | None = None,
     strategy_options: dict[str, Any] | None = None,
     windows_per_canary: int | None = 4,
@@ -228,14 +232,17 @@ def run_audit(
         data: the base series: the bundled dataset's name, a long-format DataFrame, a list of arrays (see
             :mod:`lightning_dpts.data.sources`). Each series is divided by its mean absolute value.
         context_length: P, the past window the model reads, in steps.
-        prediction_length: L_F, in steps.
+        prediction_length: L_F, in steps (default: the relation's w, so that a canary fits in one piece).
         chunk_length: ``"auto"`` (default): pieces of ``prediction_length`` steps (T = 1); an integer: pieces of that
             many steps; ``None``: whole series.
         batch_size: Lambda (one window per series); default: every series in every batch (rho = 1).
-        relation: the neighbouring relation whose unit a canary is (default one event); its ``value_bound`` (in
-            units of each series' mean absolute value) caps ``magnitude``.
+        relation: the neighbouring relation whose unit a canary is (default one event); its ``value_bound``
+            caps ``magnitude`` (in the units ``scale_series`` says).
         magnitude: the difference between a canary's two worlds per step (default: the value bound, else 100).
         max_grad_norm: C > 0.
+        scale_series: divide each base series by its mean absolute value (default); the value bound and
+            ``magnitude`` are then in those units. ``False`` keeps the data's units (what ``--config`` does when its
+            relation has a value bound, which is in the data's units).
         module: ``factory(num_series, past_length, prediction_length) -> LightningModule`` training on the
             datamodule's dict batches (default :class:`~lightning_dpts.audit.models.AuditForecaster`).
         strategy_options: extra keyword arguments of :class:`~lightning_dpts.training.DPForecastStrategy`.
@@ -262,7 +269,11 @@ def run_audit(
     m = _positive_int("canaries", default_m if canaries is None else canaries, 2, 1_000_000)
     steps = _positive_int("steps", default_steps if steps is None else steps, 1, 1_000_000)
     context_length = _positive_int("context_length", context_length)
-    prediction_length = _positive_int("prediction_length", prediction_length)
+    relation = NeighbouringRelation() if relation is None else relation
+    if not isinstance(relation, NeighbouringRelation):
+        raise ConfigurationError("relation", relation, "must be a NeighbouringRelation")
+    prediction_length = _positive_int("prediction_length", relation.size if prediction_length is None
+                                      else prediction_length)
     max_grad_norm = _positive_float("max_grad_norm", max_grad_norm)
     if not (isinstance(confidence, float) and 0.0 < confidence < 1.0):
         raise ConfigurationError("confidence", confidence, "must be a float in (0, 1)")
@@ -272,9 +283,6 @@ def run_audit(
         chunk_length = prediction_length
     elif chunk_length is not None:
         chunk_length = _positive_int("chunk_length", chunk_length, prediction_length)
-    relation = NeighbouringRelation() if relation is None else relation
-    if not isinstance(relation, NeighbouringRelation):
-        raise ConfigurationError("relation", relation, "must be a NeighbouringRelation")
     if magnitude is None:
         magnitude = relation.value_bound if relation.value_bound is not None else 100.0
     magnitude = _positive_float("magnitude", magnitude)
@@ -298,7 +306,7 @@ def run_audit(
 
         warnings.warn(f"dpts audit: {SEEDED_NOTICE}", UserWarning, stacklevel=2)
         say(f"WARNING: {SEEDED_NOTICE}")
-    base = _base_series(data)
+    base = _base_series(data, scale_series)
     if chunk_length is not None:
         base = [s for s in base if len(s) >= chunk_length]
         from lightning_dpts.audit.canaries import chunk_series
@@ -388,7 +396,8 @@ def run_audit(
         data, str) else "given", "num_series": num_series, "context_length": context_length,
         "prediction_length": prediction_length, "chunk_length": chunk_length, "batch_size": batch_size,
         "relation": {"level": relation.level, "size": relation.size, "value_bound": relation.value_bound},
-        "magnitude": magnitude, "max_grad_norm": max_grad_norm, "windows_per_canary": windows_per_canary,
+        "magnitude": magnitude, "scale_series": scale_series, "max_grad_norm": max_grad_norm,
+        "windows_per_canary": windows_per_canary,
         "confidence": confidence, "model": type(model).__name__, "seeded": seed is not None,
         "sampling_spec": {"top_level_rate": spec.top_level_rate, "bottom_level_rate": spec.bottom_level_rate,
                           "num_start_positions": spec.num_start_positions}}

@@ -54,3 +54,15 @@ def test_no_abbreviations(capsys) -> None:  # noqa: ANN001
     with pytest.raises(SystemExit) as err:
         main(["audit", "--quic"])
     assert err.value.code == 2
+
+
+def test_config_from_a_fit_yaml(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``--config`` audits a dpts fit YAML's epsilon, delta, relation and seed; options override it."""
+    config = tmp_path / "fit.yaml"
+    config.write_text("epsilon: 3.0\ndelta: 1.0e-6\nlevel: event\nsize: 2\nseed: 5\n")
+    assert main(["audit", "--config", str(config), "--canaries", "32", "--steps", "2", "--no-black-box",
+                 "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["accountant_epsilon"] == pytest.approx(3.0, rel=1e-2) and printed["delta"] == 1e-6
+    assert printed["config"]["relation"]["size"] == 2 and printed["config"]["seeded"] is True
+    assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp"}
