@@ -378,6 +378,7 @@ def run_audit(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*explicit seed")
         warnings.filterwarnings("ignore", message=".*does not have many workers")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")  # Opacus' hooks, harmless here
         trainer.fit(model, datamodule=dm)
     if scorer.steps != steps:
         raise RuntimeError(f"the audit observed {scorer.steps} noisy steps, expected {steps}")
