@@ -1,8 +1,8 @@
 """Empirical lower bounds on ε from canary guesses (numpy/scipy only; no torch).
 
-Three estimators turn what an auditor observed into a statement "the mechanism is *not* (ε, δ)-DP for this ε,
+The estimators turn what an auditor observed into a statement "the mechanism is *not* (ε, δ)-DP for this ε,
 except with probability at most 1 - confidence". Each returns an :class:`AuditBound`; ``epsilon`` is 0.0 when
-nothing is shown.
+nothing is shown. What each proves, and what it cannot, is in docs/audit.md.
 
 * :func:`one_run_epsilon_lower_bound`: one training run with ``m`` canaries, each included independently with
   probability 1/2 (Steinke, Nasr & Jagielski, "Privacy auditing with one (1) training run", NeurIPS 2023,
@@ -68,18 +68,19 @@ class AuditBound:
     Attributes:
         epsilon: the lower bound in nats; 0.0 if the observations show nothing. With probability at least
             ``confidence`` (over the canaries' coin flips and the mechanism's noise) the audited mechanism is not
-            (ε', ``delta``)-DP for any ε' < ``epsilon`` (for ``method == "one_run_gdp"``: under the assumption
-            stated in :func:`one_run_fdp_lower_bound`).
+            (ε', ``delta``)-DP for any ε' < ``epsilon`` (for ``"one_run_gdp"`` and ``"one_run_gdp_profile"``: only
+            under the Gaussian-curve assumption stated in :func:`one_run_fdp_lower_bound`).
         confidence: the probability the statement holds (the grid search is already paid for).
         delta: the δ of the (ε, δ) statement.
-        method: ``"one_run"``, ``"one_run_gdp"`` or ``"clopper_pearson"``.
+        method: ``"one_run"`` (Steinke et al.), ``"one_run_fdp"`` (Mahloujifar et al., (ε, δ) curves),
+            ``"one_run_gdp"`` / ``"one_run_gdp_profile"`` (Gaussian curves) or ``"clopper_pearson"``.
         guesses: non-abstaining guesses of the chosen grid point (one-run), or trials (multi-run).
         correct: correct guesses among them.
         canaries: canaries in the run (one-run), or ``None``.
         k_plus: "in" guesses at the chosen grid point (the highest scores), or ``None``.
         k_minus: "out" guesses at the chosen grid point (the lowest scores), or ``None``.
         grid_size: grid points searched; each was tested at level ``(1 - confidence) / grid_size``.
-        mu: the largest rejected GDP μ (``"one_run_gdp"`` only).
+        mu: the largest rejected GDP μ (``"one_run_gdp"`` and ``"one_run_gdp_profile"`` only).
         false_positive_rate_upper: Clopper-Pearson upper bound on FPR (``"clopper_pearson"`` only).
         false_negative_rate_upper: Clopper-Pearson upper bound on FNR (``"clopper_pearson"`` only).
     """
@@ -482,11 +483,7 @@ def one_run_fdp_lower_bound(
             def rejects(e: float, r: int = r, v: int = v) -> bool:
                 return not _fdp_consistent(_epsilon_delta_inverse_power(e, delta), m, r, v, alpha)
             cap = EPSILON_CAP
-        elif curve == "gaussian":
-            def rejects(mu: float, r: int = r, v: int = v) -> bool:
-                return not _fdp_consistent(_gdp_inverse_power(mu), m, r, v, alpha)
-            cap = MU_CAP
-        else:
+        elif curve == "gaussian_profile":
             eps_grid = _pure_epsilon(r, v, alpha) * (1.0 - shrink)
             q = expit(eps_grid)
             tails = binom.sf(v - 1, r, q)
@@ -498,6 +495,10 @@ def one_run_fdp_lower_bound(
             def rejects(mu: float, e: np.ndarray = eps_grid[ok], t: np.ndarray = tails[ok],
                         c: np.ndarray = coef) -> bool:
                 return _gdp_profile_rejects(mu, e, t, c, alpha)
+            cap = MU_CAP
+        else:  # the Gaussian curves G_μ under the recursion
+            def rejects(mu: float, r: int = r, v: int = v) -> bool:
+                return not _fdp_consistent(_gdp_inverse_power(mu), m, r, v, alpha)
             cap = MU_CAP
 
         if best[0] > 0.0 and not rejects(best[0]):

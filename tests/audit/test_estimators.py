@@ -441,3 +441,19 @@ def test_clopper_pearson_refusals(args, parameter):
     assert info.value.parameter == parameter
     with pytest.raises(ConfigurationError, match="confidence"):
         clopper_pearson_epsilon_lower_bound(0, 10, 0, 10, delta=1e-5, confidence=1.5)
+
+
+def test_estimators_import_no_torch():
+    """The estimators stay numpy/scipy only (usable on scores from any framework): every import in the module is
+    from the standard library, numpy, scipy or lightning_dpts.errors."""
+    import ast
+    from pathlib import Path
+
+    import lightning_dpts.audit.estimators as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    allowed = {"__future__", "dataclasses", "math", "collections", "typing", "numpy", "scipy"}
+    bad = [n for n in names if n.split(".")[0] not in allowed and n != "lightning_dpts.errors"]
+    assert names and not bad, bad
