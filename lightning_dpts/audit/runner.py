@@ -442,16 +442,17 @@ def write_audit(result: AuditResult, output_dir: str | Path, overwrite: bool = F
 
 
 def plot_audit(result: AuditResult, path: str | Path) -> None:
-    """Bar chart of every lower bound (with its confidence in the label) and the accountant's epsilon as a line."""
+    """Bar chart of every lower bound (with its confidence in the label; the primary one in colour) and the
+    accountant's epsilon as a line."""
     from lightning_dpts.plots import _pyplot, save_figure
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(result.bounds)
     values = [float(result.bounds[n]["epsilon"]) for n in names]
-    ax.barh(range(len(names)), values, color="tab:blue")
-    ax.set_yticks(range(len(names)), [f"{n.replace('_', ' ')} ({float(result.bounds[n]['confidence']):.0%})"
-                                      for n in names])
+    ax.barh(range(len(names)), values, color=["tab:blue" if n == PRIMARY else "tab:gray" for n in names])
+    ax.set_yticks(range(len(names)), [f"{n.replace('_', ' ')}{' (primary)' if n == PRIMARY else ''} "
+                                      f"({float(result.bounds[n]['confidence']):.0%})" for n in names])
     ax.axvline(result.accountant_epsilon, color="tab:red", label=f"accountant: {result.accountant_epsilon:.3g}")
     ax.set_xlabel(f"epsilon at delta={result.delta:g}")
     ax.set_title(f"empirical lower bounds: {result.canaries} canaries, {result.steps} steps")
