@@ -70,8 +70,10 @@ def test_correct_mechanism_stays_below_the_accountant() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_sound_over_seeds(seed: int) -> None:
+    """The primary bound of a correct mechanism stays at or below the accountant's epsilon (each seed can fail with
+    probability at most 5% for a sound audit; the seeds are fixed, so the outcome is too)."""
     result = run_audit(epsilon=4.0, canaries=2048, steps=5, seed=100 + seed, progress=None)
-    assert max(float(b["epsilon"]) for b in result.bounds.values()) <= result.accountant_epsilon
+    assert result.white_box_epsilon <= result.accountant_epsilon
 
 
 @pytest.mark.slow
