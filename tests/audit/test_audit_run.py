@@ -116,3 +116,12 @@ def test_white_box_score_matches_the_closed_form() -> None:
     c, sigma, lam = 0.5, result.noise_multiplier, 32
     expected = sum(-2 * c * lam * u[:, 0] for u in updates) / (sigma * c) ** 2
     np.testing.assert_allclose(result.white_box_scores, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_window_mixing_model_is_harmless_on_the_default_path() -> None:
+    """With ``per_window="auto"`` (the default) the probe finds the mix before the first step and switches to isolated
+    per-window gradients: the same model is then audited consistent with the accountant."""
+    result = run_audit(epsilon=2.0, canaries=1024, steps=5, seed=6, black_box=False, progress=None,
+                       module=lambda n, p, h: WindowMixingForecaster(n, p, h))
+    assert result.white_box_epsilon <= result.accountant_epsilon
