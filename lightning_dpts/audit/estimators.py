@@ -262,8 +262,11 @@ def _steinke_tail(m: int, r: int, v: int, epsilon: float, delta: float, stop_abo
 def _largest_rejected(test: Any, hi: float, tol: float) -> float:
     """Bisection for the largest x in [0, hi] with ``test(x)`` true, starting from ``test(0)``.
 
-    Returns a point where ``test`` holds (0.0 if it fails at 0): the bound is valid whether or not ``test`` is
-    monotone, because every returned point was itself rejected at the stated level.
+    Returns a point where ``test`` holds (0.0 if it fails at 0). That is enough for validity even if ``test`` were
+    not monotone: a mechanism with true parameter x0 also satisfies every weaker hypothesis x > x0, each of which
+    bounds P[W >= v] by alpha at every v it rejects; so the set of v rejected at *some* x > x0 starts at a v* with
+    P[W >= v*] <= alpha, and reporting any x > x0 needs W >= v*. (Monotonicity, checked in tests/audit, only makes
+    the bisection find the largest such x.)
     """
     if not test(0.0):
         return 0.0

@@ -457,3 +457,19 @@ def test_estimators_import_no_torch():
     allowed = {"__future__", "dataclasses", "math", "collections", "typing", "numpy", "scipy"}
     bad = [n for n in names if n.split(".")[0] not in allowed and n != "lightning_dpts.errors"]
     assert names and not bad, bad
+
+
+def test_fdp_rejection_sets_are_intervals():
+    """For 100 random (m, r, v, level, δ), the recursion rejects the (ε, δ) and Gaussian curves for all parameters
+    below some point and none above (what lets bisection find the largest rejected one)."""
+    from lightning_dpts.audit.estimators import _epsilon_delta_inverse_power, _fdp_consistent, _gdp_inverse_power
+
+    rng = np.random.default_rng(17)
+    for _ in range(100):
+        m = int(rng.choice([100, 1000, 100_000]))
+        r = int(rng.integers(10, m + 1))
+        v = int(rng.integers(r // 2, r + 1))
+        level, delta = float(10 ** rng.uniform(-5, -0.5)), float(10 ** rng.uniform(-8, -1))
+        for family, top in ((lambda x, d=delta: _epsilon_delta_inverse_power(x, d), 12.0), (_gdp_inverse_power, 6.0)):
+            rejected = [not _fdp_consistent(family(x), m, r, v, level) for x in np.linspace(0.0, top, 60)]
+            assert rejected == sorted(rejected, reverse=True), (m, r, v, level, delta)
