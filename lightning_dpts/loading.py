@@ -56,7 +56,7 @@ def load_fit_table(config: Any) -> tuple[pd.DataFrame, str, str]:
     """The table of a :class:`~lightning_dpts.config.FitConfig` (its ``data`` file, or the bundled
     ``us_employment`` data when ``data`` is ``None``), its frequency and the name the report gives the data."""
     if config.data is None:
-        from lightning_dpts.data import load_dataset
+        from lightning_dpts.data.sources import load_dataset
 
         return load_dataset("us_employment"), config.freq or "M", "us_employment (bundled)"
     table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,

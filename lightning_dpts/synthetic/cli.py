@@ -47,7 +47,7 @@ SYNTH_OPTION_NAMES = {
 def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``dpts synth`` to the ``dpts`` subparsers."""
     from lightning_dpts.synthetic.pipeline import SynthConfig
-    from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
+    from lightning_dpts.synthetic.privacy import PROTECTS, RELATIONS, UNITS
 
     d = SynthConfig()
     p = sub.add_parser(
@@ -67,17 +67,23 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--length", type=int, metavar="T", default=d.length, help=f"window length (default {d.length})")
     p.add_argument("--num-samples", type=int, metavar="M", default=d.num_samples,
                    help=f"synthetic windows to release (default {d.num_samples})")
-    p.add_argument("--iterations", type=int, default=d.iterations, help=f"PE rounds (default {d.iterations})")
+    p.add_argument("--iterations", type=int, default=d.iterations,
+                   help=f"PE rounds, each one noisy vote (default {d.iterations}: more rounds gave a worse C-FID on "
+                        "both real datasets, see docs/synthetic.md)")
     p.add_argument("--epsilon", type=float, metavar="E", default=d.epsilon, help=f"epsilon (default {d.epsilon:g})")
     p.add_argument("--delta", type=float, metavar="D", default=d.delta, help=f"delta (default {d.delta:g})")
     p.add_argument("--unit", choices=UNITS, default=d.unit,
-                   help="privacy unit: a whole series (default) or one window (the paper's)")
+                   help="privacy unit. series (default) protects " + PROTECTS["series"] + ". window (the paper's "
+                        "unit; many more voters, so a better release at the same epsilon) protects "
+                        + PROTECTS["window"])
     p.add_argument("--max-windows-per-series", type=int, metavar="m", default=d.max_windows_per_series,
                    help=f"windows per series with --unit series, vote weight 1/m (default {d.max_windows_per_series})")
     p.add_argument("--relation", choices=RELATIONS, default=d.relation,
-                   help="neighbouring relation: add_remove (sensitivity 1, default) or substitution (sqrt 2)")
+                   help="neighbouring relation: add_remove (sensitivity 1; default with --unit series) or "
+                        "substitution (sensitivity sqrt 2; default with --unit window)")
     p.add_argument("--threshold", type=float, metavar="H", default=d.threshold,
-                   help=f"histogram threshold H of Algorithm 2, in votes (default {d.threshold:g})")
+                   help="histogram threshold H of Algorithm 2, in votes (default: one noise standard deviation, "
+                        "which depends only on epsilon, delta, the rounds and the relation)")
     p.add_argument("--lookahead", type=int, metavar="K", default=d.lookahead,
                    help=f"variations averaged per candidate embedding (default {d.lookahead})")
     p.add_argument("--variation-schedule", metavar="DEGREES",
