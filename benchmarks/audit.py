@@ -2,7 +2,7 @@
 
 For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event canaries, delta = 1e-5):
 
-* power and soundness: the default audit (8192 canaries, 10 steps; ``--quick``: 1024 canaries, 5 steps) at the
+* power and soundness: the default audit (32768 canaries, 5 steps; ``--quick``: 1024 canaries, 5 steps) at the
   accountant's epsilon = 8 and 4: the white-box and black-box one-run lower bounds (Steinke et al. 2023) and their
   Gaussian-DP reading (after Mahloujifar et al. 2025), each at confidence 0.95, next to the accountant's epsilon.
   Soundness: no bound above the accountant's epsilon; power target: white-box >= epsilon / 2;
@@ -14,7 +14,7 @@ For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event c
   any score can reach with this estimator and this many canaries;
 * cost: the wall-clock seconds of every run (state the machine's load next to them).
 
-Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--json results.json]``
+Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--canaries M --steps S] [--json results.json]``
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ def main() -> None:
                                      allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--canaries", type=int, default=None, help="canaries of the power runs (default: the audit's)")
+    parser.add_argument("--steps", type=int, default=None, help="steps of the power runs (default: the audit's)")
     parser.add_argument("--skip", nargs="*", default=[], choices=("power", "sharp", "ideal"))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from lightning_dpts.audit.models import WindowMixingForecaster
     from lightning_dpts.audit.runner import DEFAULT_SIZE, QUICK_SIZE, run_audit
 
-    m = (QUICK_SIZE if args.quick else DEFAULT_SIZE)[0]
+    m = args.canaries or (QUICK_SIZE if args.quick else DEFAULT_SIZE)[0]
     rows: list[dict] = []
     print(f"load average: {os.getloadavg()}")
 
@@ -72,7 +74,7 @@ def main() -> None:
     for seed in range(args.seeds):
         if "power" not in args.skip:
             for epsilon in (8.0, 4.0):
-                record("default", epsilon, seed, quick=args.quick)
+                record("default", epsilon, seed, quick=args.quick, canaries=args.canaries, steps=args.steps)
         if "sharp" not in args.skip:
             record("quarter_noise", 2.0, seed, canaries=2048 if not args.quick else 1024, steps=5, black_box=False,
                    _noise_scale=0.25)

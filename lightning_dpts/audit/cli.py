@@ -45,7 +45,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     audit.add_argument("--config", metavar="YAML", default=None,
                        help="a dpts fit YAML: its epsilon, delta, level, size, value_bound, max_grad_norm, seed and "
                             "data are audited (the options below override them)")
-    audit.add_argument("--quick", action="store_true", help="1024 canaries, 5 steps (default 8192, 10)")
+    audit.add_argument("--quick", action="store_true", help="1024 canaries, 5 steps (default 32768, 5)")
     audit.add_argument("--epsilon", type=float, default=None, metavar="E",
                        help="the accountant's epsilon to calibrate for, in (0, 100] (default 8)")
     audit.add_argument("--delta", type=float, default=None, metavar="D", help="delta in (0, 0.1] (default 1e-5)")

@@ -50,7 +50,7 @@ __all__ = ["PRIMARY", "AuditResult", "options_from_fit_config", "plot_audit", "r
 #: analysis (the tightest sound one; the maximum over several bounds would hold only at a lower confidence).
 PRIMARY = "white_box_fdp"
 #: Defaults of the full audit and of ``quick=True`` (canaries, steps).
-DEFAULT_SIZE = (8192, 10)
+DEFAULT_SIZE = (32768, 5)
 QUICK_SIZE = (1024, 5)
 _ENTROPY_INIT, _ENTROPY_DATA, _ENTROPY_NOISE, _ENTROPY_PLACES = 102, 103, 104, 105
 
@@ -234,8 +234,8 @@ def run_audit(
     Args:
         epsilon: the accountant's target epsilon (sigma is calibrated for it), in (0, 100].
         delta: delta in (0, 0.1] for the accountant and the estimators.
-        canaries: m >= 2, the number of canaries (default 8192; 1024 with ``quick``).
-        steps: noisy optimizer steps >= 1 (default 10; 5 with ``quick``).
+        canaries: m >= 2, the number of canaries (default 32768; 1024 with ``quick``).
+        steps: noisy optimizer steps >= 1 (default 5, also with ``quick``).
         quick: the smaller default size (for a first look; proves less).
         data: the base series: the bundled dataset's name, a long-format DataFrame, a list of arrays (see
             :mod:`lightning_dpts.data.sources`). Each series is divided by its mean absolute value.
@@ -253,7 +253,9 @@ def run_audit(
             relation has a value bound, which is in the data's units).
         module: ``factory(num_series, past_length, prediction_length) -> LightningModule`` training on the
             datamodule's dict batches (default :class:`~lightning_dpts.audit.models.AuditForecaster`).
-        strategy_options: extra keyword arguments of :class:`~lightning_dpts.training.DPForecastStrategy`.
+        strategy_options: extra keyword arguments of :class:`~lightning_dpts.training.DPForecastStrategy` (with the
+            default module, ``per_window="isolated"`` unless given: its per-window gradients are computed in chunks,
+            so memory stays bounded at tens of thousands of canaries).
         windows_per_canary: windows scored per canary (drawn by the auditor among those that contain it); ``None``:
             all.
         black_box: also score the final model (one pass of ``training_step`` per canary window and world).
@@ -370,6 +372,8 @@ def run_audit(
 
     initial = copy.deepcopy(model) if black_box else None  # the black-box score's reference (module docstring)
     options = dict(strategy_options or {})
+    if module is None:  # one level per canary: dense per-window gradients of m numbers each, computed in chunks
+        options.setdefault("per_window", "isolated")
     strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=max_grad_norm, seed=noise_seed, **options)
     if _noise_scale != 1.0:  # test seam: the noise actually added differs from what the accountant assumes
         make = strategy._make_noise
