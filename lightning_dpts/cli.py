@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lightning_dpts.release.cli import add_release_parser
 
     add_release_parser(sub)
+    from lightning_dpts.audit.cli import add_audit_parser
+
+    add_audit_parser(sub)
     return parser
 
 
@@ -401,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lightning_dpts.synthetic.cli import run_synth_command
 
             return run_synth_command(args)
+        if args.command == "audit":
+            from lightning_dpts.audit.cli import run_audit_command
+
+            return run_audit_command(args)
     except ConfigurationError as err:
         from lightning_dpts.config import option_flags
         from lightning_dpts.release.cli import RELEASE_OPTION_NAMES
@@ -409,6 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = {**option_flags(), **_OPTION_NAMES, **RELEASE_OPTION_NAMES}
         if args.command == "synth":
             names.update(SYNTH_OPTION_NAMES)
+        if args.command == "audit":
+            from lightning_dpts.audit.cli import AUDIT_OPTION_NAMES
+
+            names.update(AUDIT_OPTION_NAMES)
         option = names.get(err.parameter, err.parameter)
         parser.exit(2, f"dpts: error: {option}: {err.requirement} (got {err.value!r})\n")
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover

@@ -283,6 +283,14 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
         self._buffer_guard: BufferGuard | None = None  # the module's buffers at the fit's start (refused if changed)
+        #: Test-facing seam for :mod:`lightning_dpts.audit` (not a constructor option, and nothing a fit needs): a
+        #: callable ``observer(module, strategy, step, noisy)`` called at every noisy step after the noisy averaged
+        #: gradient ``noisy`` (one tensor per trainable parameter, copies) is computed and before the optimizer
+        #: applies it, with the parameters still at their pre-step values. It sees what the DP analysis already
+        #: assumes public (every intermediate noisy gradient, docs/privacy.md "Hidden-state assumptions"), cannot
+        #: change the update, and draws nothing from the fit's randomness. ``None``: no observer.
+        self.audit_observer: Callable[[L.LightningModule, DPForecastStrategy, int, list[torch.Tensor]], None] | None
+        self.audit_observer = None
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -499,6 +507,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
                 f"the {self.step_cap} the privacy budget allows"
             )
         noisy = self._noisy_gradients(trainer, after.steps, refused)
+        if self.audit_observer is not None:  # the audit's white-box view (copies: it cannot change the update)
+            self.audit_observer(pl_module, self, after.steps, [g.detach().clone() for g in noisy])
         for p, g in zip(self._params, noisy, strict=True):
             p.grad = g
         self._clear()
