@@ -219,6 +219,9 @@ def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: floa
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
     if dm.dropped_series:
         progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
+    from lightning_dpts.console import warn_delta_above_one_over_n
+
+    warn_delta_above_one_over_n(config.delta, spec.num_series, "training series")
     cost = None if config.bands is not None else lag_cost(  # the series-level Monte Carlo reading has no lag cost
         spec, config.context_length or config.prediction_length, train_epsilon, config.delta, config.epochs,
         config.noise_multiplier)

@@ -33,10 +33,10 @@ from lightning_dpts.privacy.pld import (
     pld_from_profile,
     saddlepoint_tilt,
 )
-from lightning_dpts.privacy.profiles import PrivacyProfile
+from lightning_dpts.privacy.profiles import PrivacyProfile, theorem_4_4
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["MIN_DELTA", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
+__all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
            "PrivacyReport"]
 
 _CACHE_SIZE = 32
@@ -693,3 +693,69 @@ def calibrate_noise_multiplier(
         else:
             lo = mid
     return hi
+
+
+class AmplifiedBandMFAccountant(ProfileAccountant):
+    """Amplified BandMF with cyclic Poisson sampling for one example-level mechanism, without a SamplingSpec
+    (``dpts privacy bandmf --sampling cyclic_poisson``; docs/bandmf.md, Theorem B.2).
+
+    The examples are split into k >= b groups, group t mod k is eligible at step t and each eligible example is
+    sampled with probability p; C is b-banded lower-triangular Toeplitz. The protected example has at most
+    ceil(n / k) participation opportunities, whose columns of C occupy disjoint rows, so the run is the adaptive
+    composition of ceil(n / k) structured steps: the switching profile of Theorem 4.4 (Lemma F.3 for the Poisson
+    draw) with rho = p, window leak probability r and noise multiplier sigma / ||c||_2 (substitution of the
+    example's contribution, clipped to norm 1: shift 2). Exact (a PLD, no Monte Carlo) at any delta.
+
+    Args:
+        iterations: n >= 1 optimizer steps of the run.
+        coefficients: (c_0, ..., c_{b-1}), c_0 > 0.
+        sampling_prob: p in (0, 1].
+        noise_multiplier: sigma > 0 (noise std over the clipping norm).
+        groups: k >= b (default b).
+        leak_probability: r in (0, 1] (1: the whole example is the unit, as in the paper's add/remove setting but
+            under substitution).
+    """
+
+    def __init__(self, iterations: int, coefficients: Sequence[float], sampling_prob: float,
+                 noise_multiplier: float, *, groups: int | None = None, leak_probability: float = 1.0) -> None:
+        _check_steps("iterations", iterations)
+        if iterations < 1:
+            raise ConfigurationError("iterations", iterations, "must be an integer >= 1")
+        try:
+            c = tuple(float(v) for v in coefficients)
+        except (TypeError, ValueError):
+            raise ConfigurationError("coefficients", coefficients, "must be numbers") from None
+        if not c or not all(math.isfinite(v) for v in c) or c[0] <= 0:
+            raise ConfigurationError("coefficients", coefficients, "must be finite numbers with c_0 > 0")
+        k = len(c) if groups is None else groups
+        if isinstance(k, bool) or not isinstance(k, int) or k < len(c):
+            raise ConfigurationError(
+                "groups", groups, f"must be an integer >= bands={len(c)}: with fewer groups two participations of "
+                "one example are less than b steps apart, their columns of C share rows and the opportunities are "
+                "not independent (docs/bandmf.md, Theorem B.2)")
+        for name, value in (("sampling_prob", sampling_prob), ("leak_probability", leak_probability)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ConfigurationError(name, value, "must lie in (0, 1]")
+        if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) or not (
+                math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a finite number > 0")
+        self.iterations, self.coefficients, self.groups = int(iterations), c, int(k)
+        self.sampling_prob, self.leak_probability = float(sampling_prob), float(leak_probability)
+        self.noise_multiplier = float(noise_multiplier)
+        self.column_norm = math.sqrt(math.fsum(v * v for v in c))
+        profile = theorem_4_4(self.sampling_prob, self.leak_probability,
+                                       _effective_sigma(self.noise_multiplier, self.column_norm))
+        super().__init__(profile, scale=("noise_multiplier", self.noise_multiplier))
+
+    @property
+    def compositions(self) -> int:
+        """ceil(n / k): the participation opportunities of the worst-placed example (group 0)."""
+        return -(-self.iterations // self.groups)
+
+    def epsilon(self, delta: float) -> float:
+        """epsilon of the whole run at ``delta``."""
+        return self.epsilon_after(self.compositions, delta)
+
+    def delta(self, epsilon: float) -> float:
+        """delta of the whole run at ``epsilon``."""
+        return self.delta_after(self.compositions, epsilon)
