@@ -222,7 +222,7 @@ def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: floa
     from lightning_dpts.console import warn_delta_above_one_over_n
 
     warn_delta_above_one_over_n(config.delta, spec.num_series, "training series")
-    cost = None if config.bands is not None else lag_cost(  # the series-level Monte Carlo reading has no lag cost
+    cost = None if config.monte_carlo else lag_cost(  # the series-level Monte Carlo reading has no lag cost
         spec, config.context_length or config.prediction_length, train_epsilon, config.delta, config.epochs,
         config.noise_multiplier)
     if cost is not None:
@@ -254,7 +254,9 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
                         enable_progress_bar=bar)
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
-             f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
+             f"training with BandMF (bands={config.bands}, "
+             + ("b-min-sep sampling" if config.monte_carlo else f"cyclic Poisson sampling in {config.bands} groups")
+             + f", {trainer.max_epochs} epochs) ...")
     trainer.fit(module, datamodule=dm)
     run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
                      "are functions of the noisy gradients only; the privacy ledger travels with them)")

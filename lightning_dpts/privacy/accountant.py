@@ -36,7 +36,8 @@ from lightning_dpts.privacy.pld import (
 from lightning_dpts.privacy.profiles import PrivacyProfile, theorem_4_4
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
+__all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant",
+           "calibrate_noise_multiplier",
            "PrivacyReport"]
 
 _CACHE_SIZE = 32

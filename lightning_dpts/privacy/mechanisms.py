@@ -709,7 +709,8 @@ def _from_name(registry: dict[str, type[Mechanism]], base: type[Mechanism], name
 
 def top_level_from_name(name: object, *, bands: int = 1, parameter: str = "top_level") -> TopLevelScheme:
     """The top-level object named ``name`` (``bands``: the minimum separation of ``"b_min_sep"``, the number of groups
-    of ``"cyclic_poisson"``; must be 1 for the others). An object is returned unchanged. Unknown names are refused listing the accepted ones."""
+    of ``"cyclic_poisson"``; must be 1 for the others). An object is returned unchanged. Unknown names are refused
+    listing the accepted ones."""
     return _from_name(TOP_LEVEL_SCHEMES, TopLevelScheme, name, parameter, bands)
 
 

@@ -130,10 +130,11 @@ class SamplingSpec:
         top_level: a top-level object of :mod:`~lightning_dpts.privacy.mechanisms` or its name:
             ``"iteration"`` (Algorithm 3), ``"shuffling"`` (Algorithm 3 over a fresh random permutation each
             epoch), ``"without_replacement"`` (Algorithm 5, a fresh sample of N' series every step), ``"poisson"``
-            (each series independently with rate N'/N every step), ``"b_min_sep"`` or ``"cyclic_poisson"`` (k = ``bands``
-            groups, group t mod k eligible at step t, each eligible series with probability N' k / N). Stored as the *name* (the
-            ``repr`` is written to privacy ledgers); :attr:`top_level_scheme` is the object. An object with
-            ``bands`` (:class:`~lightning_dpts.privacy.mechanisms.BMinSep`) sets ``bands``.
+            (each series independently with rate N'/N every step), ``"b_min_sep"`` or ``"cyclic_poisson"`` (k =
+            ``bands`` groups, group t mod k eligible at step t, each eligible series with probability N' k / N).
+            Stored as the *name* (the ``repr`` is written to privacy ledgers); :attr:`top_level_scheme` is the
+            object. An object with a separation (:class:`~lightning_dpts.privacy.mechanisms.BMinSep`,
+            :class:`~lightning_dpts.privacy.mechanisms.CyclicPoisson`) sets ``bands``.
         bottom_level: a bottom-level object or its name: ``"with_replacement"`` (Algorithm 4, lambda uniform
             start positions) or ``"poisson"`` (Algorithm 6, each start position with rate min(1, lambda/T)).
             Stored as the name; :attr:`bottom_level_scheme` is the object.
