@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -68,11 +71,7 @@ def test_bandmf_command_does_not_import_torch():
     assert done.returncode == 0, done.stderr
 
 
-def _dpts(*argv: str) -> "subprocess.CompletedProcess[str]":
-    import os
-    import subprocess
-    import sys
-
+def _dpts(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return subprocess.run([sys.executable, "-m", "lightning_dpts.cli", *argv], capture_output=True, text=True,
                           env=env, timeout=120)
