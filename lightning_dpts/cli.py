@@ -261,7 +261,9 @@ def _run_bandmf(args: argparse.Namespace) -> int:
     for e in args.epsilon or ():
         if not e >= 0:
             raise ConfigurationError("epsilon", e, "must be a number >= 0")
-    if args.sampling == "cyclic_poisson":
+    from lightning_dpts.privacy.mechanisms import TOP_LEVEL_SCHEMES
+
+    if not TOP_LEVEL_SCHEMES[args.sampling].needs_monte_carlo:  # cyclic Poisson: exact PLD (Theorem B.2)
         return _run_bandmf_cyclic(args, coefficients)
     for name in ("groups", "delta"):
         if getattr(args, name) is not None:

@@ -535,8 +535,7 @@ def _validate_bands(config: FitConfig) -> None:
     from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, TOP_LEVEL_SCHEMES
 
     default_top_level = next(f.default for f in fields(FitConfig) if f.name == "top_level")
-    if config.top_level not in (default_top_level, "cyclic_poisson") and not TOP_LEVEL_SCHEMES[
-            config.top_level].separates_participations:
+    if config.top_level != default_top_level and not TOP_LEVEL_SCHEMES[config.top_level].separates_participations:
         raise ConfigurationError("top_level", config.top_level, "must be cyclic_poisson (or left at its default) or "
                                  "b_min_sep with --bands: BandMF needs sampling that keeps two participations of a "
                                  "series at least B steps apart")
