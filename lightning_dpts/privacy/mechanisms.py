@@ -102,7 +102,8 @@ class Accounting:
         method: ``"pld"`` (the structured accountant: a privacy profile, its connect-the-dots PLD, composed) or
             ``"monte_carlo"`` (:class:`~lightning_dpts.privacy.montecarlo.MonteCarloAccountant`).
         composition: the unit composed: ``"step"`` (one profile per optimizer step), ``"epoch"`` (one per epoch; a
-            started epoch counts whole) or ``"run"`` (the whole run is one mechanism).
+            started epoch counts whole), ``"opportunity"`` (one per participation opportunity of a series: every k
+            steps under cyclic Poisson sampling) or ``"run"`` (the whole run is one mechanism).
         theorems: the results that prove the bounds this object can select.
     """
 
