@@ -79,3 +79,27 @@ def test_cyclic_poisson_refuses_shortened_epochs_and_continuations(tmp_path):
     again = trainer(max_steps=6, callbacks=[DPForecastStrategy(4.0, 0.5, seed=0), AccountantCallback(50.0, 1e-7)])
     with pytest.raises(ConfigurationError, match="ledger"):
         again.fit(module, datamodule=_datamodule(module, groups=2))
+
+
+def test_every_trained_batch_is_from_the_group_of_its_optimizer_step():
+    """What the accounting assumes (Theorem B.2): the i-th noisy step of the run trains only on group i mod k, across
+    passes of the loader, so a series' two participations are at least k steps apart."""
+    from lightning.pytorch.callbacks import Callback
+
+    from lightning_dpts.data.sampler import SERIES_INDEX_KEY
+
+    class Record(Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, np.ndarray]] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.seen.append((trainer.global_step, batch[SERIES_INDEX_KEY].numpy().copy()))
+
+    module = make_module("dlinear")
+    record = Record()
+    t = trainer(max_steps=22, callbacks=[DPForecastStrategy(4.0, 0.5, seed=0, noise="bandmf", bands=4),
+                                         AccountantCallback(50.0, 1e-7), record])
+    t.fit(module, datamodule=_datamodule(module))  # 9 steps per pass: 3 passes, not aligned with k = 4
+    assert [step for step, _ in record.seen] == list(range(22))
+    for step, series in record.seen:
+        assert np.all(series % 4 == step % 4), (step, series)
