@@ -12,7 +12,7 @@ from typing import Any
 from lightning_dpts.config import FitConfig
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["bandmf_callbacks", "check_one_step", "dp_callbacks", "lag_cost", "noise_multiplier"]
+__all__ = ["bandmf_callbacks", "check_one_step", "cyclic_bandmf", "dp_callbacks", "lag_cost", "noise_multiplier"]
 
 
 def lag_cost(spec: Any, context_length: int, epsilon: float, delta: float, epochs: int,
@@ -102,7 +102,8 @@ def _round_up(x: float, digits: int = 4) -> str:
     return f"{math.ceil(x / scale) * scale:.{digits}g}"
 
 
-def check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> None:
+def check_one_step(spec: Any, sigma: float, epsilon: float, delta: float,
+                   coefficients: tuple[float, ...] | None = None) -> None:
     """Refuse a given noise multiplier with which the budget allows no optimizer step, saying by how much to move.
 
     One step composes one unit (one step; one epoch for iteration/shuffling). If that unit alone exceeds
@@ -111,13 +112,14 @@ def check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> Non
     """
     from lightning_dpts.privacy import StructuredSubsamplingAccountant, calibrate_noise_multiplier
 
-    acc = StructuredSubsamplingAccountant(spec, sigma)
+    acc = StructuredSubsamplingAccountant(spec, sigma, coefficients=coefficients)
     first = acc.epsilon(1, delta)
     if first <= epsilon:
         return
-    unit = "epoch" if acc.unit == "epoch" else "optimizer step"
+    unit = {"epoch": "epoch", "opportunity": "participation opportunity"}.get(acc.unit, "optimizer step")
     try:
-        need = f"raise --noise-multiplier to >= {_round_up(calibrate_noise_multiplier(spec, epsilon, delta, steps=1))}"
+        need = "raise --noise-multiplier to >= " + _round_up(calibrate_noise_multiplier(
+            spec, epsilon, delta, steps=1, coefficients=coefficients))
     except ConfigurationError:
         need = "no noise multiplier <= 1e4 allows it"
     raise ConfigurationError(
@@ -130,18 +132,21 @@ def check_one_step(spec: Any, sigma: float, epsilon: float, delta: float) -> Non
 
 def noise_multiplier(config: FitConfig, spec: Any, train_epsilon: float,
                      progress: Callable[[str], None]) -> tuple[float, tuple[Any, Any] | None]:
-    """Sigma of the run and, with ``bands``, its verified (strategy, accountant); raises before anything is written.
+    """Sigma of the run and, with ``bands``, its (strategy, accountant); raises before anything is written.
 
-    ``bands``: the given sigma, verified by :func:`bandmf_callbacks`. Else a given sigma must allow one step
+    ``bands`` with b-min-sep: the given sigma, verified by :func:`bandmf_callbacks`; ``bands`` with cyclic Poisson
+    (default): :func:`cyclic_bandmf`. Else a given sigma must allow one step
     (:func:`check_one_step`); an unset one is calibrated for (``train_epsilon``, delta) in ``epochs`` epochs.
     """
     from lightning_dpts.privacy import calibrate_noise_multiplier
 
     sigma = config.noise_multiplier
-    if config.bands is not None:
+    if config.monte_carlo:
         bandmf = bandmf_callbacks(config, spec, progress)
         assert sigma is not None
         return sigma, bandmf
+    if config.bands is not None:
+        return cyclic_bandmf(config, spec, train_epsilon, progress)
     if sigma is not None:
         check_one_step(spec, sigma, train_epsilon, config.delta)
         return sigma, None
@@ -157,6 +162,48 @@ def noise_multiplier(config: FitConfig, spec: Any, train_epsilon: float,
         ) from err
     progress(f"noise multiplier {sigma:.4f}")
     return sigma, None
+
+
+def cyclic_bandmf(config: FitConfig, spec: Any, train_epsilon: float,
+                  progress: Callable[[str], None]) -> tuple[float, tuple[Any, Any]]:
+    """Sigma and (strategy, accountant) of a ``--bands b`` run with cyclic Poisson sampling in k = b groups
+    (amplified BandMF, docs/bandmf.md Theorem B.2): C from
+    :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients` for the planned steps and participations
+    every k steps; a given sigma must allow one opportunity, an omitted one is calibrated with the PLD accountant
+    (exact at any delta). The :class:`~lightning_dpts.training.AccountantCallback` then stops training before the
+    budget is exceeded, as for DP-SGD."""
+    from lightning_dpts.privacy import calibrate_noise_multiplier
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+    from lightning_dpts.training.correlated_noise import optimize_coefficients
+
+    b = int(config.bands)  # type: ignore[arg-type]
+    steps = config.epochs * spec.steps_per_epoch
+    coefficients = (1.0,) if b == 1 else tuple(
+        float(v) for v in optimize_coefficients(b, max(steps, 1), participation_every=spec.bands).coefficients)
+    sigma = config.noise_multiplier
+    if sigma is not None:
+        check_one_step(spec, sigma, train_epsilon, config.delta, coefficients)
+    else:
+        progress(f"calibrating the noise multiplier for epsilon={train_epsilon:g}, delta={config.delta:g} in "
+                 f"{config.epochs} epochs ({steps} steps, BandMF b={b}, cyclic Poisson in {spec.bands} groups: "
+                 f"{spec.compositions(steps)} participation opportunities per series) ...")
+        try:
+            sigma = calibrate_noise_multiplier(spec, train_epsilon, config.delta, epochs=config.epochs,
+                                               coefficients=coefficients)
+        except ConfigurationError as err:
+            raise ConfigurationError(
+                "epsilon", config.epsilon,
+                f"{err.requirement}; raise --epsilon or --delta, lower --epochs or --batch-size, or give "
+                "--noise-multiplier (training then stops when the budget is spent)",
+            ) from err
+        progress(f"noise multiplier {sigma:.4f}")
+    if b == 1:
+        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                      secure_mode=config.secure_mode)
+    else:
+        strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
+                                      secure_mode=config.secure_mode, noise="bandmf", coefficients=coefficients)
+    return float(sigma), (strategy, AccountantCallback(epsilon=train_epsilon, delta=config.delta))
 
 
 def dp_callbacks(config: FitConfig, sigma: float, train_epsilon: float,

@@ -37,6 +37,10 @@ _OPTION_NAMES = {
     "sampling_prob": "--sampling-prob",
     "coefficients": "--coefficients",
     "samples": "--samples",
+    "groups": "--groups",
+    "num_examples": "--num-examples",
+    "leak_probability": "--leak-probability",
+    "delta": "--delta",
     "output": "--output",
 }
 
@@ -209,17 +213,34 @@ def _spec_from_args(args: argparse.Namespace):
 # ---- dpts privacy bandmf (BandMF with b-min-sep sampling, Monte Carlo accounting; docs/bandmf.md) -------------
 def _add_bandmf_parser(psub: argparse._SubParsersAction) -> None:
     p = psub.add_parser(
-        "bandmf", help="Monte Carlo delta(epsilon) of BandMF with warm-start b-min-sep sampling", allow_abbrev=False,
-        description="Monte Carlo accounting of b-banded BandMF (correlated noise) with warm-start b-min-sep sampling "
-                    "(Dong & Ganesh 2026, Theorem 5.1); 'upper' is the Estimate-Verify-Release bound (Theorem A.1).")
+        "bandmf", help="delta(epsilon) of BandMF: cyclic Poisson (exact PLD) or b-min-sep (Monte Carlo) sampling",
+        allow_abbrev=False,
+        description="Accounting of b-banded BandMF (correlated noise). --sampling b_min_sep (default): warm-start "
+                    "b-min-sep sampling, Monte Carlo (Dong & Ganesh 2026, Theorem 5.1; 'upper' is the "
+                    "Estimate-Verify-Release bound, Theorem A.1), add/remove of one example. --sampling "
+                    "cyclic_poisson: k >= b groups, group t mod k eligible at step t (Choquette-Choo et al. 2023), "
+                    "exact PLD composition of ceil(N/k) structured steps (docs/bandmf.md, Theorem B.2), substitution "
+                    "of one example (estimate = upper).")
+    p.add_argument("--sampling", choices=("b_min_sep", "cyclic_poisson"), default="b_min_sep",
+                   help="b_min_sep (Monte Carlo, default) or cyclic_poisson (exact PLD, any delta)")
     p.add_argument("--iterations", type=int, required=True, metavar="N", help="optimizer steps of the whole run")
     p.add_argument("--bands", type=int, required=True, metavar="B", help="bands b of C (= minimum separation)")
+    p.add_argument("--groups", type=int, default=None, metavar="K",
+                   help="cyclic_poisson: number of groups k >= b (default b)")
+    p.add_argument("--leak-probability", type=float, default=1.0, metavar="R",
+                   help="cyclic_poisson: probability r that a sampled example's window holds the protected unit "
+                        "(structured subsampling's bottom level; default 1, the whole example)")
     p.add_argument("--sampling-prob", type=float, required=True, metavar="P",
-                   help="probability p that an available example is sampled (Algorithm 2); the expected batch "
-                        "fraction is p / (1 + (b - 1) p)")
+                   help="b_min_sep: probability p that an available example is sampled (Algorithm 2; expected batch "
+                        "fraction p / (1 + (b - 1) p)); cyclic_poisson: probability that an eligible example is "
+                        "sampled (expected batch fraction p / k)")
     p.add_argument("--noise-multiplier", type=float, required=True, metavar="SIGMA",
                    help="noise std over the clipping norm")
-    p.add_argument("--epsilon", type=float, nargs="+", required=True, metavar="E", help="epsilons to report")
+    p.add_argument("--epsilon", type=float, nargs="+", default=None, metavar="E", help="epsilons to report")
+    p.add_argument("--delta", type=float, nargs="+", default=None, metavar="D",
+                   help="cyclic_poisson: deltas at which to report epsilon")
+    p.add_argument("--num-examples", type=int, default=None, metavar="N",
+                   help="number of examples (series, users): warn when a delta is >= 1/N")
     p.add_argument("--coefficients", type=float, nargs="+", default=None, metavar="C",
                    help="non-zero entries c_0..c_{b-1} of C's first column (non-negative; default: banded square "
                         "root of the prefix-sum matrix, unit column norm)")
@@ -242,12 +263,32 @@ def _run_bandmf(args: argparse.Namespace) -> int:
             raise ConfigurationError("coefficients", args.coefficients, f"must have exactly --bands={args.bands} "
                                                                         "values")
         coefficients = tuple(args.coefficients)
-    for e in args.epsilon:
+    if not args.epsilon and not args.delta:
+        raise ConfigurationError("epsilon", None, "give --epsilon E ... (and, with --sampling cyclic_poisson, or "
+                                 "--delta D ...)")
+    for e in args.epsilon or ():
         if not e >= 0:
             raise ConfigurationError("epsilon", e, "must be a number >= 0")
+    from lightning_dpts.privacy.mechanisms import TOP_LEVEL_SCHEMES
+
+    if not TOP_LEVEL_SCHEMES[args.sampling].needs_monte_carlo:  # cyclic Poisson: exact PLD (Theorem B.2)
+        return _run_bandmf_cyclic(args, coefficients)
+    for name in ("groups", "delta"):
+        if getattr(args, name) is not None:
+            raise ConfigurationError(name, getattr(args, name), "is only for --sampling cyclic_poisson")
+    if args.leak_probability != 1.0:
+        raise ConfigurationError("leak_probability", args.leak_probability,
+                                 "is only for --sampling cyclic_poisson (the Monte Carlo accountant refuses r < 1)")
+    if not args.epsilon:
+        raise ConfigurationError("epsilon", None, "give --epsilon E ... with --sampling b_min_sep")
     mech = BandMFMechanism(args.iterations, coefficients, args.sampling_prob, args.noise_multiplier)
     acc = MonteCarloAccountant(mech, samples=args.samples, seed=args.seed)
     values = {format(e, "g"): {"estimate": acc.delta_estimate(e), "upper": acc.delta_upper(e)} for e in args.epsilon}
+    if args.num_examples is not None and args.num_examples < 1:
+        raise ConfigurationError("num_examples", args.num_examples, "must be an integer >= 1")
+    from lightning_dpts.console import warn_delta_above_one_over_n
+
+    warn_delta_above_one_over_n(max(v["upper"] for v in values.values()), args.num_examples, "examples")
     if args.json:
         print(json.dumps({"delta": values}))
     else:
@@ -261,10 +302,62 @@ def _run_bandmf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_bandmf_cyclic(args: argparse.Namespace, coefficients: tuple[float, ...]) -> int:
+    from lightning_dpts.console import warn_delta_above_one_over_n
+    from lightning_dpts.privacy.accountant import MIN_DELTA, AmplifiedBandMFAccountant
+
+    if args.num_examples is not None and args.num_examples < 1:
+        raise ConfigurationError("num_examples", args.num_examples, "must be an integer >= 1")
+
+    acc = AmplifiedBandMFAccountant(args.iterations, coefficients, args.sampling_prob, args.noise_multiplier,
+                                    groups=args.groups, leak_probability=args.leak_probability)
+    for d in args.delta or ():
+        if not MIN_DELTA <= d < 1:
+            raise ConfigurationError("delta", d, f"must lie in [{MIN_DELTA:g}, 1)")
+    exact = {format(e, "g"): acc.delta(e) for e in args.epsilon or ()}
+    largest = max([*(args.delta or ()), *exact.values()], default=None)  # one warning: the largest delta
+    warn_delta_above_one_over_n(largest, args.num_examples, "examples")
+    values = {key: {"estimate": v, "upper": v} for key, v in exact.items()}
+    epsilons = {format(d, "g"): acc.epsilon(d) for d in args.delta or ()}
+    if args.json:
+        out: dict = {"delta": values}
+        if epsilons:
+            out["epsilon"] = epsilons
+        out["accounting"] = {"sampling": "cyclic_poisson", "groups": acc.groups, "compositions": acc.compositions,
+                             "column_norm": acc.column_norm, "leak_probability": acc.leak_probability,
+                             "theorem": "Theorem B.2 (docs/bandmf.md): ceil(N/k) x Theorem 4.4 (Lemma F.3), exact PLD"}
+        print(json.dumps(out))
+        return 0
+    print(f"BandMF b={len(coefficients)}, n={acc.iterations}, cyclic Poisson with k={acc.groups} groups, "
+          f"p={acc.sampling_prob:g}, r={acc.leak_probability:g}, sigma={acc.noise_multiplier:g}, "
+          f"coefficients={[round(float(c), 6) for c in coefficients]} (column norm {acc.column_norm:.6g})")
+    print(f"exact PLD composition of {acc.compositions} opportunities (Theorem B.2, docs/bandmf.md; substitution)")
+    if exact:
+        print(f"{'epsilon':>10} {'delta':>14}")
+        for e in args.epsilon:
+            print(f"{e:>10g} {exact[format(e, 'g')]:>14.6g}")
+    if epsilons:
+        print(f"{'delta':>10} {'epsilon':>14}")
+        for d in args.delta:
+            print(f"{d:>10g} {epsilons[format(d, 'g')]:>14.6g}")
+    return 0
+
+
 def _run_privacy(args: argparse.Namespace) -> int:
+    from lightning_dpts.console import dpts_console
+
+    # warnings (delta >= 1/N) to stderr, once, as "WARNING: ...": stdout may be one JSON object
+    with dpts_console(False, write=lambda text: print(text, file=sys.stderr)):
+        return _run_privacy_quiet(args)
+
+
+def _run_privacy_quiet(args: argparse.Namespace) -> int:
+    from lightning_dpts.console import warn_delta_above_one_over_n
     from lightning_dpts.planning import resolve_planning
     from lightning_dpts.privacy.accountant import StructuredSubsamplingAccountant, calibrate_noise_multiplier
 
+    if args.action != "bandmf" and isinstance(args.delta, float) and 0 < args.delta < 1:
+        warn_delta_above_one_over_n(args.delta, args.num_series, "series")
     if args.action == "bandmf":
         return _run_bandmf(args)
 

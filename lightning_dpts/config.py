@@ -166,10 +166,15 @@ class FitConfig:
             ``None`` (default): 2% of ``epsilon``; ``0``: the count is not released.
         bands: b; ``None`` (default) trains with DP-SGD and the structured (PLD) accountant. An integer b >= 1
             trains with BandMF (b-banded correlated noise, optimised Toeplitz coefficients for the planned steps;
-            b = 1 is Gaussian noise), b-min-sep sampling of series (top level ``b_min_sep``, Algorithm 2) and the
-            Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR Theorem A.1) in the series-level reading
-            of docs/bandmf.md; needs an explicit ``noise_multiplier`` (docs/cli.md).
-        monte_carlo_samples: privacy-loss samples per direction of that accountant (``bands`` only).
+            b = 1 is Gaussian noise). Sampling: by default (``top_level`` left at its default, or
+            ``"cyclic_poisson"``) cyclic Poisson sampling of series with k = b groups and the structured PLD
+            accountant, exact at any delta (amplified BandMF, docs/bandmf.md Theorem B.2; the noise multiplier is
+            calibrated when omitted, the recipe keeps the batch at most N/b series); with ``top_level="b_min_sep"``
+            b-min-sep sampling (Algorithm 2) and the Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR
+            Theorem A.1) in the series-level reading of docs/bandmf.md, which needs an explicit
+            ``noise_multiplier`` (docs/cli.md).
+        monte_carlo_samples: privacy-loss samples per direction of the Monte Carlo accountant (``bands`` with
+            ``top_level="b_min_sep"`` only).
         dp_metrics_epsilon: the part of ``epsilon`` spent to release, in the public ``report.json``, how many held-out
             test windows the private model forecasts better than seasonal naive (``dp_metrics``; Laplace mechanism,
             sensitivity = the test windows per series, since every protected unit lies in one series; basic
@@ -259,11 +264,25 @@ class FitConfig:
     clip_count_epsilon: float | None = _opt(None, "float", "epsilon spent to release a Laplace-noised count of "
                                             "clipped values (default 2%% of --epsilon; 0: not released)", low=0.0,
                                             high=100.0, optional=True, metavar="E")
-    bands: int | None = _opt(None, "int", "train with BandMF (B-banded correlated noise), b-min-sep sampling of "
-                             "series and the Monte Carlo accountant (series level; docs/bandmf.md); needs "
-                             "--noise-multiplier", low=1, high=1024, optional=True, metavar="B")
-    monte_carlo_samples: int = _opt(100_000, "int", "with --bands: Monte Carlo samples per direction (default "
-                                    "100000)", low=1_000, high=100_000_000, metavar="M")
+    bands: int | None = _opt(None, "int", "train with BandMF (B-banded correlated noise): cyclic Poisson sampling "
+                             "of series in B groups, accounted exactly by the PLD accountant (default); with "
+                             "--top-level b_min_sep: b-min-sep sampling and the Monte Carlo accountant (series level, "
+                             "needs --noise-multiplier; docs/bandmf.md)", low=1, high=1024, optional=True, metavar="B")
+    monte_carlo_samples: int = _opt(100_000, "int", "with --bands and --top-level b_min_sep: Monte Carlo samples per "
+                                    "direction (default 100000)", low=1_000, high=100_000_000, metavar="M")
+
+    @property
+    def monte_carlo(self) -> bool:
+        """``True`` for ``--bands`` with b-min-sep sampling: the Monte Carlo accountant's run (else PLD)."""
+        from lightning_dpts.privacy.mechanisms import TOP_LEVEL_SCHEMES
+
+        scheme = TOP_LEVEL_SCHEMES.get(self.top_level)
+        return self.bands is not None and scheme is not None and scheme.needs_monte_carlo
+
+    @property
+    def bands_top_level(self) -> str:
+        """The top level of a ``--bands`` run: ``b_min_sep`` when asked for, else ``cyclic_poisson``."""
+        return "b_min_sep" if self.monte_carlo else "cyclic_poisson"
 
     @property
     def clipping(self) -> bool:
@@ -370,9 +389,10 @@ class FitConfig:
         if self.secure_mode and self.seed is not None:
             raise ConfigurationError("secure_mode", True, "draws from the operating system's CSPRNG and cannot be "
                                      "combined with seed; leave seed unset")
-        if self.dp_metrics_epsilon is not None and self.bands is not None:
+        if self.dp_metrics_epsilon is not None and self.monte_carlo:
             raise ConfigurationError("dp_metrics_epsilon", self.dp_metrics_epsilon, "cannot be combined with --bands "
-                                     "(the Monte Carlo accountant verifies the whole budget for training); omit it")
+                                     "--top-level b_min_sep (the Monte Carlo accountant verifies the whole budget "
+                                     "for training); omit it")
         if self.dp_metrics_epsilon is not None and not self.reserved_epsilon < self.epsilon:
             raise ConfigurationError("dp_metrics_epsilon", self.dp_metrics_epsilon, f"must be smaller than epsilon="
                                      f"{self.epsilon:g} minus the clipped-count epsilon {self.count_epsilon:g} (the "
@@ -563,7 +583,21 @@ def option_flags() -> dict[str, str]:
 # --bands: what the Monte Carlo accountant's series-level reading covers (docs/bandmf.md)
 # ---------------------------------------------------------------------------------------------------------
 def _validate_bands(config: FitConfig) -> None:
-    """The checks of ``bands`` that need no data: what the Monte Carlo accountant's series-level reading covers."""
+    """The checks of ``bands`` that need no data: what cyclic Poisson sampling (PLD accountant) or, with
+    ``top_level="b_min_sep"``, the Monte Carlo accountant's series-level reading covers."""
+    from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, TOP_LEVEL_SCHEMES
+
+    default_top_level = next(f.default for f in fields(FitConfig) if f.name == "top_level")
+    if config.top_level != default_top_level and not TOP_LEVEL_SCHEMES[config.top_level].separates_participations:
+        raise ConfigurationError("top_level", config.top_level, "must be cyclic_poisson (or left at its default) or "
+                                 "b_min_sep with --bands: BandMF needs sampling that keeps two participations of a "
+                                 "series at least B steps apart")
+    if not config.monte_carlo:
+        for name in ("context_noise", "forecast_noise"):
+            if getattr(config, name):
+                raise ConfigurationError(name, getattr(config, name), "must be 0 with --bands: amplification by "
+                                         "augmentation noise (Theorem G.1) is not proven for cyclic Poisson sampling")
+        return
     if config.noise_multiplier is None:
         raise ConfigurationError(
             "noise_multiplier", None,
@@ -572,12 +606,6 @@ def _validate_bands(config: FitConfig) -> None:
             "for delta 1e-5, each O(steps x bands)), too slow for a command-line run; calibrate it once in Python "
             "with lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (docs/bandmf.md) and "
             "pass it as --noise-multiplier (the budget is then verified before training)")
-    from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, TOP_LEVEL_SCHEMES
-
-    default_top_level = next(f.default for f in fields(FitConfig) if f.name == "top_level")
-    if config.top_level != default_top_level and not TOP_LEVEL_SCHEMES[config.top_level].separates_participations:
-        raise ConfigurationError("top_level", config.top_level, "must be b_min_sep (or left at its default) with "
-                                 "--bands: BandMF samples series by b-min-sep (Algorithm 2)")
     if not BOTTOM_LEVEL_SCHEMES[config.bottom_level].bounded_windows_per_series:
         raise ConfigurationError("bottom_level", config.bottom_level, "must be with_replacement with --bands: the "
                                  "Monte Carlo accountant's series-level sensitivity is instances_per_series windows, "

@@ -23,7 +23,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["KNOWN_THIRD_PARTY_WARNINGS", "Console", "dpts_console", "progress_bar_wanted", "step_lines"]
+__all__ = ["KNOWN_THIRD_PARTY_WARNINGS", "Console", "DeltaWarning", "dpts_console", "progress_bar_wanted", "step_lines",
+           "warn_delta_above_one_over_n"]
 
 #: Message patterns (regular expressions, matched at the start) of third-party warnings ``dpts`` hides unless
 #: ``--verbose``: none of them is actionable for a ``dpts`` user.
@@ -45,6 +46,27 @@ _QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", 
 #: Prefixes that do not change what a warning says: the severity, the command, the raising class (a capitalised word
 #: with a lower-case letter, so that ``VERDICT:`` stays).
 _PREFIXES = re.compile(r"^(?:WARNING: |warning: |dpts \w+: |[A-Z][A-Za-z]*[a-z][A-Za-z]*: )+")
+
+
+class DeltaWarning(UserWarning):
+    """delta >= 1/N: the guarantee allows a mechanism that publishes one unit's data in the clear."""
+
+
+def warn_delta_above_one_over_n(delta: float | None, population: int | None, unit: str = "series") -> bool:
+    """Warn (once per text, :class:`DeltaWarning`) when ``delta >= 1/population``; returns whether it warned.
+
+    An (epsilon, delta) guarantee with delta >= 1/N is met by a mechanism that publishes the data of one randomly
+    chosen of the N units (series, users) unchanged, whatever epsilon says; the usual advice is delta much smaller
+    than 1/N (the package's examples use 1e-7). ``dpts`` prints it once as ``WARNING: ...``
+    (:meth:`Console.showwarning`).
+    """
+    if delta is None or population is None or population < 1 or not delta >= 1.0 / population:
+        return False
+    warnings.warn(
+        f"dpts privacy: delta={delta:g} is >= 1/N = 1/{population} (N = {population} {unit}): such a guarantee "
+        f"also holds for a mechanism that publishes one randomly chosen unit's data in the clear; choose delta well "
+        f"below 1/N (e.g. 1e-7)", DeltaWarning, stacklevel=2)
+    return True
 
 
 def progress_bar_wanted(verbose: bool = False) -> bool:

@@ -37,7 +37,8 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str,
         return replace(config, **fill), None, []
     recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
                            delta=config.delta, level=config.level, size=config.size,
-                           held_out_windows=held_out_windows, min_series_length=config.min_series_length)
+                           held_out_windows=held_out_windows, min_series_length=config.min_series_length,
+                           groups=config.bands if config.bands is not None and not config.monte_carlo else 1)
     choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
               "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
               "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}
@@ -98,11 +99,13 @@ def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: 
 def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test_windows: int,
                      relation: Any) -> Any:
     """The datamodule ``dpts fit`` trains ``module`` with: ``table`` (columns ``item_id``, ``timestamp``,
-    ``target``) sampled as ``config`` says (``bands``: b-min-sep series sampling), ``relation`` protected."""
+    ``target``) sampled as ``config`` says (``bands``: cyclic Poisson sampling in b groups, or b-min-sep with
+    ``top_level="b_min_sep"``), ``relation`` protected."""
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.privacy.mechanisms import BMinSep
+    from lightning_dpts.privacy.mechanisms import top_level_from_name
 
-    top_level = config.top_level if config.bands is None else BMinSep(bands=config.bands)
+    top_level = config.top_level if config.bands is None else top_level_from_name(config.bands_top_level,
+                                                                                  bands=config.bands)
     return StructuredSubsamplingDataModule(
         table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
         top_level=top_level, bottom_level=config.bottom_level, relation=relation,

@@ -230,6 +230,7 @@ def choose_recipe(
     held_out_windows: int = 1,
     min_series_length: int | None = None,
     past_length: int | None = None,
+    groups: int = 1,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
@@ -244,6 +245,9 @@ def choose_recipe(
             all): the recipe then makes its other choices for the series it keeps instead of choosing one.
         past_length: the past window a given model reads (context plus every lag, time steps): the recipe then
             keeps it instead of choosing one (:func:`make_private_with_epsilon` passes the user's model's).
+        groups: k >= 1, cyclic Poisson sampling in k groups (``dpts fit --bands k``: amplified BandMF, k = b): the
+            batch is at most N/k series (an eligible series is sampled with probability N' k / N <= 1) and the
+            noise proxy composes ceil(S/k) steps at rate N' k r / N.
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -347,13 +351,17 @@ def choose_recipe(
     candidates = []
     batch = 8
     batches = []
-    while batch <= num_series:
+    if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= num_series:
+        raise ConfigurationError("bands", groups, f"must be an integer in [1, {num_series}] (the number of kept "
+                                 "series): cyclic Poisson needs at least one series per group")
+    largest = num_series // groups  # cyclic Poisson: N' k <= N
+    while batch <= largest:
         batches.append(batch)
         batch *= 2
     if not batches:
-        batches = [num_series]
-    elif batches[-1] < num_series and num_series * MIN_STEPS <= MAX_WINDOW_GRADIENTS:
-        batches.append(num_series)
+        batches = [largest]
+    elif batches[-1] < largest and largest * MIN_STEPS <= MAX_WINDOW_GRADIENTS:
+        batches.append(largest)
     for batch in batches:
         per_epoch = num_series // batch
         for wanted_steps in STEP_CANDIDATES:
@@ -361,7 +369,8 @@ def choose_recipe(
             steps = epochs * per_epoch
             if steps < MIN_STEPS or batch * steps > MAX_WINDOW_GRADIENTS:
                 continue
-            sigma = rdp_noise_multiplier(batch / num_series * rate, steps, epsilon, delta)
+            sigma = rdp_noise_multiplier(min(1.0, batch * groups / num_series * rate), -(-steps // groups),
+                                         epsilon, delta)
             if not math.isfinite(sigma):
                 continue
             snr = batch * math.sqrt(steps) / (sigma * math.sqrt(NUM_PARAMETERS))
@@ -375,7 +384,10 @@ def choose_recipe(
     reasons["batch_size"] = (
         f"Lambda = {batch}, {steps} steps ({epochs} epochs of {num_series // batch}): the best signal-to-noise proxy "
         f"Lambda*sqrt(S)/(sigma*sqrt(d)) = {snr:.3g} among {len(candidates)} candidates with at most "
-        f"{MAX_WINDOW_GRADIENTS} window gradients (the cheapest within 2% of the best, {top:.3g})")
+        f"{MAX_WINDOW_GRADIENTS} window gradients (the cheapest within 2% of the best, {top:.3g})"
+        + (f"; cyclic Poisson in {groups} groups (--bands): at most N/k = {num_series // groups} series per step, "
+           f"k = b groups because fewer opportunities at a higher rate amplify less (k >= b is needed)"
+           if groups > 1 else ""))
     reasons["noise_multiplier"] = (f"~{sigma:.3g} for epsilon={epsilon:g}, delta={delta:g} by the Renyi-DP proxy; the "
                                    "run calibrates the exact value with the PLD accountant")
     reasons["max_grad_norm"] = (f"C = {MAX_GRAD_NORM:g} and learning rate {LEARNING_RATE:g}: {RECIPE_MODEL}'s "

@@ -26,8 +26,8 @@ def test_every_parser_and_subparser_refuses_abbreviations():
 
 
 @pytest.mark.parametrize("argv", [
-    # --sampling would have been read as --sampling-prob
-    ["privacy", "bandmf", "--iterations", "10", "--bands", "2", "--sampling", "0.1", "--noise-multiplier", "1",
+    # --sampling-p would have been read as --sampling-prob
+    ["privacy", "bandmf", "--iterations", "10", "--bands", "2", "--sampling-p", "0.1", "--noise-multiplier", "1",
      "--epsilon", "1"],
     ["fit", "--noise", "2"],  # --noise-multiplier
     ["fit", "--clip-count", "0"],  # --clip-count-epsilon
@@ -40,7 +40,7 @@ def test_a_shortened_option_is_refused_not_read_as_another(argv, capsys):
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    shortened = next(a for a in argv if a in ("--sampling", "--noise", "--clip-count"))
+    shortened = next(a for a in argv if a in ("--sampling-p", "--noise", "--clip-count"))
     assert f"unrecognized arguments: {shortened}" in err or "required" in err
 
 

@@ -87,3 +87,16 @@ def test_dpts_fit_output_is_short_with_the_recipe_and_the_verdict(tiny_csv, tmp_
     assert "  step " in text  # the progress report of a log
     seeded = [line for line in text.splitlines() if "does NOT hold" in line]
     assert len(seeded) == 1 and seeded[0].startswith("WARNING: "), seeded
+
+
+def test_delta_at_least_one_over_n_is_warned_once(monkeypatch):
+    monkeypatch.setattr(console_module, "_warnings_recorded", lambda: False)
+    lines: list[str] = []
+    with dpts_console(write=lines.append), warnings.catch_warnings():
+        warnings.simplefilter("always")  # even when Python would show every occurrence, dpts shows it once
+        for _ in range(3):
+            assert console_module.warn_delta_above_one_over_n(0.01, 145, "series")
+        assert not console_module.warn_delta_above_one_over_n(1e-7, 145, "series")
+        assert not console_module.warn_delta_above_one_over_n(1 / 146, 145, "series")
+        assert console_module.warn_delta_above_one_over_n(1 / 145, 145, "series")  # delta = 1/N warns too
+    assert len(lines) == 2 and lines[0].startswith("WARNING: delta=0.01 is >= 1/N = 1/145"), lines

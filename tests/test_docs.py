@@ -209,7 +209,7 @@ def _dpts_options() -> dict[tuple[str, ...], set[str]]:
 
 
 #: spans quoted as examples of what dpts refuses (docs/cli.md's sentence on abbreviations)
-REFUSED_EXAMPLES = ("dpts privacy bandmf --sampling 0.1",)
+REFUSED_EXAMPLES = ("dpts privacy bandmf --sampling-p 0.1",)
 
 
 def _dpts_mentions(text: str) -> list[str]:

@@ -343,7 +343,7 @@ def test_window_wins_and_independent_noise_streams():
 
 @pytest.mark.parametrize("args", [["--dp-metrics-epsilon", "1"],
                                   ["--epsilon", "2", "--dp-metrics-epsilon", "0.5", "--bands", "2",
-                                   "--noise-multiplier", "2"]])
+                                   "--top-level", "b_min_sep", "--noise-multiplier", "2"]])
 def test_dp_metrics_epsilon_is_refused_where_the_budget_cannot_hold_it(args, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["fit", *args, "--output-dir", str(tmp_path / "run")])

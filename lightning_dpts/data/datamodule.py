@@ -99,11 +99,14 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             ``"without_replacement"``, ``"poisson"`` or ``"b_min_sep"``
             (b-min-sep over series, warm start, Dong & Ganesh 2026 Algorithm 2: each step, every series that did not
             take part in the last ``bands - 1`` steps is included with the probability p = p0 / (1 - p0 (b - 1))
-            that makes the expected fraction p0 = N'/N; for BandMF noise; accounted by the Monte Carlo accountant).
+            that makes the expected fraction p0 = N'/N; for BandMF noise; accounted by the Monte Carlo accountant), or
+            ``"cyclic_poisson"`` (``bands`` = k groups, series i in group i mod k, group t mod k eligible at step t,
+            each eligible series with probability N' k / N; for BandMF noise with at most k bands, accounted exactly by
+            the PLD accountant, docs/bandmf.md).
         bottom_level: a bottom-level object (``WithReplacement()``, ``PoissonBottomLevel()``) or its name,
             ``"with_replacement"`` or ``"poisson"``.
-        bands: b >= 1, the minimum separation of ``top_level="b_min_sep"`` (use the strategy's ``bands``); 1
-            for every other top level.
+        bands: b >= 1, the minimum separation of ``top_level="b_min_sep"`` (use the strategy's ``bands``) or the
+            number of groups k >= the strategy's bands of ``top_level="cyclic_poisson"``; 1 for every other top level.
         relation: the neighbouring relation; needs a ``value_bound`` when noise augmentation is on.
         context_noise: sigma_C >= 0, past-window noise std in units of ``relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0, future-window noise std in units of ``relation.value_bound`` (Eq. 1).

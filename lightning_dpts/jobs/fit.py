@@ -236,7 +236,10 @@ def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: floa
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
     if dm.dropped_series:
         progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
-    cost = None if config.bands is not None else lag_cost(  # the series-level Monte Carlo reading has no lag cost
+    from lightning_dpts.console import warn_delta_above_one_over_n
+
+    warn_delta_above_one_over_n(config.delta, spec.num_series, "training series")
+    cost = None if config.monte_carlo else lag_cost(  # the series-level Monte Carlo reading has no lag cost
         spec, config.context_length or config.prediction_length, train_epsilon, config.delta, config.epochs,
         config.noise_multiplier)
     if cost is not None:
@@ -284,7 +287,9 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
                         enable_progress_bar=bar)
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
-             f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
+             f"training with BandMF (bands={config.bands}, "
+             + ("b-min-sep sampling" if config.monte_carlo else f"cyclic Poisson sampling in {config.bands} groups")
+             + f", {trainer.max_epochs} epochs) ...")
     trainer.fit(module, datamodule=dm, ckpt_path=None if resume is None else str(resume.checkpoint))
     if resume is not None and accountant.report is None:
         # the checkpoint had already finished the run's epochs, so Lightning skipped training: account the steps taken

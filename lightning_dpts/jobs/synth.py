@@ -124,6 +124,12 @@ def _private_data(config: SynthConfig, log: Callable[[str], None]) -> dict[str, 
         f"steps (unit: {config.unit}" + (f", at most {config.max_windows_per_series} per series, weight 1/"
                                           f"{config.max_windows_per_series}" if config.unit == "series" else "")
         + (f"; last {holdout} steps of every series held out for TSTR)" if holdout else ")"))
+    from lightning_dpts.console import warn_delta_above_one_over_n
+
+    if config.unit == "series":
+        warn_delta_above_one_over_n(config.delta, len(series), "series")
+    else:
+        warn_delta_above_one_over_n(config.delta, len(private.windows), "windows, the unit of --unit window")
     return {"series": series, "freq": freq, "name": data_name, "private": private}
 
 

@@ -7,6 +7,7 @@ Start with :class:`SamplingSpec` (what the data pipeline does; its levels are th
 """
 
 from lightning_dpts.privacy.accountant import (
+    AmplifiedBandMFAccountant,
     PrivacyReport,
     ProfileAccountant,
     StructuredSubsamplingAccountant,
@@ -21,6 +22,7 @@ from lightning_dpts.privacy.profiles import PrivacyProfile, gaussian_tvd
 from lightning_dpts.privacy.spec import BOTTOM_LEVELS, LEVELS, TOP_LEVELS, NeighbouringRelation, SamplingSpec
 
 __all__ = [
+    "AmplifiedBandMFAccountant",
     "BOTTOM_LEVELS",
     "BandMFMechanism",
     "DEFAULT_DISCRETIZATION",

@@ -36,10 +36,11 @@ from lightning_dpts.privacy.pld import (
     pld_from_profile,
     saddlepoint_tilt,
 )
-from lightning_dpts.privacy.profiles import PrivacyProfile
+from lightning_dpts.privacy.profiles import PrivacyProfile, theorem_4_4
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["MIN_DELTA", "ProfileAccountant", "StructuredSubsamplingAccountant", "calibrate_noise_multiplier",
+__all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant",
+           "calibrate_noise_multiplier",
            "PrivacyReport"]
 
 _CACHE_SIZE = 32
@@ -417,6 +418,44 @@ class ProfileAccountant:
 
 
 
+def _strategy(spec: SamplingSpec, coefficients: Sequence[float] | None,
+              naive: bool) -> tuple[tuple[float, ...] | None, float]:
+    """(coefficients, largest column norm of C) of the noise; (None, 1.0) for i.i.d. Gaussian noise."""
+    if coefficients is None:
+        return None, 1.0
+    try:
+        c = tuple(float(v) for v in coefficients)
+    except (TypeError, ValueError):
+        raise ConfigurationError("coefficients", coefficients, "must be a sequence of numbers (c_0, ..., c_{b-1})"
+                                 ) from None
+    if not c or not all(math.isfinite(v) for v in c) or c[0] <= 0:
+        raise ConfigurationError("coefficients", coefficients, "must be finite numbers with c_0 > 0")
+    bands = len(c)
+    if naive and bands > 1:
+        raise ConfigurationError("naive", naive, "naive DP-SGD accounting does not take BandMF coefficients")
+    top = spec.top_level_scheme
+    if bands > 1 and not top.pld_bands_covered(bands):
+        raise ConfigurationError(
+            "coefficients", len(c),
+            f"BandMF noise with {bands} bands is covered by the structured (PLD) accountant only with "
+            f"top_level='cyclic_poisson' and groups (spec.bands) >= {bands}: two participations of one series "
+            f"must be >= b steps apart so that they move disjoint rows of C (docs/bandmf.md, Theorem B.2); got "
+            f"top_level={spec.top_level!r} with bands={spec.bands}",
+        )
+    # C is Toeplitz: every column is (c_0, ..., c_{b-1}) truncated at the last row; the untruncated one is largest
+    return c, math.sqrt(math.fsum(v * v for v in c))
+
+
+def _effective_sigma(noise_multiplier: float, column_norm: float) -> float:
+    """sigma / ||c||: a participation of sensitivity ||c|| Delta under noise sigma is the unit-sensitivity one under
+    sigma / ||c|| (the Gaussian mechanism depends on the ratio only)."""
+    try:
+        sigma = float(noise_multiplier)
+    except (TypeError, ValueError):
+        return noise_multiplier  # type: ignore[return-value]  (select_profile names the bad value)
+    return sigma if column_norm == 1.0 else sigma / column_norm
+
+
 class StructuredSubsamplingAccountant(ProfileAccountant):
     """Privacy accounting for DP-SGD with bi-level structured subsampling (the paper's Sections 4.1-4.3).
 
@@ -439,6 +478,11 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         naive: if ``True``, account naive DP-SGD over the flattened set of all windows instead
             (Proposition C.1 for ``bound="upper"``: what standard DP-SGD would report; Proposition C.2 for
             ``bound="lower"``: its true leakage under the spec's relation). For comparisons only.
+        coefficients: (c_0, ..., c_{b-1}) of the b-banded lower-triangular Toeplitz strategy C of BandMF noise
+            (``None``: i.i.d. Gaussian noise, C = I). Needs a top level that covers b bands by the PLD accountant
+            (``cyclic_poisson`` with k = ``spec.bands`` >= b groups, docs/bandmf.md Theorem B.2): one participation
+            moves the output C G + sigma Z by its column of C, so every composition unit is the structured step
+            with sensitivity multiplied by the largest column norm ||c||_2, i.e. noise multiplier sigma / ||c||_2.
     """
 
     def __init__(
@@ -451,6 +495,7 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         tail_mass_truncation: float = DEFAULT_TAIL_MASS,
         min_grid_points: int = DEFAULT_MIN_GRID_POINTS,
         naive: bool = False,
+        coefficients: Sequence[float] | None = None,
     ) -> None:
         if not isinstance(spec, SamplingSpec):
             raise ConfigurationError("spec", spec, "must be a lightning_dpts.privacy.SamplingSpec")
@@ -466,10 +511,11 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         self.spec = spec
         self.bound = bound
         self.naive = bool(naive)
+        self.coefficients, self.column_norm = _strategy(spec, coefficients, self.naive)
         if self.naive:
             profile = naive_dpsgd_profile(spec, noise_multiplier, bound)
         else:
-            profile = select_profile(spec, noise_multiplier, bound)
+            profile = select_profile(spec, _effective_sigma(noise_multiplier, self.column_norm), bound)
         self.noise_multiplier = float(noise_multiplier)
         super().__init__(profile, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
                          min_grid_points=min_grid_points, scale=("noise_multiplier", self.noise_multiplier))
@@ -480,6 +526,7 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         return StructuredSubsamplingAccountant(
             self.spec, self.noise_multiplier, bound=self.bound, discretization=self.discretization,
             tail_mass_truncation=self.tail_mass_truncation, min_grid_points=self.min_grid_points, naive=self.naive,
+            coefficients=self.coefficients,
         )
 
     # ------------------------------------------------------------------------------------------------
@@ -495,8 +542,9 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
 
     @property
     def unit(self) -> str:
-        """The unit of composition: ``"epoch"`` for iteration/shuffling, ``"step"`` otherwise."""
-        return "epoch" if (self.spec.accounts_per_epoch and not self.naive) else "step"
+        """The unit of composition: ``"epoch"`` for iteration/shuffling, ``"opportunity"`` (a participation
+        opportunity of a series, every k steps) for cyclic Poisson, ``"step"`` otherwise."""
+        return "step" if self.naive else self.spec.top_level_scheme.composition_unit
 
     def compositions(self, steps: int) -> int:
         """How many units ``steps`` optimizer steps compose (a started epoch counts whole)."""
@@ -673,6 +721,7 @@ def calibrate_noise_multiplier(
     rtol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
     min_noise_multiplier: float = 0.1,
+    coefficients: Sequence[float] | None = None,
 ) -> float:
     """The smallest noise multiplier (to relative tolerance ``rtol``) reaching (epsilon, delta).
 
@@ -682,6 +731,7 @@ def calibrate_noise_multiplier(
     ``max_noise_multiplier``] (default [0.1, 1e4]) so that it stays bounded in time: if the floor already
     reaches the target, the floor is returned (more noise than needed, never less); if the ceiling does not,
     ConfigurationError (``epsilon``; ``steps`` when the steps cannot be composed in bounded memory).
+    ``coefficients``: BandMF's C (:class:`StructuredSubsamplingAccountant`; cyclic Poisson sampling).
     """
     epsilon = _check_epsilon(epsilon)
     if not 0 < epsilon <= MAX_CALIBRATION_EPSILON:
@@ -703,7 +753,7 @@ def calibrate_noise_multiplier(
     def eps_at(sigma: float) -> float:
         acc = StructuredSubsamplingAccountant(
             spec, sigma, bound=bound, discretization=discretization, tail_mass_truncation=tail_mass_truncation,
-            min_grid_points=min_grid_points,
+            min_grid_points=min_grid_points, coefficients=coefficients,
         )
         try:
             return acc.epsilon(steps, delta)
@@ -740,3 +790,69 @@ def calibrate_noise_multiplier(
         else:
             lo = mid
     return hi
+
+
+class AmplifiedBandMFAccountant(ProfileAccountant):
+    """Amplified BandMF with cyclic Poisson sampling for one example-level mechanism, without a SamplingSpec
+    (``dpts privacy bandmf --sampling cyclic_poisson``; docs/bandmf.md, Theorem B.2).
+
+    The examples are split into k >= b groups, group t mod k is eligible at step t and each eligible example is
+    sampled with probability p; C is b-banded lower-triangular Toeplitz. The protected example has at most
+    ceil(n / k) participation opportunities, whose columns of C occupy disjoint rows, so the run is the adaptive
+    composition of ceil(n / k) structured steps: the switching profile of Theorem 4.4 (Lemma F.3 for the Poisson
+    draw) with rho = p, window leak probability r and noise multiplier sigma / ||c||_2 (substitution of the
+    example's contribution, clipped to norm 1: shift 2). Exact (a PLD, no Monte Carlo) at any delta.
+
+    Args:
+        iterations: n >= 1 optimizer steps of the run.
+        coefficients: (c_0, ..., c_{b-1}), c_0 > 0.
+        sampling_prob: p in (0, 1].
+        noise_multiplier: sigma > 0 (noise std over the clipping norm).
+        groups: k >= b (default b).
+        leak_probability: r in (0, 1] (1: the whole example is the unit, as in the paper's add/remove setting but
+            under substitution).
+    """
+
+    def __init__(self, iterations: int, coefficients: Sequence[float], sampling_prob: float,
+                 noise_multiplier: float, *, groups: int | None = None, leak_probability: float = 1.0) -> None:
+        _check_steps("iterations", iterations)
+        if iterations < 1:
+            raise ConfigurationError("iterations", iterations, "must be an integer >= 1")
+        try:
+            c = tuple(float(v) for v in coefficients)
+        except (TypeError, ValueError):
+            raise ConfigurationError("coefficients", coefficients, "must be numbers") from None
+        if not c or not all(math.isfinite(v) for v in c) or c[0] <= 0:
+            raise ConfigurationError("coefficients", coefficients, "must be finite numbers with c_0 > 0")
+        k = len(c) if groups is None else groups
+        if isinstance(k, bool) or not isinstance(k, int) or k < len(c):
+            raise ConfigurationError(
+                "groups", groups, f"must be an integer >= bands={len(c)}: with fewer groups two participations of "
+                "one example are less than b steps apart, their columns of C share rows and the opportunities are "
+                "not independent (docs/bandmf.md, Theorem B.2)")
+        for name, value in (("sampling_prob", sampling_prob), ("leak_probability", leak_probability)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ConfigurationError(name, value, "must lie in (0, 1]")
+        if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) or not (
+                math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ConfigurationError("noise_multiplier", noise_multiplier, "must be a finite number > 0")
+        self.iterations, self.coefficients, self.groups = int(iterations), c, int(k)
+        self.sampling_prob, self.leak_probability = float(sampling_prob), float(leak_probability)
+        self.noise_multiplier = float(noise_multiplier)
+        self.column_norm = math.sqrt(math.fsum(v * v for v in c))
+        profile = theorem_4_4(self.sampling_prob, self.leak_probability,
+                                       _effective_sigma(self.noise_multiplier, self.column_norm))
+        super().__init__(profile, scale=("noise_multiplier", self.noise_multiplier))
+
+    @property
+    def compositions(self) -> int:
+        """ceil(n / k): the participation opportunities of the worst-placed example (group 0)."""
+        return -(-self.iterations // self.groups)
+
+    def epsilon(self, delta: float) -> float:
+        """epsilon of the whole run at ``delta``."""
+        return self.epsilon_after(self.compositions, delta)
+
+    def delta(self, epsilon: float) -> float:
+        """delta of the whole run at ``epsilon``."""
+        return self.delta_after(self.compositions, epsilon)

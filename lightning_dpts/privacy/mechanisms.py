@@ -8,7 +8,7 @@ part of the mechanism, separate from the arithmetic that accounts for it. The ac
 instead of comparing kind names, so **adding a scheme means adding one object** (and one registry entry).
 
 * top levels (which series a step uses; :class:`TopLevelScheme`): :class:`Iteration`, :class:`Shuffling`,
-  :class:`WithoutReplacement`, :class:`PoissonTopLevel`, :class:`BMinSep`;
+  :class:`WithoutReplacement`, :class:`PoissonTopLevel`, :class:`BMinSep`, :class:`CyclicPoisson`;
 * bottom levels (which windows of a sampled series; :class:`BottomLevelScheme`): :class:`WithReplacement`,
   :class:`PoissonBottomLevel`;
 * noise (:class:`NoiseSpec`, a torch-free description; the generators live in ``lightning_dpts.training``):
@@ -44,6 +44,7 @@ __all__ = [
     "BOTTOM_LEVEL_SCHEMES",
     "BandMFNoiseSpec",
     "BottomLevelScheme",
+    "CyclicPoisson",
     "GaussianNoiseSpec",
     "Iteration",
     "Mechanism",
@@ -101,7 +102,8 @@ class Accounting:
         method: ``"pld"`` (the structured accountant: a privacy profile, its connect-the-dots PLD, composed) or
             ``"monte_carlo"`` (:class:`~lightning_dpts.privacy.montecarlo.MonteCarloAccountant`).
         composition: the unit composed: ``"step"`` (one profile per optimizer step), ``"epoch"`` (one per epoch; a
-            started epoch counts whole) or ``"run"`` (the whole run is one mechanism).
+            started epoch counts whole), ``"opportunity"`` (one per participation opportunity of a series: every k
+            steps under cyclic Poisson sampling) or ``"run"`` (the whole run is one mechanism).
         theorems: the results that prove the bounds this object can select.
     """
 
@@ -190,6 +192,24 @@ class TopLevelScheme(Mechanism):
 
     def check_spec(self, spec: SpecView) -> None:
         """Constraints the scheme puts on the rest of the spec (called by ``SamplingSpec`` after its own checks)."""
+
+    def compositions(self, spec: SpecView, steps: int) -> int:
+        """How many composition units ``steps`` optimizer steps compose (per step; per epoch for the epoch-level
+        top levels, a started epoch counting whole; per participation opportunity for :class:`CyclicPoisson`)."""
+        if self.accounts_per_epoch:
+            return -(-steps // spec.steps_per_epoch)
+        return steps
+
+    def max_steps_for_compositions(self, spec: SpecView, compositions: int) -> int:
+        """The largest number of optimizer steps that composes at most ``compositions`` units."""
+        if self.accounts_per_epoch:
+            return compositions * spec.steps_per_epoch
+        return compositions
+
+    def pld_bands_covered(self, bands: int) -> bool:
+        """Whether the structured (PLD) accountant covers BandMF noise with ``bands`` bands under this top level
+        (b = 1, independent noise: every top level the PLD accountant accepts)."""
+        return bands == 1 and not self.needs_monte_carlo
 
     def unit_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
                      r: float | None = None) -> PrivacyProfile:
@@ -365,6 +385,99 @@ class BMinSep(_Banded, _StepTopLevel):
 
     def draw_series(self, sampler: Any, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
         return sampler.b_min_sep_series(epoch * sampler.spec.steps_per_epoch + step)
+
+
+@dataclass(frozen=True)
+class CyclicPoisson(_StepTopLevel):
+    """Cyclic Poisson sampling of series (Choquette-Choo et al., "(Amplified) Banded Matrix Factorization",
+    NeurIPS 2023, Section 4): the series are split into ``groups`` = k fixed groups by a public rule (series i, in
+    dataset order, is in group i mod k); at optimizer step t (counted from the run's first step) only group t mod k
+    is eligible, and each of its series is included independently with probability p = min(1, N' k / N), so that a
+    step holds N' series on average. Two participations of one series are therefore at least k steps apart.
+
+    Guarantee: for BandMF noise with b <= k bands (and i.i.d. Gaussian noise, b = 1) the release is an adaptive
+    composition of one structured step per participation opportunity of the protected series: the switching profile
+    of Theorem 4.4 (F.1, F.2 for the other bottom levels; sound for a Poisson top level by Lemma F.3) with rho = p
+    and the noise multiplier divided by the largest column norm of C, composed ceil(steps / k) times by the PLD
+    accountant (docs/bandmf.md, "Amplified BandMF: cyclic Poisson sampling", Theorem B.2). Exact at any delta; no
+    Monte Carlo. Public: ``groups`` and the grouping rule; which series are sampled is secret.
+
+    Args:
+        groups: k >= 1, the number of groups (= the minimum separation between two participations of a series;
+            BandMF with b bands needs k >= b). ``groups=1`` is Poisson sampling with rate N'/N.
+    """
+
+    name: ClassVar[str] = "cyclic_poisson"
+    separates_participations: ClassVar[bool] = True
+    has_lower_bound: ClassVar[bool] = False
+    groups: int = 1
+    public_fields: ClassVar[tuple[str, ...]] = ("groups",)
+
+    def validate(self) -> None:
+        require_int("groups", self.groups, 1)
+
+    @property
+    def accounting(self) -> Accounting:
+        return Accounting("pld", "opportunity", (
+            "Theorem B.2 (docs/bandmf.md: adaptive composition over participation opportunities)", "Lemma F.3",
+            "Theorem 4.4", "Theorem F.1", "Theorem F.2"))
+
+    @property
+    def min_separation(self) -> int:
+        return self.groups
+
+    @classmethod
+    def for_spec(cls, spec: SpecView) -> TopLevelScheme:
+        return cls(groups=spec.bands)
+
+    def sampling_prob(self, spec: SpecView) -> float:
+        """p = N' k / N, the probability that an eligible series is sampled (rho of the per-opportunity step)."""
+        return min(1.0, spec.top_sample_size * self.groups / spec.num_series)
+
+    def check_spec(self, spec: SpecView) -> None:
+        if self.groups > spec.num_series:
+            raise ConfigurationError("bands", self.groups, f"cyclic_poisson needs groups = bands <= num_series="
+                                     f"{spec.num_series} (every group holds at least one series)")
+        if spec.top_sample_size * self.groups > spec.num_series:
+            raise ConfigurationError(
+                "batch_size",
+                spec.batch_size,
+                f"cyclic_poisson with {self.groups} groups can sample at most num_series/groups = "
+                f"{spec.num_series / self.groups:g} series per step on average (p = N' k / N <= 1), but "
+                f"batch_size/instances_per_series = {spec.top_sample_size}; lower batch_size or the groups",
+            )
+
+    def unit_profile(self, spec: SpecView, sigma: float, bound: str, k: int | None = None,
+                     r: float | None = None) -> PrivacyProfile:
+        if bound == "lower":
+            raise ConfigurationError("bound", bound, "no optimistic lower bound is proven for top_level="
+                                     "'cyclic_poisson'; use bound='upper'")
+        profile = spec.bottom_level_scheme.step_profile(spec, self.sampling_prob(spec), sigma, bound, k, r)
+        if profile.kind == "tight":  # Theorem 4.4 with a Poisson top level: sound via Lemma F.3, tightness not claimed
+            profile = dataclasses.replace(profile, theorem=f"{profile.theorem} (cyclic Poisson, per opportunity)",
+                                          kind="upper")
+        return profile
+
+    def compositions(self, spec: SpecView, steps: int) -> int:
+        # the series of group 0 are eligible at steps 0, k, 2k, ...: ceil(steps / k) opportunities, the most of any
+        return -(-steps // self.groups)
+
+    def max_steps_for_compositions(self, spec: SpecView, compositions: int) -> int:
+        return compositions * self.groups
+
+    def pld_bands_covered(self, bands: int) -> bool:
+        return 1 <= bands <= self.groups
+
+    def eligible(self, num_series: int, step: int) -> np.ndarray:
+        """The series eligible at optimizer step ``step`` (public: group ``step mod k``)."""
+        return np.arange(step % self.groups, num_series, self.groups, dtype=np.int64)
+
+    def draw_series(self, sampler: Any, epoch: int, step: int, rng: np.random.Generator) -> np.ndarray:
+        # the run's step t = pass * steps_per_epoch + step (as b_min_sep: passes are consecutive, each runs all its
+        # steps; limit_train_batches is refused for top levels that separate participations)
+        t = epoch * sampler.spec.steps_per_epoch + step
+        group = self.eligible(sampler.num_series, t)
+        return group[rng.random(group.size) < self.sampling_prob(sampler.spec)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -557,7 +670,9 @@ class BandMFNoiseSpec(_Banded, NoiseSpec):
     correlated: ClassVar[bool] = True
 
     def compatible_top_level(self, top: TopLevelScheme) -> bool:
-        return top.separates_participations and top.min_separation == self.bands
+        if top.needs_monte_carlo:  # b-min-sep: the Monte Carlo accountant needs the same separation
+            return top.separates_participations and top.min_separation == self.bands
+        return top.pld_bands_covered(self.bands)  # cyclic Poisson: k >= b (Theorem B.2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -565,7 +680,7 @@ class BandMFNoiseSpec(_Banded, NoiseSpec):
 # ----------------------------------------------------------------------------------------------------------------
 #: Top-level schemes by name, in the order the documentation and error messages list them.
 TOP_LEVEL_SCHEMES: dict[str, type[TopLevelScheme]] = {
-    cls.name: cls for cls in (Iteration, Shuffling, WithoutReplacement, PoissonTopLevel, BMinSep)
+    cls.name: cls for cls in (Iteration, Shuffling, WithoutReplacement, PoissonTopLevel, BMinSep, CyclicPoisson)
 }
 #: Bottom-level schemes by name.
 BOTTOM_LEVEL_SCHEMES: dict[str, type[BottomLevelScheme]] = {
@@ -584,15 +699,19 @@ def _from_name(registry: dict[str, type[Mechanism]], base: type[Mechanism], name
     cls = registry[require_choice(parameter, name, tuple(registry))]
     if issubclass(cls, _Banded):
         return cls(bands=bands)
+    if issubclass(cls, CyclicPoisson):
+        return cls(groups=bands)
     if bands != 1:
-        banded = " or ".join(f"{parameter}={n!r}" for n, c in registry.items() if issubclass(c, _Banded))
+        banded = " or ".join(f"{parameter}={n!r}" for n, c in registry.items()
+                             if issubclass(c, (_Banded, CyclicPoisson)))
         raise ConfigurationError("bands", bands, f"must be 1 unless {banded}")
     return cls()
 
 
 def top_level_from_name(name: object, *, bands: int = 1, parameter: str = "top_level") -> TopLevelScheme:
-    """The top-level object named ``name`` (``bands``: the minimum separation of ``"b_min_sep"``; must be 1 for the
-    others). An object is returned unchanged. Unknown names are refused listing the accepted ones."""
+    """The top-level object named ``name`` (``bands``: the minimum separation of ``"b_min_sep"``, the number of groups
+    of ``"cyclic_poisson"``; must be 1 for the others). An object is returned unchanged. Unknown names are refused
+    listing the accepted ones."""
     return _from_name(TOP_LEVEL_SCHEMES, TopLevelScheme, name, parameter, bands)
 
 

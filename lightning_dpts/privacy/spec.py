@@ -35,7 +35,7 @@ __all__ = [
     "SamplingSpec",
 ]
 
-TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson", "b_min_sep"]
+TopLevel = Literal["iteration", "shuffling", "without_replacement", "poisson", "b_min_sep", "cyclic_poisson"]
 BottomLevel = Literal["with_replacement", "poisson"]
 Level = Literal["event", "user"]
 
@@ -130,9 +130,11 @@ class SamplingSpec:
         top_level: a top-level object of :mod:`~lightning_dpts.privacy.mechanisms` or its name:
             ``"iteration"`` (Algorithm 3), ``"shuffling"`` (Algorithm 3 over a fresh random permutation each
             epoch), ``"without_replacement"`` (Algorithm 5, a fresh sample of N' series every step), ``"poisson"``
-            (each series independently with rate N'/N every step) or ``"b_min_sep"``. Stored as the *name* (the
-            ``repr`` is written to privacy ledgers); :attr:`top_level_scheme` is the object. An object with
-            ``bands`` (:class:`~lightning_dpts.privacy.mechanisms.BMinSep`) sets ``bands``.
+            (each series independently with rate N'/N every step), ``"b_min_sep"`` or ``"cyclic_poisson"`` (k =
+            ``bands`` groups, group t mod k eligible at step t, each eligible series with probability N' k / N).
+            Stored as the *name* (the ``repr`` is written to privacy ledgers); :attr:`top_level_scheme` is the
+            object. An object with a separation (:class:`~lightning_dpts.privacy.mechanisms.BMinSep`,
+            :class:`~lightning_dpts.privacy.mechanisms.CyclicPoisson`) sets ``bands``.
         bottom_level: a bottom-level object or its name: ``"with_replacement"`` (Algorithm 4, lambda uniform
             start positions) or ``"poisson"`` (Algorithm 6, each start position with rate min(1, lambda/T)).
             Stored as the name; :attr:`bottom_level_scheme` is the object.
@@ -140,8 +142,9 @@ class SamplingSpec:
         context_noise: sigma_C >= 0; the past target of every sampled window gets Gaussian noise with std
             ``context_noise * relation.value_bound`` (Eq. 1).
         forecast_noise: sigma_F >= 0; likewise for the future target.
-        bands: b >= 1, the minimum separation of the ``"b_min_sep"`` top level (a series that takes part is
-            excluded for the next b - 1 steps); must be 1 for every other top level. N'/N must be <= 1/b.
+        bands: b >= 1, the minimum separation between two participations of one series: b of the ``"b_min_sep"`` top
+            level (a series that takes part is excluded for the next b - 1 steps), the number of groups k of
+            ``"cyclic_poisson"``; must be 1 for every other top level. N'/N must be <= 1/b.
     """
 
     num_series: int
@@ -172,7 +175,8 @@ class SamplingSpec:
         _require_nonnegative_float("forecast_noise", self.forecast_noise)
         _require_int("bands", self.bands, 1)
         if self.bands != 1 and not top_class.separates_participations:
-            raise ConfigurationError("bands", self.bands, "must be 1 unless top_level='b_min_sep'")
+            raise ConfigurationError("bands", self.bands,
+                                     "must be 1 unless top_level='b_min_sep' or top_level='cyclic_poisson'")
         if not isinstance(self.relation, NeighbouringRelation):
             raise ConfigurationError("relation", self.relation, "must be a NeighbouringRelation")
         if self.lengths is not None:
@@ -361,16 +365,13 @@ class SamplingSpec:
         """Number of mechanism compositions after ``steps`` optimizer steps.
 
         Per-step schemes compose once per step. Iteration/shuffling compose once per epoch of
-        ``steps_per_epoch`` steps, and a started epoch counts whole.
+        ``steps_per_epoch`` steps, and a started epoch counts whole. Cyclic Poisson composes once per participation
+        opportunity of a series: ceil(steps / k).
         """
         _require_int("steps", steps, 0)
-        if not self.accounts_per_epoch:
-            return steps
-        return -(-steps // self.steps_per_epoch)
+        return self.top_level_scheme.compositions(self, steps)
 
     def max_steps_for_compositions(self, compositions: int) -> int:
         """The largest number of optimizer steps that uses at most ``compositions`` compositions."""
         _require_int("compositions", compositions, 0)
-        if not self.accounts_per_epoch:
-            return compositions
-        return compositions * self.steps_per_epoch
+        return self.top_level_scheme.max_steps_for_compositions(self, compositions)

@@ -216,7 +216,9 @@ class AccountantCallback(StepAccountant):
         sigma = strategy.resolve(trainer)
         self.spec = spec
         self._strategy_ref = strategy
-        if strategy.noise_spec.needs_monte_carlo or spec.top_level_scheme.needs_monte_carlo:
+        top = spec.top_level_scheme
+        if top.needs_monte_carlo or (strategy.noise_spec.needs_monte_carlo
+                                     and not top.pld_bands_covered(strategy.noise_spec.bands)):
             self._start_monte_carlo(trainer, pl_module, spec, strategy, sigma)
             return
         if self._loaded is not None:
@@ -246,7 +248,23 @@ class AccountantCallback(StepAccountant):
                 f"{spec.top_level!r} top level is accounted per epoch of spec.steps_per_epoch="
                 f"{spec.steps_per_epoch} steps; the Trainer's epoch must have exactly that many batches",
             )
-        acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound)
+        if top.separates_participations:  # cyclic Poisson: group t mod k of the run's step t (Theorem B.2)
+            if trainer.num_training_batches != spec.steps_per_epoch:
+                raise ConfigurationError(
+                    "limit_train_batches", trainer.num_training_batches,
+                    f"{spec.top_level!r} sampling makes group (t mod {spec.bands}) eligible at the run's step t = pass "
+                    f"x spec.steps_per_epoch={spec.steps_per_epoch} + step; a shorter Trainer epoch would let one "
+                    "series take part in noisy steps fewer than k apart: keep every batch and limit with max_steps",
+                )
+            if not ledger.empty:
+                raise ConfigurationError(
+                    "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
+                    f"the model's privacy ledger already holds {ledger.steps} noisy steps; cyclic Poisson sampling is "
+                    "accounted from the run's first step (its groups follow the step count of one run), so a "
+                    "continuation is not covered: start from freshly initialised weights",
+                )
+        coefficients = strategy.coefficients if strategy.noise_spec.correlated else None
+        acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound, coefficients=coefficients)
         self.accountant = acc
         self._rank = rank_and_world_size(trainer)[0]
         accounted = ledger.accounted_steps(spec)

@@ -103,6 +103,7 @@ def optimize_coefficients(
     iterations: int,
     participations: int = 1,
     *,
+    participation_every: int | None = None,
     initial: Sequence[float] | None = None,
     max_iterations: int = 500,
 ) -> CoefficientOptimisation:
@@ -114,6 +115,11 @@ def optimize_coefficients(
         participations: k >= 1, the most participations of an example (e.g. ceil(n/b) under b-min-sep). Under the
             b-min-sep property the sensitivity is sqrt(k) ||c||_2 for every C, so k scales the objective and does not
             move the minimiser; it is accepted for completeness and reported in ``error``.
+        participation_every: K >= b for cyclic Poisson sampling in K groups (amplified BandMF): an example takes
+            part at most every K steps, ceil(n / K) times, in disjoint rows of C, so the multi-participation
+            sensitivity is sqrt(ceil(n / K)) ||c||_2 for *every* b-banded C: the objective is the one above with
+            ``participations = ceil(n / K)``, and its minimiser is the single-participation one (Choquette-Choo et
+            al. 2023 optimise the same objective for b <= K). K < b is refused (participations would share rows).
         initial: starting point (default :func:`banded_sqrt_coefficients`).
         max_iterations: L-BFGS-B iteration cap.
 
@@ -130,6 +136,12 @@ def optimize_coefficients(
     k = int(participations)
     if k < 1:
         raise ConfigurationError("participations", participations, "must be an integer >= 1")
+    if participation_every is not None:
+        every = int(participation_every)
+        if every < b:
+            raise ConfigurationError("participation_every", participation_every, f"must be >= bands={b}: two "
+                                     "participations fewer than b steps apart share rows of C (docs/bandmf.md)")
+        k = -(-n // every)
     x0 = banded_sqrt_coefficients(b) if initial is None else check_coefficients(initial, b)
     start = time.perf_counter()
     initial_error = _objective_and_gradient(x0, n)[0]

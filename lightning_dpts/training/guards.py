@@ -190,7 +190,8 @@ def detach_ddp_averaging(trainer: L.Trainer) -> Any:
 
 def check_noise_spec(spec: SamplingSpec | None, noise: NoiseSpec) -> None:
     """The sampling must be one the guarantee of ``noise`` covers (``noise.compatible_top_level``): BandMF noise is
-    accounted only with b-min-sep sampling of the same b (Theorem 5.1's setting); i.i.d. Gaussian noise with any."""
+    accounted only with b-min-sep sampling of the same b (Theorem 5.1's setting) or cyclic Poisson sampling with k >= b
+    groups (Theorem B.2); i.i.d. Gaussian noise with any."""
     covered = noise.compatible_top_level(spec.top_level_scheme) if spec is not None else not noise.needs_monte_carlo
     if covered:
         return
@@ -198,9 +199,10 @@ def check_noise_spec(spec: SamplingSpec | None, noise: NoiseSpec) -> None:
     got = None if spec is None else f"top_level={spec.top_level!r}, bands={spec.bands}"
     raise ConfigurationError(
         "datamodule.sampling_spec", got,
-        f"noise={noise.name!r} with bands={bands} needs b-min-sep sampling with the same separation: "
-        f"StructuredSubsamplingDataModule(top_level='b_min_sep', bands={bands}, ...) (Dong & Ganesh "
-        "2026, Theorem 5.1 assumes it; other samplings are not accounted)",
+        f"noise={noise.name!r} with bands={bands} needs sampling that separates two participations of a series "
+        f"by at least b steps: StructuredSubsamplingDataModule(top_level='cyclic_poisson', bands=k) with k >= {bands} "
+        f"groups (PLD accountant, docs/bandmf.md Theorem B.2), or top_level='b_min_sep' with bands={bands} (Dong & "
+        "Ganesh 2026, Theorem 5.1, Monte Carlo accountant); other samplings are not accounted",
     )
 
 def check_schedulers(trainer: L.Trainer, policy: str) -> None:

@@ -356,7 +356,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
                     "calibrating sigma needs a datamodule with a sampling_spec; give noise_multiplier instead",
                 )
             self._noise_multiplier = calibrate_noise_multiplier(
-                spec, float(self.target_epsilon), float(self.target_delta), epochs=self.epochs  # type: ignore[arg-type]
+                spec, float(self.target_epsilon), float(self.target_delta), epochs=self.epochs,  # type: ignore[arg-type]
+                coefficients=self.coefficients if self.noise_spec.correlated else None,
             )
             rank_zero_info(
                 f"DPForecastStrategy: noise_multiplier={self._noise_multiplier:.4g} reaches "

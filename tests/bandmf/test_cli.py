@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +69,59 @@ def test_bandmf_command_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def _dpts(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    return subprocess.run([sys.executable, "-m", "lightning_dpts.cli", *argv], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_cyclic_poisson_answers_at_delta_1e7_as_json(capsys):
+    from lightning_dpts.privacy import AmplifiedBandMFAccountant
+
+    argv = ["privacy", "bandmf", "--sampling", "cyclic_poisson", "--iterations", "2000", "--bands", "4",
+            "--sampling-prob", "0.2", "--noise-multiplier", "3", "--epsilon", "1", "--delta", "1e-7", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    acc = AmplifiedBandMFAccountant(2000, tuple(banded_sqrt_coefficients(4)), 0.2, 3.0)
+    assert out["epsilon"]["1e-07"] == pytest.approx(acc.epsilon(1e-7))
+    assert out["delta"]["1"]["estimate"] == out["delta"]["1"]["upper"] == pytest.approx(acc.delta(1.0))
+    assert out["accounting"]["compositions"] == 500 and out["accounting"]["groups"] == 4
+    assert acc.compositions == 500 and 0 < acc.epsilon(1e-7) < math.inf
+
+
+@pytest.mark.parametrize("extra,option", [
+    (["--groups", "2"], "--groups"),  # k < b: two participations would share rows of C
+    (["--leak-probability", "0"], "--leak-probability"),
+    (["--delta", "1.5"], "--delta"),
+])
+def test_cyclic_poisson_bad_values_exit_2(extra, option, capsys):
+    argv = ["privacy", "bandmf", "--sampling", "cyclic_poisson", "--iterations", "100", "--bands", "4",
+            "--sampling-prob", "0.2", "--noise-multiplier", "3", "--epsilon", "1", *extra]
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_b_min_sep_refuses_cyclic_only_options(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(BASE + ["--epsilon", "1", "--delta", "1e-7"])
+    assert err.value.code == 2 and "--delta" in capsys.readouterr().err
+
+
+def test_privacy_commands_warn_once_when_delta_is_at_least_one_over_n():
+    done = _dpts("privacy", "epsilon", "--num-series", "50", "--min-length", "60", "--context-length", "6",
+                 "--prediction-length", "6", "--batch-size", "8", "--noise-multiplier", "1", "--delta", "0.05",
+                 "--steps", "10", "20", "--json")
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)  # the warning does not break the JSON on stdout
+    assert done.stderr.count("WARNING: delta=0.05 is >= 1/N = 1/50") == 1, done.stderr
+    quiet = _dpts("privacy", "epsilon", "--num-series", "50", "--min-length", "60", "--context-length", "6",
+                  "--prediction-length", "6", "--batch-size", "8", "--noise-multiplier", "1", "--delta", "1e-7",
+                  "--steps", "10")
+    assert quiet.returncode == 0 and "WARNING" not in quiet.stderr
+    cyclic = _dpts("privacy", "bandmf", "--sampling", "cyclic_poisson", "--iterations", "100", "--bands", "2",
+                   "--sampling-prob", "0.2", "--noise-multiplier", "1", "--delta", "0.1", "0.2", "--num-examples",
+                   "20", "--json")
+    assert cyclic.returncode == 0 and cyclic.stderr.count("WARNING: delta=0.2 is >= 1/N = 1/20") == 1, cyclic.stderr

@@ -16,6 +16,7 @@ from lightning_dpts.privacy import (
     TOP_LEVELS,
     BandMFNoiseSpec,
     BMinSep,
+    CyclicPoisson,
     GaussianNoiseSpec,
     Iteration,
     NeighbouringRelation,
@@ -87,6 +88,7 @@ def test_registry_refuses_bands_for_schemes_without_them() -> None:
 # -- self-validation -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("cls", "field", "bad"), [
     (BMinSep, "bands", 0), (BMinSep, "bands", 1.5), (BMinSep, "bands", True), (BMinSep, "bands", "4"),
+    (CyclicPoisson, "groups", 0), (CyclicPoisson, "groups", 2.5), (CyclicPoisson, "groups", True),
     (BandMFNoiseSpec, "bands", 0), (BandMFNoiseSpec, "bands", None),
 ])
 def test_each_object_validates_its_fields(cls, field, bad) -> None:
@@ -110,17 +112,23 @@ def test_objects_are_frozen_documented_and_name_their_accounting(cls) -> None:
     accounting = obj.accounting
     assert isinstance(accounting, Accounting)
     assert accounting.method in ("pld", "monte_carlo")
-    assert accounting.composition in ("step", "epoch", "run")
+    assert accounting.composition in ("step", "epoch", "run", "opportunity")
     assert accounting.theorems
 
 
 # -- capability properties (what the other layers read instead of names) ----------------------------------------------
 def test_capabilities() -> None:
-    assert [c.accounts_per_epoch for c in TOP_LEVEL_SCHEMES.values()] == [True, True, False, False, False]
-    assert [c.needs_monte_carlo for c in TOP_LEVEL_SCHEMES.values()] == [False, False, False, False, True]
-    assert [c.separates_participations for c in TOP_LEVEL_SCHEMES.values()] == [False, False, False, False, True]
-    assert [c.supports_augmentation for c in TOP_LEVEL_SCHEMES.values()] == [False, False, True, True, False]
-    assert [c.has_lower_bound for c in TOP_LEVEL_SCHEMES.values()] == [True, True, True, False, True]
+    assert [c.accounts_per_epoch for c in TOP_LEVEL_SCHEMES.values()] == [True, True, False, False, False, False]
+    assert [c.needs_monte_carlo for c in TOP_LEVEL_SCHEMES.values()] == [False, False, False, False, True, False]
+    assert [c.separates_participations for c in TOP_LEVEL_SCHEMES.values()] == [False, False, False, False, True,
+                                                                                 True]
+    assert [c.supports_augmentation for c in TOP_LEVEL_SCHEMES.values()] == [False, False, True, True, False, False]
+    assert [c.has_lower_bound for c in TOP_LEVEL_SCHEMES.values()] == [True, True, True, False, True, False]
+    assert CyclicPoisson(4).min_separation == 4 and CyclicPoisson(4).composition_unit == "opportunity"
+    assert BandMFNoiseSpec(4).compatible_top_level(CyclicPoisson(4))
+    assert BandMFNoiseSpec(4).compatible_top_level(CyclicPoisson(6))  # k >= b (Theorem B.2)
+    assert not BandMFNoiseSpec(4).compatible_top_level(CyclicPoisson(3))
+    assert GaussianNoiseSpec().compatible_top_level(CyclicPoisson(3))
     assert BMinSep(bands=5).min_separation == 5 and WithoutReplacement().min_separation == 1
     assert Iteration().composition_unit == "epoch" and PoissonTopLevel().composition_unit == "step"
     assert BMinSep(3).composition_unit == "run"
