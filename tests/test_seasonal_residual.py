@@ -256,3 +256,55 @@ def test_held_out_evaluation_scores_next_to_seasonal_naive(tmp_path):
     written = json.loads((tmp_path / "private" / "evaluation.json").read_text())
     assert written["metrics"]["seasonal_naive"]["crps"] == pytest.approx(metrics["seasonal_naive"]["crps"])
     assert "private" in written["notice"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "sff"])
+def test_held_out_evaluation_non_dp_reference(name):
+    """non_dp=True trains a copy of the initial module without DP for the same steps and scores it; the DP module
+    trained too (it moved from its initial weights), and the two models score differently."""
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    predictor = None
+    if name == "mlp":
+        module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M")
+    else:
+        estimator = _gluonts("sff")
+        module = seasonal_residual(estimator.create_lightning_module(), freq="M")
+        predictor = lambda m: estimator.create_predictor(estimator.create_transformation(), m)  # noqa: E731
+    initial = [p.detach().clone() for p in module.parameters()]
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=1)
+    lines: list[str] = []
+    evaluation = HeldOutEvaluation(print_fn=lines.append, non_dp=True, predictor=predictor)
+    trainer = L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[evaluation, DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5)])
+    trainer.fit(module, datamodule=dm)
+    report = evaluation.report
+    assert set(report["metrics"]) == {"dp", "seasonal_naive", "non_dp"}
+    assert report["non_dp_steps"] == 5
+    assert report["metrics"]["non_dp"]["crps"] != report["metrics"]["dp"]["crps"]
+    assert "non_dp CRPS" in lines[0]
+    assert any(not torch.equal(a, b) for a, b in zip(initial, module.parameters(), strict=True))
+
+
+def test_held_out_evaluation_non_dp_must_come_before_the_strategy():
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M")
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=1)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5),
+                                   HeldOutEvaluation(print_fn=None, non_dp=True)])
+    with pytest.raises(ConfigurationError, match="before the DPForecastStrategy"):
+        trainer.fit(module, datamodule=dm)
+    with pytest.raises(ConfigurationError, match="non_dp_trainer_kwargs"):
+        HeldOutEvaluation(non_dp=True, non_dp_trainer_kwargs={"max_steps": 3})
