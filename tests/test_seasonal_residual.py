@@ -308,3 +308,17 @@ def test_held_out_evaluation_non_dp_must_come_before_the_strategy():
         trainer.fit(module, datamodule=dm)
     with pytest.raises(ConfigurationError, match="non_dp_trainer_kwargs"):
         HeldOutEvaluation(non_dp=True, non_dp_trainer_kwargs={"max_steps": 3})
+
+
+def test_residual_false_is_the_same_network_without_the_seasonal_naive_location():
+    """The comparison variant of the benchmark: the mean is the network's output alone, its initialisation kept."""
+    from lightning_dpts.models import SeasonalResidualLightningModule
+
+    torch.manual_seed(0)
+    net = _mlp()
+    weights = net[-1].weight.detach().clone()
+    module = SeasonalResidualLightningModule(net, H, P, 12, residual=False)
+    assert torch.equal(net[-1].weight, weights) and weights.abs().sum() > 0
+    past = torch.rand(4, P) + 1.0
+    (mu, _), _, scale = module.model(past, torch.ones_like(past))
+    torch.testing.assert_close(mu, net(past / scale))
