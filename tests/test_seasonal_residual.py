@@ -65,7 +65,8 @@ def test_unsupported_gluonts_modules_and_bad_nets_are_refused():
     from lightning_dpts.models import SeasonalResidualModel
 
     wavenet = WaveNetEstimator(freq="M", prediction_length=H).create_lightning_module()
-    with pytest.raises(ConfigurationError, match="supported: SimpleFeedForwardModel, DLinearModel, DeepARModel"):
+    supported = "supported: SimpleFeedForwardLightningModule, DLinearLightningModule, DeepARLightningModule"
+    with pytest.raises(ConfigurationError, match=supported):
         seasonal_residual(wavenet, freq="M")
     sff = SimpleFeedForwardEstimator(prediction_length=H, context_length=P).create_lightning_module()
     with pytest.raises(ConfigurationError, match="plain torch modules"):
@@ -126,6 +127,35 @@ def test_gluonts_module_at_initialisation_forecasts_seasonal_naive_through_its_p
     for f, n, e in zip(forecasts, naive, entries, strict=True):
         np.testing.assert_allclose(f.quantile(0.5), n.quantile(0.5), rtol=1e-5)
         np.testing.assert_allclose(f.quantile(0.5), e["target"][-12:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sff", "dlinear", "deepar"])
+def test_gluonts_wrapped_predictor_survives_serialisation(name, tmp_path):
+    """predictor.serialize / Predictor.deserialize rebuild the module from its arguments and load the weights: the
+    wrapper must come back (a plain module would silently forecast without seasonal naive)."""
+    from gluonts.model.predictor import Predictor
+
+    from lightning_dpts.models.gluonts_residual import SUPPORTED_GLUONTS_MODELS
+
+    estimator = _gluonts(name)
+    module = seasonal_residual(estimator.create_lightning_module(), freq="M")
+    with torch.no_grad():  # a trained-looking correction, so that the weights matter too
+        for p in module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    predictor = estimator.create_predictor(estimator.create_transformation(), module)
+    predictor.serialize(tmp_path)
+    restored = Predictor.deserialize(tmp_path)
+    assert type(restored.prediction_net) in {v[0] for v in SUPPORTED_GLUONTS_MODELS.values()}
+    assert type(restored.prediction_net.model) is type(module.model)
+    for a, b in zip(module.state_dict().values(), restored.prediction_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+    past = torch.rand(2, module.model.context_length) + 1.0
+    if name != "deepar":
+        args = {"past_target": past} if name == "sff" else {"past_target": past,
+                                                              "past_observed_values": torch.ones_like(past)}
+        module.eval()
+        restored.prediction_net.eval()
+        torch.testing.assert_close(module.model(**args)[1], restored.prediction_net.model(**args)[1])
 
 
 def test_gluonts_deepar_loss_uses_the_value_one_season_back():

@@ -2,8 +2,10 @@
 
 :func:`~lightning_dpts.models.seasonal_residual` calls :func:`wrap_gluonts` for a GluonTS LightningModule. The
 module stays the same object (its ``training_step``, optimiser and ``estimator.create_predictor(...)`` are
-unchanged); its inner ``model`` changes class to a subclass defined here that adds a location to the output
-distribution, and the projection of the distribution's ``loc`` argument starts at zero weights and bias:
+unchanged); its class becomes the matching ``Seasonal...LightningModule`` defined here (GluonTS' own arguments
+plus ``season_length``, so that ``predictor.serialize``/``Predictor.deserialize`` give back the wrapped model), its
+inner ``model`` changes class to a subclass that adds a location to the output distribution, and the projection of
+the distribution's ``loc`` argument starts at zero weights and bias:
 
 * **SimpleFeedForward, DLinear** (forecast the horizon at once from the past window): the distribution GluonTS
   builds is ``loc + scale * D(args)``; ``loc`` (zero before) becomes seasonal naive's forecast ``b_h`` from the
@@ -26,8 +28,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from gluonts.torch.model.d_linear.lightning_module import DLinearLightningModule
 from gluonts.torch.model.d_linear.module import DLinearModel
+from gluonts.torch.model.deepar.lightning_module import DeepARLightningModule
 from gluonts.torch.model.deepar.module import DeepARModel
+from gluonts.torch.model.simple_feedforward.lightning_module import SimpleFeedForwardLightningModule
 from gluonts.torch.model.simple_feedforward.module import SimpleFeedForwardModel
 from gluonts.torch.util import lagged_sequence_values, take_last
 from torch import nn
@@ -136,61 +141,97 @@ class SeasonalDeepARModel(DeepARModel, _NaiveShift):
         return paths.reshape(-1, n, self.prediction_length)
 
 
-#: GluonTS model class -> its seasonal residual subclass; the projection holding the distribution's arguments.
-SUPPORTED_GLUONTS_MODELS: dict[type, tuple[type, str]] = {
-    SimpleFeedForwardModel: (SeasonalSimpleFeedForwardModel, "args_proj"),
-    DLinearModel: (SeasonalDLinearModel, "args_proj"),
-    DeepARModel: (SeasonalDeepARModel, "param_proj"),
+class _SeasonalLightning:
+    """Mixin of the wrapped LightningModules: built from the GluonTS module's own arguments plus ``season_length``,
+    so that GluonTS serialisation (``predictor.serialize`` / ``Predictor.deserialize``, which rebuild the module
+    from its ``__init_args__`` and then load the weights) gives back the wrapped model, not the plain one."""
+
+    def __init__(self, *args: Any, season_length: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        _wrap_inner(self, season_length)
+
+
+class SeasonalSimpleFeedForwardLightningModule(_SeasonalLightning, SimpleFeedForwardLightningModule):
+    """SimpleFeedForward's LightningModule with :class:`SeasonalSimpleFeedForwardModel` inside."""
+
+
+class SeasonalDLinearLightningModule(_SeasonalLightning, DLinearLightningModule):
+    """DLinear's LightningModule with :class:`SeasonalDLinearModel` inside."""
+
+
+class SeasonalDeepARLightningModule(_SeasonalLightning, DeepARLightningModule):
+    """DeepAR's LightningModule with :class:`SeasonalDeepARModel` inside."""
+
+
+#: GluonTS LightningModule -> (its wrapped LightningModule, the inner model's class, its wrapped subclass, the
+#: projection holding the distribution's arguments).
+SUPPORTED_GLUONTS_MODELS: dict[type, tuple[type, type, type, str]] = {
+    SimpleFeedForwardLightningModule: (SeasonalSimpleFeedForwardLightningModule, SimpleFeedForwardModel,
+                                       SeasonalSimpleFeedForwardModel, "args_proj"),
+    DLinearLightningModule: (SeasonalDLinearLightningModule, DLinearModel, SeasonalDLinearModel, "args_proj"),
+    DeepARLightningModule: (SeasonalDeepARLightningModule, DeepARModel, SeasonalDeepARModel, "param_proj"),
 }
 
 
 def wrap_gluonts(module: Any, season_length: int) -> Any:
     """Make ``module`` (a GluonTS LightningModule of SimpleFeedForward, DLinear or DeepAR) seasonal naive plus its
-    correction, in place; returns ``module``.
+    correction, in place; returns ``module`` (its class becomes the matching ``Seasonal...LightningModule``).
 
     Raises:
         ConfigurationError: another GluonTS model, a distribution without a location, a past window too short for
             seasonal naive (P < max(2, m + 1) for SimpleFeedForward/DLinear; max lag < m - 1 for DeepAR), or a
             module that is already wrapped.
     """
-    inner = getattr(module, "model", None)
-    kind = type(inner)
-    if kind in {wrapped for wrapped, _ in SUPPORTED_GLUONTS_MODELS.values()}:
-        raise ConfigurationError("net", type(module).__name__, "is already wrapped by seasonal_residual")
-    if kind not in SUPPORTED_GLUONTS_MODELS:
+    kind = type(module)
+    if kind in {entry[0] for entry in SUPPORTED_GLUONTS_MODELS.values()}:
+        raise ConfigurationError("net", kind.__name__, "is already wrapped by seasonal_residual")
+    if kind not in SUPPORTED_GLUONTS_MODELS or type(getattr(module, "model", None)) is not (
+            SUPPORTED_GLUONTS_MODELS[kind][1] if kind in SUPPORTED_GLUONTS_MODELS else None):
         names = ", ".join(k.__name__ for k in SUPPORTED_GLUONTS_MODELS)
-        raise ConfigurationError("net", f"{type(module).__name__} ({kind.__name__})",
+        inner = type(getattr(module, "model", None)).__name__
+        raise ConfigurationError("net", f"{kind.__name__} ({inner})",
                                  f"is a GluonTS module seasonal_residual does not support; supported: {names} "
-                                 "(their LightningModules), or a plain torch module mapping the scaled past window "
-                                 "[batch, P] to a correction [batch, H]")
-    wrapped, proj_name = SUPPORTED_GLUONTS_MODELS[kind]
-    arg_names = list(getattr(inner.distr_output, "args_dim", {}))
-    if "loc" not in arg_names:
+                                 "(as created by their estimators), or a plain torch module mapping the scaled past "
+                                 "window [batch, P] to a correction [batch, H]")
+    _check(module.model, int(season_length))
+    module.__class__ = SUPPORTED_GLUONTS_MODELS[kind][0]
+    _wrap_inner(module, int(season_length))
+    return module
+
+
+def _check(inner: Any, m: int) -> None:
+    if "loc" not in list(getattr(inner.distr_output, "args_dim", {})):
         raise ConfigurationError("distr_output", type(inner.distr_output).__name__,
                                  "has no location argument ('loc'); use StudentTOutput or NormalOutput with "
                                  "seasonal_residual")
-    m = int(season_length)
     if m < 1:
-        raise ConfigurationError("season_length", season_length, "must be an integer >= 1")
-    if kind is DeepARModel:
+        raise ConfigurationError("season_length", m, "must be an integer >= 1")
+    if isinstance(inner, DeepARModel):
         if max(inner.lags_seq) < m - 1:
             raise ConfigurationError("lags_seq", [lag + 1 for lag in inner.lags_seq],
                                      f"must reach one season back (a lag >= {m}) for the location y[t - {m}]")
-    else:
-        p = int(inner.context_length)
-        if p < max(2, m + 1):
-            raise ConfigurationError("context_length", p, f"must be >= {max(2, m + 1)} (seasonal naive reads one "
-                                     f"season of {m} steps back)")
-        naive = SeasonalLinearModel(inner.prediction_length, p, m)
+    elif int(inner.context_length) < max(2, m + 1):
+        raise ConfigurationError("context_length", int(inner.context_length), f"must be >= {max(2, m + 1)} "
+                                 f"(seasonal naive reads one season of {m} steps back)")
+
+
+def _wrap_inner(module: Any, m: int) -> None:
+    """Swap the inner model's class, add its seasonal naive, zero the ``loc`` projection, record ``season_length``
+    in the module's ``__init_args__`` (GluonTS serialisation)."""
+    inner = module.model
+    _check(inner, m)
+    _, plain, wrapped, proj_name = next(v for k, v in SUPPORTED_GLUONTS_MODELS.items() if isinstance(module, k))
+    if not isinstance(inner, DeepARModel):
+        naive = SeasonalLinearModel(inner.prediction_length, int(inner.context_length), m)
         del naive.proj  # features only: no parameters
         inner.seasonal_naive = naive
     inner.season_length = m
     inner.__class__ = wrapped
-    proj = getattr(inner, proj_name).proj[arg_names.index("loc")]
+    proj = getattr(inner, proj_name).proj[list(inner.distr_output.args_dim).index("loc")]
     if not isinstance(proj, nn.Linear):
         raise ConfigurationError("distr_output", type(inner.distr_output).__name__, "must project its 'loc' "
                                  "argument with an nn.Linear")
     nn.init.zeros_(proj.weight)
     if proj.bias is not None:
         nn.init.zeros_(proj.bias)
-    return module
+    module.__init_args__ = {**getattr(module, "__init_args__", {}), "season_length": m}
