@@ -185,8 +185,8 @@ def wrap_gluonts(module: Any, season_length: int) -> Any:
     kind = type(module)
     if kind in {entry[0] for entry in SUPPORTED_GLUONTS_MODELS.values()}:
         raise ConfigurationError("net", kind.__name__, "is already wrapped by seasonal_residual")
-    if kind not in SUPPORTED_GLUONTS_MODELS or type(getattr(module, "model", None)) is not (
-            SUPPORTED_GLUONTS_MODELS[kind][1] if kind in SUPPORTED_GLUONTS_MODELS else None):
+    expected_inner = SUPPORTED_GLUONTS_MODELS[kind][1] if kind in SUPPORTED_GLUONTS_MODELS else None
+    if expected_inner is None or type(getattr(module, "model", None)) is not expected_inner:
         names = ", ".join(k.__name__ for k in SUPPORTED_GLUONTS_MODELS)
         inner = type(getattr(module, "model", None)).__name__
         raise ConfigurationError("net", f"{kind.__name__} ({inner})",
