@@ -83,7 +83,8 @@ def plan(base: dict[str, Any], epsilon: float, delta: float, factor: int, max_ba
     if given.data is None:
         table, freq = load_dataset("us_employment"), given.freq or "M"
     else:
-        table, freq = load_long_table(given.data, given.id_column, given.time_column, given.value_column, given.freq)
+        table, freq = load_long_table(given.data, given.id_column, given.timestamp_column, given.value_column,
+                                      given.freq)
     lengths = table.groupby("item_id", sort=False).size().to_numpy()
     config, _, _, planned = resolve_with_test_windows(given, lengths, freq)
     kept, _ = drop_short_series(table, config.min_series_length)

@@ -58,7 +58,7 @@ from lightning_dpts.randomness import SEEDED_NOTICE
 #: name -> FitConfig fields that describe the dataset (nothing tuned: file, columns, frequency, official horizon)
 DATASETS: dict[str, dict[str, Any]] = {
     "us_employment": {"data": None, "prediction_length": 12},  # bundled, monthly
-    "m4_weekly": {"data": "/work/shared/data/m4_weekly.csv.gz", "id_column": "id", "time_column": "timestamp",
+    "m4_weekly": {"data": "/work/shared/data/m4_weekly.csv.gz", "id_column": "id", "timestamp_column": "timestamp",
                   "value_column": "value", "freq": "W", "prediction_length": 13},
 }
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -117,7 +117,8 @@ def accountant_table(name: str, base: dict[str, Any], epsilons: list[float]) -> 
     if given.data is None:
         table, freq = load_dataset("us_employment"), "M"
     else:
-        table, freq = load_long_table(given.data, given.id_column, given.time_column, given.value_column, given.freq)
+        table, freq = load_long_table(given.data, given.id_column, given.timestamp_column, given.value_column,
+                                      given.freq)
     lengths = table.groupby("item_id", sort=False).size().to_numpy()
     rows = []
     for windows in (1, 2, 3, 4):

@@ -26,6 +26,7 @@ MODULES = [
     ("lightning_dpts.evaluation", None),
     ("lightning_dpts.recipe", ["Recipe", "choose_recipe", "rdp_noise_multiplier"]),
     ("lightning_dpts.models", None),
+    ("lightning_dpts.gluonts", None),
     ("lightning_dpts.export", None),
     ("lightning_dpts.hparams", None),
     ("lightning_dpts.planning", None),

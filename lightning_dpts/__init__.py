@@ -21,6 +21,7 @@ _LAZY = {
     "DPForecastStrategy": "lightning_dpts.training",
     "AccountantCallback": "lightning_dpts.training",
     "calibrate_noise_multiplier": "lightning_dpts.privacy",
+    "PrivateEstimator": "lightning_dpts.gluonts",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -37,7 +37,6 @@ _OPTION_NAMES = {
     "sampling_prob": "--sampling-prob",
     "coefficients": "--coefficients",
     "samples": "--samples",
-    "timestamp_column": "--time-column",
     "output": "--output",
 }
 
@@ -139,22 +138,28 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     )
     fit.add_argument("--config", metavar="YAML", help="YAML file with FitConfig fields (see examples/fit_default.yaml)")
     add_config_arguments(fit)  # one option per FitConfig field; unset: --config, then the field's default
+    from lightning_dpts.columns import add_deprecated_time_column
+
+    add_deprecated_time_column(fit)  # the old --time-column, as --timestamp-column
 
 
 def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
     predict = sub.add_parser(
         "predict", help="forecast new data with a model dpts fit exported", allow_abbrev=False,
         description="Forecast the prediction_length steps after the end of every series of a long-format file "
-                    "with the GluonTS predictor dpts fit exported, and write quantiles as CSV (columns item_id, "
-                    "timestamp, horizon, mean, one per quantile level).",
+                    "with the GluonTS predictor dpts fit exported, and write quantiles as CSV (the id and time stamp "
+                    "columns named and written as in --data, horizon, mean, one per quantile level).",
     )
     predict.add_argument("--model", metavar="DIR", required=True,
                          help="dpts fit output directory (or its predictor/ directory)")
     predict.add_argument("--data", metavar="PATH", required=True, help="long-format CSV or Parquet file")
     predict.add_argument("--output", metavar="CSV", default="forecasts.csv", help="default forecasts.csv")
-    predict.add_argument("--id-column", default="id", help="series id column (default id)")
-    predict.add_argument("--time-column", default="timestamp", help="time stamp column (default timestamp)")
-    predict.add_argument("--value-column", default="value", help="value column (default value)")
+    for name, default in (("id_column", "item_id"), ("timestamp_column", "timestamp"), ("value_column", "target")):
+        predict.add_argument("--" + name.replace("_", "-"), default=None, metavar="COLUMN",
+                             help=f"column in --data (default: the name the dpts fit run read, else {default})")
+    from lightning_dpts.columns import add_deprecated_time_column
+
+    add_deprecated_time_column(predict)
     predict.add_argument("--freq", default=None, help="pandas frequency (default: the model's)")
     predict.add_argument("--quantiles", type=float, nargs="+", default=None, metavar="Q",
                          help="quantile levels in (0, 1) (default 0.1 ... 0.9)")
@@ -170,9 +175,9 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     with dpts_console(args.verbose):
         table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
-                               time_column=args.time_column, value_column=args.value_column, freq=args.freq,
-                               quantiles=args.quantiles, seed=args.seed)
-    print(f"{table['item_id'].nunique()} series x {table['horizon'].max()} steps of forecasts written to "
+                               timestamp_column=args.timestamp_column, value_column=args.value_column,
+                               freq=args.freq, quantiles=args.quantiles, seed=args.seed)
+    print(f"{table.iloc[:, 0].nunique()} series x {table['horizon'].max()} steps of forecasts written to "
           f"{args.output}")
     return 0
 
@@ -326,7 +331,13 @@ def _fit_config(args: argparse.Namespace):
     for key, value in vars(args).items():
         if key not in ("command", "config"):
             values[key] = value
-    return FitConfig.from_mapping(values, source=None)
+    config = FitConfig.from_mapping(values, source=None)
+    if config.resume is not None:  # the run's own configuration; the options given here must agree with it
+        config.validate()
+        from lightning_dpts.resume import resumed_config
+
+        config = resumed_config(config.resume, {key: getattr(config, key) for key in values})
+    return config
 
 
 def _run_fit(args: argparse.Namespace) -> int:
@@ -354,7 +365,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         "; NOT covered, keep private: private/ (evaluation.json, logs/"
         + (", forecasts.png)" if config.private_plots else ")"))
     print(f"results written to {out}/: covered by the guarantee or public: report.json (lists every file), "
-          f"epsilon.png, dp-model.ckpt, model.json, predictor/{private}")
+          f"epsilon.png, dp-model.ckpt, model.json, predictor/, ledger.json and checkpoints/ (for --resume){private}")
     return 0
 
 

@@ -21,9 +21,14 @@ import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option", "add_config_arguments",
-           "add_option", "option_flags"]
+__all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
+           "add_config_arguments", "add_option", "option_flags"]
 
+#: ``dpts fit --logger`` choices -> the packages each needs (checked before any work): every group, one package
+#: of each (MLflow's SQLite store needs SQLAlchemy, which mlflow-skinny lacks).
+LOGGER_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "csv": (), "tensorboard": (("tensorboard", "tensorboardX"),), "mlflow": (("mlflow",), ("sqlalchemy",))}
+LOGGERS: tuple[str, ...] = tuple(LOGGER_PACKAGES)
 MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
 #: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
 #: (the recipe's constants are tuned for ``seasonal_linear``): context = horizon, as before the recipe.
@@ -80,7 +85,10 @@ class FitConfig:
 
     Attributes (units in brackets):
         data: path of a long-format CSV/Parquet file, or ``None`` for the bundled ``us_employment`` data.
-        id_column, time_column, value_column: column names in ``data``.
+        id_column, timestamp_column, value_column: column names in ``data`` (default ``item_id``, ``timestamp``,
+            ``target``, as everywhere in lightning-dpts: :mod:`lightning_dpts.columns`). The old keyword
+            ``time_column`` is accepted with a ``DeprecationWarning``; data with the old default columns ``id`` /
+            ``value`` is read from them (with a ``DeprecationWarning``) when the names are left at their defaults.
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
         prediction_length: forecast horizon [time steps].
         model: one of :data:`MODELS`; ``None`` (default): the recipe's (:mod:`lightning_dpts.recipe`,
@@ -127,8 +135,20 @@ class FitConfig:
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
         secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
             ``secure_mode`` threat model; needs ``seed=None``).
+        logger: the Lightning logger of the training logs under ``private/logs/`` (they hold the noise-free
+            training loss of private batches, so they are private): ``"csv"`` (default, ``CSVLogger``),
+            ``"tensorboard"`` (``TensorBoardLogger``; the DP settings appear in the HParams dashboard) or
+            ``"mlflow"`` (``MLFlowLogger`` with a SQLite store ``private/logs/mlflow.db``, artifacts in
+            ``private/logs/artifacts``). A logger whose package is
+            not installed is refused before any work. Nothing is logged with ``private_outputs=False``.
         verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
             default filters known third-party warnings and shows a progress bar only on a terminal).
+        resume: a ``dpts fit`` run directory to continue from its last checkpoint (``checkpoints/last.ckpt``) with
+            its stored configuration (:mod:`lightning_dpts.resume`): the noisy steps it already took are accounted
+            once (the final epsilon is that of one uninterrupted run of the same total steps); options that differ
+            from the run's, a seeded run, and a directory whose ``ledger.json`` does not match its checkpoint are
+            refused before any work. From Python (``run_fit``), fields left at their defaults take the run's
+            values (a default cannot be told from an explicit value there; the command line can).
         output_dir: where checkpoint, logs, report and plots go; must be new or empty unless ``overwrite``.
         test_windows: number of rolling test windows of ``prediction_length`` steps at the end of every series
             (GluonTS-style; never sampled for training). Metrics are pooled over all windows and series, and the
@@ -160,9 +180,10 @@ class FitConfig:
 
     data: str | None = _opt(None, "str", "long-format CSV or Parquet file (default: the bundled us_employment data)",
                             optional=True, metavar="PATH")
-    id_column: str = _opt("id", "str", "series id column (default id)")
-    time_column: str = _opt("timestamp", "str", "time stamp column (default timestamp)")
-    value_column: str = _opt("value", "str", "value column (default value)")
+    id_column: str = _opt("item_id", "str", "series id column (default item_id)", metavar="COLUMN")
+    timestamp_column: str = _opt("timestamp", "str", "time stamp column (default timestamp; the old --time-column "
+                                 "is accepted, deprecated)", metavar="COLUMN")
+    value_column: str = _opt("target", "str", "value column (default target)", metavar="COLUMN")
     freq: str | None = _opt(None, "str", "pandas frequency (default: inferred from the time stamps)", optional=True)
     prediction_length: int = _opt(12, "int", "forecast horizon (default 12)", low=1, high=100_000, metavar="H")
     context_length: int | None = _opt(None, "int", "model context (default: the recipe's; the horizon for a --model "
@@ -216,8 +237,14 @@ class FitConfig:
                             "entropy)", low=0, high=2**64 - 1, optional=True)
     secure_mode: bool = _opt(False, "bool", "draw DP noise and sampling from the OS CSPRNG (Opacus secure_mode; no "
                              "--seed)")
+    logger: str = _opt("csv", "str", "Lightning logger of the training logs under private/logs/ (noise-free "
+                       "training loss, epsilon by step, the DP settings as hyperparameters): csv (default), "
+                       "tensorboard or mlflow (needs its package)", choices=LOGGERS)
     verbose: bool = _opt(False, "bool", "show every third-party warning, Lightning's info lines and the progress bar "
                          "even when stdout is not a terminal (default: quiet, a line every tenth of training)")
+    resume: str | None = _opt(None, "str", "continue the interrupted dpts fit run in RUN_DIR from its last checkpoint "
+                              "with its own configuration, accounting every noisy step it already took (other "
+                              "options must be omitted or equal the run's)", optional=True, metavar="RUN_DIR")
     output_dir: str = _opt("dpts-run", "str", "where results go, new or empty unless --overwrite (default dpts-run)",
                            metavar="DIR")
     test_windows: int | None = _opt(None, "int", "rolling test windows of the horizon at the end of every series, "
@@ -273,6 +300,14 @@ class FitConfig:
         is ``None``, e.g. for command-line values).
         """
         known = {f.name for f in fields(cls)}
+        if "time_column" in values:  # the old key (YAML, dpts privacy --data)
+            from lightning_dpts.columns import renamed_parameter
+
+            values = dict(values)
+            old = values.pop("time_column")
+            if "timestamp_column" not in values:
+                renamed_parameter(f"{source or 'config'} key time_column", "timestamp_column")
+                values["timestamp_column"] = old
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigurationError(source or "config", unknown, f"has unknown keys; known keys are {sorted(known)}")
@@ -293,6 +328,14 @@ class FitConfig:
 
         if self.model is not None and self.model not in MODELS:
             raise ConfigurationError("model", self.model, f"must be one of {', '.join(MODELS)}")
+        if self.logger not in LOGGERS:
+            raise ConfigurationError("logger", self.logger, f"must be one of {', '.join(LOGGERS)}")
+        import importlib.util
+
+        for group in LOGGER_PACKAGES[self.logger]:
+            if not any(importlib.util.find_spec(name) is not None for name in group):
+                raise ConfigurationError("logger", self.logger, f"needs the package {group[0]}, which is not "
+                                         f"installed (pip install {group[0]}), or choose --logger csv")
         # without --bands only the structured PLD accountant runs: no top level that needs the Monte Carlo one
         fit_top_levels = TOP_LEVELS if self.bands is not None else tuple(
             name for name, scheme in TOP_LEVEL_SCHEMES.items() if not scheme.needs_monte_carlo)
@@ -336,6 +379,11 @@ class FitConfig:
                                      "rest of the budget trains the model)")
         if self.bands is not None:
             _validate_bands(self)
+        if self.resume is not None:
+            from pathlib import Path
+
+            if not Path(self.resume).is_dir():
+                raise ConfigurationError("resume", str(self.resume), "no such run directory")
         if self.data is not None:  # a missing file is refused here, before the heavy imports and the recipe
             from pathlib import Path
 
@@ -373,6 +421,11 @@ class FitConfig:
             raise ConfigurationError("clip_count_epsilon", self.clip_count_epsilon, f"must be smaller than epsilon="
                                      f"{self.epsilon:g} (the rest of the budget trains the model)")
 
+
+
+from lightning_dpts.columns import accept_time_column_keyword  # noqa: E402 (after the class)
+
+accept_time_column_keyword(FitConfig)
 
 
 def _options() -> list[tuple[str, Option]]:

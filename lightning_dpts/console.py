@@ -80,7 +80,7 @@ class Console:
                     file: Any = None, line: str | None = None) -> None:
         """``warnings.showwarning`` for ``dpts``: this package's warnings as ``WARNING: text``, once each."""
         text = str(message)
-        if "lightning_dpts" not in filename.replace("\\", "/") and not text.startswith("dpts "):
+        if "lightning_dpts" not in filename.replace("\\", "/") and not text.startswith(("dpts ", "lightning-dpts: ")):
             print(warnings.formatwarning(message, category, filename, lineno, line), file=sys.stderr, end="")
             return
         key = self._key(text)
@@ -135,10 +135,14 @@ def dpts_console(verbose: bool = False, write: Callable[[str], None] = print) ->
     """The ``dpts`` command's output settings for the duration of one command (see the module docstring)."""
     console = Console(write)
     if verbose:
-        yield console
+        with warnings.catch_warnings():
+            warnings.filterwarnings("default", category=DeprecationWarning, message="lightning-dpts: ")
+            yield console
         return
     levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
     with warnings.catch_warnings():
+        # this package's deprecations (old column names, lightning_dpts.columns): shown, once each
+        warnings.filterwarnings("default", category=DeprecationWarning, message="lightning-dpts: ")
         for pattern in KNOWN_THIRD_PARTY_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern)
         if not _warnings_recorded():  # a recorder (pytest.warns, catch_warnings(record=True)) keeps every warning

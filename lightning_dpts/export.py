@@ -193,11 +193,39 @@ def load_predictor(path: str | Path) -> Any:
                                  "dpts fit again") from None
 
 
-def model_frequency(path: str | Path) -> str | None:
+def _model_description(path: str | Path) -> dict[str, Any]:
     predictor_dir = _predictor_dir(path)
     for candidate in (predictor_dir.parent / MODEL_FILE, predictor_dir / MODEL_FILE):
         if candidate.is_file():
-            return json.loads(candidate.read_text()).get("freq")
+            data = json.loads(candidate.read_text())
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+def model_frequency(path: str | Path) -> str | None:
+    return _model_description(path).get("freq")
+
+
+def model_columns(path: str | Path) -> dict[str, str] | None:
+    """The column names the run read its data with (``id_column``, ``timestamp_column``, ``value_column``):
+    from ``model.json``, else from the run's ``report.json`` configuration (runs before they were recorded;
+    their ``time_column`` key is read too), else ``None``."""
+    columns = _model_description(path).get("columns")
+    if isinstance(columns, dict):
+        return {str(k): str(v) for k, v in columns.items()}
+    report = _predictor_dir(path).parent / "report.json"
+    if report.is_file():
+        try:
+            config = json.loads(report.read_text()).get("config") or {}
+        except ValueError:
+            return None
+        if config.get("data") is None:
+            return None  # the bundled data: no file, no column names
+        out = {"id_column": config.get("id_column"),
+               "timestamp_column": config.get("timestamp_column", config.get("time_column")),
+               "value_column": config.get("value_column")}
+        if all(isinstance(v, str) for v in out.values()):
+            return out
     return None
 
 
@@ -212,21 +240,28 @@ def check_quantiles(quantiles: Sequence[float]) -> list[float]:
     return out
 
 
-def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float]) -> pd.DataFrame:
-    """GluonTS forecasts as a long table: ``item_id``, ``timestamp``, ``horizon`` (1..H), ``mean``, one column
-    per quantile level (named like ``"0.1"``)."""
+def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float], *, id_column: str = "item_id",
+                   timestamp_column: str = "timestamp", timestamp_style: dict[str, Any] | None = None) -> pd.DataFrame:
+    """GluonTS forecasts as a long table: the id column, the time stamp column (named ``id_column`` and
+    ``timestamp_column``), ``horizon`` (1..H), ``mean``, one column per quantile level (named like ``"0.1"``).
+
+    Time stamps are written as :func:`lightning_dpts.loading.format_stamps` writes them for ``timestamp_style``
+    (the input's own format, e.g. ``2024-06-01`` for a monthly input that wrote ``2024-05-01``); without a
+    style, the period's start date in ISO 8601."""
     import warnings
+
+    from lightning_dpts.loading import format_stamps
 
     levels = check_quantiles(quantiles)
     frames = []
     for forecast in forecasts:
         index = forecast.index
-        stamps = index.astype(str) if index is not None else [""] * forecast.prediction_length
+        stamps = format_stamps(index, timestamp_style) if index is not None else [""] * forecast.prediction_length
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             columns: dict[str, Any] = {
-                "item_id": forecast.item_id,
-                "timestamp": list(stamps),
+                id_column: forecast.item_id,
+                timestamp_column: list(stamps),
                 "horizon": np.arange(1, forecast.prediction_length + 1),
                 "mean": np.asarray(forecast.mean, dtype=float),
             }

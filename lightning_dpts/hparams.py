@@ -9,6 +9,12 @@ that hold them (the sampling spec, the accountant, the strategy) - nothing is ty
 ``"dp"`` (TensorBoard and MLflow flatten it to ``dp/noise_multiplier`` etc.; CSVLogger writes it to
 ``hparams.yaml``).
 
+TensorBoard's HParams dashboard shows only the *first* session an event file holds (its event accumulator keeps
+the first metadata of a tag), and Lightning writes the module's ``save_hyperparameters()`` as a session before any
+callback runs. :func:`defer_tensorboard_hparams` (called from the callback's ``setup``) holds that first write
+back, and :func:`log_dp_hyperparameters` then writes one session with the module's hyperparameters and the
+``dp/...`` settings together.
+
 Only settings are recorded, never randomness: no seed, generator state or entropy value ever appears (docs/privacy.md,
 rule 7). Whether the run was seeded (its guarantee then does not hold against anyone who knows the seed) and
 whether secure-mode noise was used are recorded when the strategy exposes them.
@@ -20,7 +26,8 @@ from typing import Any
 
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["HPARAMS_KEY", "dp_hyperparameters"]
+__all__ = ["HPARAMS_KEY", "defer_tensorboard_hparams", "dp_hyperparameters", "log_dp_hyperparameters",
+           "release_tensorboard_hparams"]
 
 #: The key under which :class:`~lightning_dpts.training.AccountantCallback` logs the dictionary.
 HPARAMS_KEY = "dp"
@@ -129,3 +136,81 @@ def dp_hyperparameters(
     if seeded is not None:
         out["seeded"] = seeded
     return out
+
+
+#: Attribute of a TensorBoard logger that holds the hyperparameters whose session is held back.
+_PENDING = "_dpts_pending_hparams"
+
+
+def _is_tensorboard(logger: Any) -> bool:
+    try:
+        from lightning.pytorch.loggers import TensorBoardLogger
+    except ImportError:  # pragma: no cover - lightning always has the class
+        return False
+    return isinstance(logger, TensorBoardLogger)
+
+
+def defer_tensorboard_hparams(loggers: Any) -> None:
+    """Hold back the HParams session of every TensorBoard logger until :func:`log_dp_hyperparameters` writes one
+    session with everything (idempotent).
+
+    Lightning logs the module's (and datamodule's) ``hparams_initial`` after the callbacks' ``setup`` and before
+    ``on_train_start``; TensorBoard would show that session and ignore a later one with the DP settings. Held
+    back here: the parameters still reach ``logger.hparams`` (and so ``hparams.yaml``) at once; only the event
+    file's session waits.
+    """
+    for logger in loggers:
+        if not _is_tensorboard(logger) or hasattr(logger, _PENDING):
+            continue
+        pending: dict[str, Any] = {}
+        object.__setattr__(logger, _PENDING, pending)
+
+        def hold(params: Any, metrics: Any = None, step: Any = None, *, _logger: Any = logger,
+                 _pending: dict[str, Any] = pending) -> None:
+            from lightning.fabric.utilities.logger import _convert_params
+
+            params = dict(_convert_params(params) or {})
+            _pending.update(params)
+            _logger.hparams.update(params)  # hparams.yaml, written by the logger's save()
+
+        object.__setattr__(logger, "log_hyperparams", hold)
+
+
+def release_tensorboard_hparams(loggers: Any, extra: dict[str, Any] | None = None) -> None:
+    """Write the held-back session of every TensorBoard logger, with ``extra`` added (one session each)."""
+    for logger in loggers:
+        pending = getattr(logger, _PENDING, None)
+        if pending is None:
+            continue
+        del logger.log_hyperparams  # the class's method again
+        delattr(logger, _PENDING)
+        params = {**pending, **(extra or {})}
+        if params:
+            logger.log_hyperparams(params)
+            _rewrite_hparams_yaml(logger)
+
+
+def _rewrite_hparams_yaml(logger: Any) -> None:
+    """TensorBoardLogger writes ``hparams.yaml`` once, at its first ``save()``, which may have come before the DP
+    settings: write it again with everything (rank 0 only, like the logger)."""
+    from lightning.pytorch.core.saving import save_hparams_to_yaml
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:
+        return
+    from pathlib import Path
+
+    log_dir = Path(logger.log_dir)
+    if log_dir.is_dir():
+        save_hparams_to_yaml(str(log_dir / logger.NAME_HPARAMS_FILE), logger.hparams)
+
+
+def log_dp_hyperparameters(loggers: Any, hyperparameters: dict[str, Scalar]) -> None:
+    """Log the DP settings once to every logger under :data:`HPARAMS_KEY`; a TensorBoard logger whose session
+    was held back (:func:`defer_tensorboard_hparams`) writes it now with the module's hyperparameters."""
+    extra = {HPARAMS_KEY: dict(hyperparameters)}
+    for logger in loggers:
+        if hasattr(logger, _PENDING):
+            release_tensorboard_hparams([logger], extra)
+        else:
+            logger.log_hyperparams(extra)

@@ -13,21 +13,34 @@ import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["MISSING_CSV_CELLS", "drop_short_series", "load_fit_table", "load_long_table"]
+__all__ = ["MISSING_CSV_CELLS", "drop_short_series", "format_stamps", "load_fit_table", "load_long_table",
+           "timestamp_style"]
 
 #: The only CSV cells read as a missing value (docs/data.md: "NaN/empty/None is a missing value").
 MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
 
 
-def load_long_table(path: str | Path, id_column: str, time_column: str, value_column: str,
-                    freq: str | None = None) -> tuple[pd.DataFrame, str]:
+def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_column: str = "timestamp",
+                    value_column: str = "target", freq: str | None = None, *,
+                    time_column: str | None = None) -> tuple[pd.DataFrame, str]:
     """Read a long-format CSV/Parquet file into columns ``item_id``, ``timestamp`` (Period), ``target``.
+
+    The column names default to ``item_id``, ``timestamp``, ``target`` (:mod:`lightning_dpts.columns`; a file
+    with the old ``dpts`` defaults ``id`` / ``value`` is read from them with a ``DeprecationWarning``, and the
+    keyword ``time_column`` is the deprecated name of ``timestamp_column``). ``table.attrs`` records the columns
+    read (``"source_columns"``) and how the file writes its time stamps (``"timestamp_style"``, for writing
+    forecasts the same way: :func:`timestamp_style`).
 
     Returns the table and its (period) frequency. Raises :class:`ConfigurationError` naming the parameter, the
     row (and CSV line) and the fix for a missing file, unknown format, missing columns, missing ids or time
     stamps, non-numeric, complex or out-of-float32-range values, integer time stamps without ``freq``, and
     time stamps whose spacing disagrees with ``freq`` (see :func:`lightning_dpts.data.sources.long_table`).
     """
+    if time_column is not None:
+        from lightning_dpts.columns import renamed_parameter
+
+        renamed_parameter("load_long_table(time_column=...)", "timestamp_column")
+        timestamp_column = time_column
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError("data", str(path), "no such file")
@@ -47,19 +60,70 @@ def load_long_table(path: str | Path, id_column: str, time_column: str, value_co
         raise ConfigurationError("data", str(path), f"could not be read ({type(err).__name__}: {err})") from err
     from lightning_dpts.data.sources import long_table
 
-    return long_table(raw, id_column=id_column, timestamp_column=time_column, value_column=value_column, freq=freq,
-                      parameters=("id_column", "time_column", "value_column"),
-                      first_line=2 if name.endswith((".csv", ".csv.gz", ".txt")) else None)
+    table, used_freq = long_table(raw, id_column=id_column, timestamp_column=timestamp_column,
+                                  value_column=value_column, freq=freq,
+                                  first_line=2 if name.endswith((".csv", ".csv.gz", ".txt")) else None)
+    table.attrs["timestamp_style"] = timestamp_style(raw[table.attrs["source_columns"][1]], used_freq)
+    return table, used_freq
+
+
+def timestamp_style(stamps: pd.Series, freq: str) -> dict[str, Any]:
+    """How a file writes its time stamps, to write new ones the same way (``dpts predict``).
+
+    ``{"format": strftime pattern or None, "anchor": "start" | "end" | None}``: the pattern is pandas' guess from
+    the first stamp (``None``: not text, e.g. Parquet datetimes or Periods, or not recognised); the anchor says
+    where in its period every stamp lies (the first day, e.g. ``2024-05-01`` for May, or the last day,
+    ``2024-05-31``), from up to 1,000 stamps; ``None`` when they are not dates or not all alike.
+    """
+    style: dict[str, Any] = {"format": None, "anchor": None}
+    sample = stamps.dropna().head(1000)
+    if sample.empty or pd.api.types.is_integer_dtype(sample) or isinstance(sample.dtype, pd.PeriodDtype):
+        return style
+    first = sample.iloc[0]
+    if isinstance(first, str):
+        from pandas.tseries.api import guess_datetime_format
+
+        style["format"] = guess_datetime_format(first.strip())
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            times = pd.to_datetime(sample, format=style["format"]) if style["format"] else pd.to_datetime(sample)
+        periods = times.dt.to_period(freq)
+    except (ValueError, TypeError, AttributeError):
+        return style
+    if (times == periods.dt.start_time).all():
+        style["anchor"] = "start"
+    elif (times.dt.normalize() == periods.dt.end_time.dt.normalize()).all():
+        style["anchor"] = "end"
+    return style
+
+
+def format_stamps(periods: pd.PeriodIndex, style: dict[str, Any] | None) -> list[str]:
+    """The time stamps of ``periods`` written as the input wrote its own (:func:`timestamp_style`): a date at the
+    same place in the period, in the same format. Without a recognised style: the period's start date (its
+    start date and time for sub-daily data) in ISO 8601."""
+    style = style or {}
+    if style.get("anchor") == "end":
+        times = periods.end_time.normalize()
+    else:
+        times = periods.start_time
+    fmt = style.get("format")
+    if fmt is None:
+        sub_daily = bool((times != times.normalize()).any())
+        fmt = "%Y-%m-%d %H:%M:%S" if sub_daily else "%Y-%m-%d"
+    return [t.strftime(fmt) for t in times]
 
 
 def load_fit_table(config: Any) -> tuple[pd.DataFrame, str, str]:
     """The table of a :class:`~lightning_dpts.config.FitConfig` (its ``data`` file, or the bundled
     ``us_employment`` data when ``data`` is ``None``), its frequency and the name the report gives the data."""
     if config.data is None:
-        from lightning_dpts.data import load_dataset
+        from lightning_dpts.data.sources import load_dataset
 
         return load_dataset("us_employment"), config.freq or "M", "us_employment (bundled)"
-    table, freq = load_long_table(config.data, config.id_column, config.time_column, config.value_column,
+    table, freq = load_long_table(config.data, config.id_column, config.timestamp_column, config.value_column,
                                   config.freq)
     return table, freq, str(config.data)
 

@@ -228,10 +228,14 @@ class OutputDirectory:
     """
 
     def __init__(self, directory: str | Path, overwrite: bool = False, parameter: str = "output_dir", *,
-                 keep: dict[str, str] | None = None) -> None:
+                 keep: dict[str, str] | None = None, resume: bool = False) -> None:
         """``keep``: file-name patterns (``fnmatch``, top level) -> description of the earlier run's files that
-        ``overwrite`` keeps (public caches); they stay listed in the new journal."""
+        ``overwrite`` keeps (public caches); they stay listed in the new journal. ``resume``: continue the run
+        that wrote the directory (``dpts fit --resume``): its files stay (listed in the journal as before; a file
+        the journal does not list is refused), and a refusal removes nothing."""
         self.root = Path(directory)
+        self.resume = bool(resume)
+        self._inherited: list[str] = []
         self.overwrite = bool(overwrite)
         self.parameter = parameter
         self.keep = dict(keep or {})
@@ -243,7 +247,7 @@ class OutputDirectory:
         """Create the directory, take the lock, then (``overwrite``) remove the earlier run's files."""
         import fcntl
 
-        check_output_dir(self.root, self.overwrite, self.parameter)
+        check_output_dir(self.root, self.overwrite or self.resume, self.parameter)
         self._created = [p for p in (self.root, *self.root.parents) if not p.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -255,8 +259,10 @@ class OutputDirectory:
                                      f"lock {LOCK} is held); wait for it or choose another --output-dir") from None
         self._lock_fd = fd
         try:
-            check_output_dir(self.root, self.overwrite, self.parameter, probe_lock=False)  # again, under the lock
-            if self.overwrite:
+            check_output_dir(self.root, self.overwrite or self.resume, self.parameter, probe_lock=False)  # again
+            if self.resume:
+                self._inherited = _journal(self.root)
+            elif self.overwrite:
                 self._remove_earlier()
             self._write_journal()
         except BaseException:
@@ -298,7 +304,7 @@ class OutputDirectory:
         return self.open()
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
-        if exc_type is not None and issubclass(exc_type, ConfigurationError):
+        if exc_type is not None and issubclass(exc_type, ConfigurationError) and not self.resume:
             self._discard()  # a refusal (e.g. a model buffer that changed) writes nothing
         self.close()
 
@@ -329,7 +335,8 @@ class OutputDirectory:
                     break
 
     def _write_journal(self) -> None:
-        write_json(self.root / JOURNAL, {"written_by": "lightning_dpts", "paths": sorted(self._descriptions)})
+        paths = sorted(set(self._descriptions) | set(self._inherited))
+        write_json(self.root / JOURNAL, {"written_by": "lightning_dpts", "paths": paths})
 
     def register(self, rel: str, description: str) -> Path:
         """Record ``rel`` (relative path; a directory ends in ``/``) in the journal before it is written.

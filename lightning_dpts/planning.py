@@ -61,8 +61,11 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     )
     # dpts fit's declarations (lightning_dpts.config), with dpts fit's defaults
     add_option(group, "data", default=None, help="long-format CSV or Parquet file")
-    for name in ("id_column", "time_column", "value_column", "freq"):
+    for name in ("id_column", "timestamp_column", "value_column", "freq"):
         add_option(group, name, default=FitConfig.__dataclass_fields__[name].default)
+    from lightning_dpts.columns import add_deprecated_time_column
+
+    add_deprecated_time_column(group)
     add_option(group, "model", default=None,
                help="model of dpts fit, whose lags extend the past window (default: the recipe's)")
     if needs_steps:
@@ -121,7 +124,7 @@ def resolve_planning(args: argparse.Namespace, manual: Callable[[argparse.Namesp
             if getattr(args, name, None) is not None:
                 raise ConfigurationError(name, getattr(args, name), "comes from --data; give one or the other")
         values: dict[str, Any] = {
-            "data": data, "id_column": args.id_column, "time_column": args.time_column,
+            "data": data, "id_column": args.id_column, "timestamp_column": args.timestamp_column,
             "value_column": args.value_column, "freq": args.freq, "model": args.model or FitConfig.model,
             "instances_per_series": args.instances_per_series, "top_level": args.top_level,
             "bottom_level": args.bottom_level, "level": args.level, "size": args.size,

@@ -516,7 +516,8 @@ def make_private_with_epsilon(
         raise ConfigurationError("prediction_length", None, "give it, or a datamodule or model that knows it")
     if model_horizon is not None and model_horizon != horizon:
         raise ConfigurationError("prediction_length", horizon, f"must match the model's {model_horizon}")
-    held_out = held_out_windows or dm_held_out or 1
+    # 0 held-out windows is a valid choice (PrivateEstimator trains on the whole dataset it is given)
+    held_out = held_out_windows if held_out_windows is not None else dm_held_out if dm_held_out is not None else 1
     given = {name: value for name, value in (("batch_size", batch_size), ("epochs", epochs),
                                              ("max_grad_norm", max_grad_norm),
                                              ("min_series_length", min_series_length),

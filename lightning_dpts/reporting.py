@@ -41,7 +41,8 @@ PRIVATE_NOTICE = (
     "publish it"
 )
 #: Largest relative step between consecutive values of the public epsilon curve (report.json ``epsilon_curve``,
-#: epsilon.png), computed after training from the accountant alone (the demo's curve: about 0.5 s).
+#: epsilon.png): the AccountantCallback's per-step table (same rtol), else computed after training from the
+#: accountant alone (the demo's curve: about 0.5 s).
 EPSILON_CURVE_RTOL = 0.01
 
 
@@ -165,7 +166,8 @@ def epsilon_curve(accountant: Any, spec: Any, steps: int, final: Any, rtol: floa
     the data or on timings. ``{"steps": [s_1, ..., s_K = steps], "epsilon": [...]}``: epsilon after any step
     s <= s_k is at most ``epsilon[k]``; consecutive values differ by at most ``rtol`` (relative) unless one step
     apart (:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`, the table the
-    AccountantCallback logs), and the last is the run's own epsilon. A Monte Carlo (``--bands``) run has one
+    AccountantCallback logs from, reused when it has it: :meth:`AccountantCallback.epsilon_table`), and the last
+    is the run's own epsilon. A Monte Carlo (``--bands``) run has one
     whole-run bound, valid for every prefix.
     """
     acc = getattr(accountant, "accountant", None)
@@ -175,7 +177,9 @@ def epsilon_curve(accountant: Any, spec: Any, steps: int, final: Any, rtol: floa
         return {"steps": [steps], "epsilon": [float(final.epsilon)]}
     last, total = acc.compositions(steps), float(final.epsilon)
     by_step: dict[int, float] = {}
-    for count, value in acc.epsilon_curve(last, final.delta, rtol=rtol):
+    table = getattr(accountant, "epsilon_table", None)
+    points = table(last, final.delta, rtol) if table is not None else None  # the training's table, if it has it
+    for count, value in points if points is not None else acc.epsilon_curve(last, final.delta, rtol=rtol):
         step = min(steps, spec.max_steps_for_compositions(count))
         # epsilon is nondecreasing in the count, so the run's own epsilon bounds every earlier step too
         by_step[step] = total if step == steps else min(float(value), total)

@@ -12,12 +12,13 @@ from lightning_dpts.data import load_dataset
 
 @pytest.fixture(scope="module")
 def tiny_csv(tmp_path_factory) -> Path:
-    """24 bundled series, last 60 months each, as a long CSV with the CLI's default column names."""
+    """24 bundled series, last 60 months each, as a long CSV with the default column names (item_id, timestamp,
+    target; month starts written as dates, 2019-01-01)."""
     frame = load_dataset("us_employment")
     ids = sorted(frame["item_id"].unique())[:24]
     frame = frame[frame["item_id"].isin(ids)].groupby("item_id").tail(60)
-    out = pd.DataFrame({"id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
-                        "value": frame["target"]})
+    out = pd.DataFrame({"item_id": frame["item_id"], "timestamp": frame["timestamp"].dt.to_timestamp(),
+                        "target": frame["target"]})
     path = tmp_path_factory.mktemp("data") / "tiny.csv"
     out.to_csv(path, index=False)
     return path

@@ -49,7 +49,7 @@ def test_the_fit_parser_the_yaml_keys_and_the_ranges_derive_from_fitconfig():
     dests = {a.dest for a in fit._actions} - {"help", "config"}
     assert dests == {f.name for f in fields(FitConfig)}
     flags = {s for a in fit._actions for s in a.option_strings} - {"-h", "--help", "--config"}
-    assert flags == set(option_flags().values())
+    assert flags == set(option_flags().values()) | {"--time-column"}  # the deprecated alias of --timestamp-column
     assert option_flags()["non_dp"] == "--no-non-dp" and option_flags()["private_plots"] == "--no-private-plots"
     assert set(FIT_RANGES) == {f.name for f in fields(FitConfig) if f.metadata["option"].low is not None}
     assert FIT_RANGES["epsilon"] == (0.0, 100.0, "float", False)

@@ -93,8 +93,8 @@ def test_fit_checkpoint_loads_and_matches_the_exported_predictor(run_dir):
 def _entries(csv: Path, cut: int = 0) -> list[dict]:
     frame = pd.read_csv(csv, parse_dates=["timestamp"])
     out = []
-    for item, group in frame.groupby("id", sort=False):
-        y = group["value"].to_numpy(np.float32)
+    for item, group in frame.groupby("item_id", sort=False):
+        y = group["target"].to_numpy(np.float32)
         out.append({"target": y[: len(y) - cut], "start": pd.Period(group["timestamp"].iloc[0], "M"),
                     "item_id": str(item)})
     return out
@@ -136,8 +136,9 @@ def test_dpts_predict_writes_quantiles_after_the_last_time_stamp(run_dir, tiny_c
     assert len(table) == 24 * H and table["horizon"].tolist() == list(range(1, H + 1)) * 24
     data = pd.read_csv(tiny_csv, parse_dates=["timestamp"])
     for item, group in table.groupby("item_id"):
-        last = pd.Period(data.loc[data["id"] == item, "timestamp"].max(), "M")
-        assert group["timestamp"].tolist() == [str(last + k) for k in range(1, H + 1)]
+        last = pd.Period(data.loc[data["item_id"] == item, "timestamp"].max(), "M")
+        # written as the input writes its month stamps (2019-07-01), not as periods (2019-07)
+        assert group["timestamp"].tolist() == [(last + k).start_time.strftime("%Y-%m-%d") for k in range(1, H + 1)]
     values = table[levels].to_numpy()
     assert np.all(np.diff(values, axis=1) >= -1e-6 * np.abs(values).max())  # quantiles ordered
     torch.manual_seed(5)
@@ -234,7 +235,7 @@ def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags)
     from lightning_dpts.loading import load_long_table
 
     config = FitConfig(data=str(tiny_csv), prediction_length=H, context_length=9, model=model, batch_size=8)
-    table, freq = load_long_table(tiny_csv, "id", "timestamp", "value")
+    table, freq = load_long_table(tiny_csv)
     dm = StructuredSubsamplingDataModule(table, batch_size=8, model=_estimator(config, freq).create_lightning_module(),
                                          freq=freq, id_column="item_id", timestamp_column="timestamp",
                                          value_column="target", test_windows=windows)
@@ -290,4 +291,7 @@ def test_dpts_predict_keeps_gaps_as_missing_values(run_dir, tmp_path):
     frame = pd.DataFrame({"id": "a", "timestamp": months, "value": np.linspace(100.0, 140.0, 40)})
     frame.drop(index=[30, 31]).to_csv(tmp_path / "gappy.csv", index=False)  # two months missing
     table = predict_to_csv(run_dir, tmp_path / "gappy.csv", tmp_path / "fc.csv", seed=0)
-    assert table["timestamp"].tolist() == [str(pd.Period("2018-04", "M") + k) for k in range(1, H + 1)]
+    # written like the input's month stamps (2018-05-01), under the input's own column names (old defaults here)
+    assert table["timestamp"].tolist() == [(pd.Period("2018-04", "M") + k).start_time.strftime("%Y-%m-%d")
+                                           for k in range(1, H + 1)]
+    assert list(table.columns[:2]) == ["id", "timestamp"]

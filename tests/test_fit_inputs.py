@@ -50,18 +50,18 @@ def _bad(kind: str, path: Path) -> tuple[Path, list[str], str, str]:
     """(csv, extra options, option the error must name, text it must contain)."""
     days = pd.date_range("2020-01-01", periods=40, freq="D").strftime("%Y-%m-%d").tolist()
     if kind == "integer_stamps":
-        return _csv(path, ["a"] * 40, list(range(40)), np.arange(40.0)), [], "--time-column", "--freq"
+        return _csv(path, ["a"] * 40, list(range(40)), np.arange(40.0)), [], "--timestamp-column", "--freq"
     if kind == "day_first":
         stamps = [f"{d:02d}/01/2020" for d in range(1, 31)]
-        return _csv(path, ["a"] * 30, stamps, np.arange(30.0)), [], "--time-column", "line 14"
+        return _csv(path, ["a"] * 30, stamps, np.arange(30.0)), [], "--timestamp-column", "line 14"
     if kind == "wrong_freq":
-        return _csv(path, ["a"] * 40, days, np.arange(40.0)), ["--freq", "h"], "--time-column", "24 periods"
+        return _csv(path, ["a"] * 40, days, np.arange(40.0)), ["--freq", "h"], "--timestamp-column", "24 periods"
     if kind == "weekly_among_daily":
         weeks = pd.date_range("2020-01-05", periods=12, freq="W").strftime("%Y-%m-%d").tolist()
-        return (_csv(path, ["d"] * 40 + ["w"] * 12, days + weeks, np.arange(52.0)), [], "--time-column",
+        return (_csv(path, ["d"] * 40 + ["w"] * 12, days + weeks, np.arange(52.0)), [], "--timestamp-column",
                 "series 'w'")
     if kind == "missing_stamp":
-        return _csv(path, ["a"] * 40, days[:9] + [""] + days[10:], np.arange(40.0)), [], "--time-column", "line 11"
+        return _csv(path, ["a"] * 40, days[:9] + [""] + days[10:], np.arange(40.0)), [], "--timestamp-column", "line 11"
     if kind == "missing_id":
         return _csv(path, ["a"] * 5 + [""] + ["a"] * 34, days, np.arange(40.0)), [], "--id-column", "line 7"
     if kind == "complex":

@@ -24,7 +24,7 @@ FIT = ["fit", "--data", "data.csv", "--prediction-length", "6", "--model", "simp
        "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--seed", "1", "--output-dir", "run"]
 #: The DP model's own weights: covered by the guarantee, but they differ between neighbouring datasets (that is
 #: what DP allows, with bounded probability ratios); every other public file must not depend on the data at all.
-MODEL_WEIGHTS = {"dp-model.ckpt", "predictor/prediction-net-state.pt"}
+MODEL_WEIGHTS = {"dp-model.ckpt", "predictor/prediction-net-state.pt", "checkpoints/last.ckpt"}
 
 
 def _public(run: Path) -> dict[str, bytes]:
@@ -49,11 +49,11 @@ def _fit_in(directory: Path, table: pd.DataFrame, *extra: str) -> Path:
 
 def test_neighbouring_datasets_give_byte_identical_public_files(tiny_csv, tmp_path, capsys):
     data = pd.read_csv(tiny_csv)
-    first = data["id"] == data["id"].iloc[0]
+    first = data["item_id"] == data["item_id"].iloc[0]
     held_out = data.copy()  # D': the last (held-out test) value of one series +1000
-    held_out.loc[first[first].index[-1], "value"] += 1000.0
+    held_out.loc[first[first].index[-1], "target"] += 1000.0
     trained = data.copy()  # D'': one early (training) value of the same series +1e6
-    trained.loc[first[first].index[5], "value"] += 1e6
+    trained.loc[first[first].index[5], "target"] += 1e6
 
     runs = {name: _fit_in(tmp_path / name, table) for name, table in
             (("d", data), ("held_out", held_out), ("trained", trained))}

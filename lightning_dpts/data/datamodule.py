@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import numpy as np
 import pandas as pd
+from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
@@ -22,7 +24,7 @@ from lightning_dpts.data.sampler import (
     WindowStore,
     check_float32_range,
 )
-from lightning_dpts.data.sources import SeriesCollection, to_collection
+from lightning_dpts.data.sources import BUNDLED_DATASETS, SeriesCollection, to_collection
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
@@ -83,8 +85,11 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     the whole series before them.
 
     Args:
-        data: a GluonTS dataset, a list of numpy arrays (``[T]`` or ``[T, D]``), a long-format DataFrame or
-            a bundled dataset name (``"us_employment"``); see :mod:`lightning_dpts.data.sources`.
+        data: a GluonTS dataset, a list of numpy arrays (``[T]`` or ``[T, D]``), a long-format DataFrame,
+            a bundled dataset name (``"us_employment"``; see :mod:`lightning_dpts.data.sources`) or the path of a
+            long-format CSV/Parquet file, read as ``dpts fit`` reads it with the three column names below. (Typed
+            ``str | os.PathLike | Iterable``: DataFrames, arrays and datasets are iterables; naming the pandas and
+            numpy classes in the annotation would make LightningCLI's parser read a file path as a class config.)
         context_length: L_C without lags, in time steps. Taken from ``model`` when omitted.
         prediction_length: L_F, in time steps. Taken from ``model`` when omitted.
         batch_size: Lambda, windows per batch (expected number for Poisson schemes).
@@ -111,7 +116,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             (see :class:`~lightning_dpts.data.sampler.StructuredSampler`); needs ``seed=None``.
         model: optional GluonTS torch LightningModule (or its ``.model``). Its ``describe_inputs()`` decides
             the batch fields and shapes; its past length (DeepAR: ``context_length + max(lags_seq)``) becomes
-            ``past_length``.
+            ``past_length``. With LightningCLI, link it from the model (``examples/lightning_cli.py``).
         past_length: P, the past window actually gathered: ``context_length`` plus every lag the model
             reads (docs/privacy.md, rule 3). Defaults to the model's past length or ``context_length``.
         freq: pandas frequency string, needed for time features when the input has no time stamps.
@@ -127,7 +132,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data: Any,
+        data: str | os.PathLike[str] | Iterable[Any],
         *,
         context_length: int | None = None,
         prediction_length: int | None = None,
@@ -141,7 +146,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         forecast_noise: float = 0.0,
         seed: int | None = None,
         secure_mode: bool = False,
-        model: Any = None,
+        model: L.LightningModule | nn.Module | None = None,
         past_length: int | None = None,
         freq: str | None = None,
         test_windows: int = 1,
@@ -198,6 +203,9 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         )
 
         # --- data, splits -----------------------------------------------------------------------------
+        if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
+            data, freq = self._read_file(data, freq, id_column, timestamp_column, value_column)
+            id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
         collection = to_collection(
             data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
         )
@@ -266,6 +274,19 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------------------------------
     # Construction helpers
     # ------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _read_file(path: str | os.PathLike[str], freq: str | None, id_column: str, timestamp_column: str,
+                   value_column: str | Sequence[str]) -> tuple[pd.DataFrame, str]:
+        """A long-format CSV/Parquet file as ``dpts fit`` reads it (:func:`lightning_dpts.loading.load_long_table`)."""
+        from lightning_dpts.loading import load_long_table
+
+        if not os.path.isfile(path):
+            raise ConfigurationError("data", str(path), "is neither a bundled dataset name "
+                                     f"({', '.join(sorted(BUNDLED_DATASETS))}) nor an existing CSV/Parquet file")
+        if not isinstance(value_column, str):
+            raise ConfigurationError("value_column", value_column, "must be one column name when data is a file")
+        return load_long_table(path, id_column, timestamp_column, value_column, freq)
+
     @staticmethod
     def _inspect_model(
         model: Any,

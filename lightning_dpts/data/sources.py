@@ -547,15 +547,20 @@ def long_table(
 
     Args:
         frame: the table (one row per series and time step).
-        id_column, timestamp_column, value_column: its column names.
+        id_column, timestamp_column, value_column: its column names (a name left at its default that the table
+            lacks is read from the old ``dpts`` default, ``id`` / ``value``, with a ``DeprecationWarning``:
+            :func:`lightning_dpts.columns.resolve_columns`).
         freq: the pandas frequency, or ``None`` to infer it.
-        parameters: the names under which errors report the three columns (the CLI's are ``id_column``,
-            ``time_column``, ``value_column``).
+        parameters: the names under which errors report the three columns.
         first_line: file line number of row 0 (2 for a CSV with a header), to name lines in errors.
 
     Returns:
         The table sorted by series (first appearance) then time, and the period frequency string.
     """
+    from lightning_dpts.columns import resolve_columns
+
+    id_column, timestamp_column, value_column = resolve_columns(frame.columns, id_column, timestamp_column,
+                                                                value_column)
     rows = _parse_long(frame, freq, id_column, timestamp_column, [value_column], parameters, first_line)
     codes, _ = pd.factorize(rows.ids)
     order = np.lexsort((rows.steps, codes))
@@ -564,6 +569,7 @@ def long_table(
         "timestamp": pd.PeriodIndex.from_ordinals(rows.ordinals[order], freq=rows.freq),
         "target": rows.values[order, 0],
     })
+    table.attrs["source_columns"] = (id_column, timestamp_column, value_column)  # the columns read (public names)
     return table, rows.freq
 
 
@@ -684,6 +690,11 @@ def to_collection(
             load_dataset(data), freq or BUNDLED_DATASETS[data][1], "item_id", "timestamp", "target"
         )
     elif isinstance(data, pd.DataFrame):
+        if isinstance(value_column, str):  # old default columns (id, value): read with a DeprecationWarning
+            from lightning_dpts.columns import resolve_columns
+
+            id_column, timestamp_column, value_column = resolve_columns(data.columns, id_column, timestamp_column,
+                                                                        value_column)
         collection = _from_dataframe(data, freq, id_column, timestamp_column, value_column)
     elif isinstance(data, np.ndarray):
         if data.ndim not in (2, 3):

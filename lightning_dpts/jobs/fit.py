@@ -77,8 +77,17 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     config.validate()  # first, before the heavy imports: a bad option is refused at once
     from lightning_dpts.budget import dp_callbacks, noise_multiplier
     from lightning_dpts.outputs import OutputDirectory, check_output_dir
+    from lightning_dpts.resume import check_resume, resumed_config
 
-    check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
+    resume = None
+    if config.resume is not None:  # the stored configuration; a conflicting option or a mismatched ledger: refused
+        config = resumed_config(config.resume, _given(config))
+        resume = check_resume(config.resume)
+        progress(f"resuming {config.resume}: {resume.steps} noisy steps already taken (accounted once), continuing "
+                 f"from {resume.checkpoint.name}")
+    else:
+        check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
+    given = config
     started = time.perf_counter()
     entropy = _entropy(config, progress)
     data = _load_data(config, progress)
@@ -90,9 +99,12 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     sigma, bandmf = noise_multiplier(config, spec, train_epsilon, progress)  # checked before writing
 
     out = Path(config.output_dir)
-    with OutputDirectory(out, config.overwrite) as run_dir:  # lock; --overwrite removes the earlier run's files
+    # lock; --overwrite removes the earlier run's files, --resume keeps them
+    with OutputDirectory(out, config.overwrite, resume=resume is not None) as run_dir:
         strategy, accountant = dp_callbacks(config, sigma, train_epsilon, bandmf)
-        steps = _train_and_export(config, estimator, module, dm, strategy, accountant, run_dir, data.freq, progress)
+        run = (given, resume)
+        steps = _train_and_export(config, estimator, module, dm, strategy, accountant, run_dir, data.freq, progress,
+                                  run)
         privacy = accountant.report
         assert privacy is not None
         predictions, inputs, raw_inputs, labels = _forecast_test_windows(
@@ -148,6 +160,11 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     from lightning_dpts.privacy import NeighbouringRelation
 
     table, freq, name = load_fit_table(config)
+    if "source_columns" in table.attrs:  # the columns read (the old default names, if the data has those)
+        from dataclasses import replace
+
+        id_column, timestamp_column, value_column = table.attrs["source_columns"]
+        config = replace(config, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column)
     lengths = table.groupby("item_id", sort=False).size()
     config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
     if recipe is not None:
@@ -228,39 +245,81 @@ def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: floa
     return dm, test_windows, windows_note
 
 
+def _given(config: FitConfig) -> dict[str, Any]:
+    """The fields of ``config`` that differ from their defaults (what a Python caller set)."""
+    from dataclasses import fields
+
+    return {f.name: getattr(config, f.name) for f in fields(config) if getattr(config, f.name) != f.default}
+
+
 def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, strategy: Any, accountant: Any,
-                      run_dir: Any, freq: str, progress: Callable[[str], None]) -> int:
-    """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken."""
+                      run_dir: Any, freq: str, progress: Callable[[str], None], run: tuple[Any, Any]) -> int:
+    """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken.
+
+    ``run``: (the configuration as given, the :class:`~lightning_dpts.resume.ResumeState` or ``None``):
+    ``ledger.json`` and ``checkpoints/last.ckpt`` are kept for ``--resume`` (:mod:`lightning_dpts.resume`)."""
     import lightning as L
-    from lightning.pytorch.loggers import CSVLogger
 
     from lightning_dpts.export import MODEL_FILE, PREDICTOR_DIR, export_model
     from lightning_dpts.outputs import atomic_path
+    from lightning_dpts.resume import LAST_CHECKPOINT, RUN_LEDGER, make_run_ledger_callback
 
     out = Path(config.output_dir)
     logger: Any = False
     if config.private_outputs:  # the training loss of private batches is logged without noise: private
-        run_dir.register("private/logs/", "private: Lightning CSV logs (noise-free training loss of private "
-                         "batches, epsilon by step, the DP settings as hyperparameters)")
-        logger = CSVLogger(str(out / PRIVATE_DIR), name="logs")
+        run_dir.register("private/logs/", f"private: Lightning {config.logger} logs (noise-free training loss of "
+                         "private batches, epsilon by step, the DP settings as hyperparameters)")
+        logger = make_logger(config.logger, out / PRIVATE_DIR)
     from lightning_dpts.console import progress_bar_wanted, step_lines
 
+    given, resume = run
+    run_dir.register(RUN_LEDGER, "public: the run's configuration and privacy ledger (noisy steps taken, sigma, "
+                     "C, sampling), rewritten after every step (dpts fit --resume)")
+    run_dir.register(LAST_CHECKPOINT.split("/")[0] + "/", "public: the DP model's Lightning checkpoint at the end of "
+                     "the last epoch (dpts fit --resume continues it)")
+    keeper = make_run_ledger_callback(out, given, resume)
     bar = progress_bar_wanted(config.verbose)  # a progress bar only on a terminal; a log gets a line per tenth
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
-                        callbacks=[strategy, accountant, *([] if bar else [step_lines(write=progress)])],
+                        callbacks=[strategy, accountant, keeper, *([] if bar else [step_lines(write=progress)])],
                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
                         enable_progress_bar=bar)
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
              f"training with BandMF (bands={config.bands}, b-min-sep sampling, {trainer.max_epochs} epochs) ...")
-    trainer.fit(module, datamodule=dm)
+    trainer.fit(module, datamodule=dm, ckpt_path=None if resume is None else str(resume.checkpoint))
+    if resume is not None and accountant.report is None:
+        # the checkpoint had already finished the run's epochs, so Lightning skipped training: account the steps taken
+        # (the accountant finds the budget spent, or allows no step in no epoch left) without training
+        accountant.on_train_start(trainer, module)
+        accountant.on_train_end(trainer, module)
     run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
                      "are functions of the noisy gradients only; the privacy ledger travels with them)")
     with atomic_path(out / "dp-model.ckpt") as tmp:
         trainer.save_checkpoint(str(tmp))
     run_dir.register(f"{PREDICTOR_DIR}/", "public: the DP model as a GluonTS predictor (dpts predict)")
     run_dir.register(MODEL_FILE, "public: the model's class, constructor arguments and window geometry")
-    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt")
+    columns = None if config.data is None else {  # dpts predict reads new data with the run's column names
+        "id_column": config.id_column, "timestamp_column": config.timestamp_column, "value_column": config.value_column}
+    export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt", extra={"columns": columns})
     return int(trainer.global_step)
+
+
+def make_logger(kind: str, private_dir: Path) -> Any:
+    """The Lightning logger ``--logger`` names, writing under ``private_dir/logs`` (its package was checked by
+    :meth:`FitConfig.validate`)."""
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(private_dir), name="logs")
+    if kind == "mlflow":  # a SQLite store in private/logs (MLflow 3 refuses new file stores); artifacts beside it
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        logs = (private_dir / "logs").resolve()
+        logs.mkdir(parents=True, exist_ok=True)
+        return MLFlowLogger(experiment_name="dpts", tracking_uri=f"sqlite:///{logs / 'mlflow.db'}",
+                            artifact_location=(logs / "artifacts").as_uri())
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(str(private_dir), name="logs")
 
 
 def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: Any, module: Any, test_windows: int,

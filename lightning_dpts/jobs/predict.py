@@ -19,17 +19,23 @@ from lightning_dpts.outputs import atomic_path
 __all__ = ["predict_to_csv"]
 
 
-def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, id_column: str = "id",
-                   time_column: str = "timestamp", value_column: str = "value", freq: str | None = None,
-                   quantiles: Sequence[float] | None = None, seed: int | None = None) -> pd.DataFrame:
+def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, id_column: str | None = None,
+                   timestamp_column: str | None = None, value_column: str | None = None, freq: str | None = None,
+                   quantiles: Sequence[float] | None = None, seed: int | None = None,
+                   time_column: str | None = None) -> pd.DataFrame:
     """Forecast the ``prediction_length`` steps after the end of every series of ``data``; write a CSV.
 
     Args:
         model: a ``dpts fit`` output directory or a serialized GluonTS predictor directory.
         data: a long-format CSV/Parquet file (one row per series and time stamp), read like ``dpts fit`` does
             (missing periods inside a series become missing values).
-        output: the CSV file to write (see :func:`forecast_table` for its columns).
-        id_column, time_column, value_column: column names in ``data``.
+        output: the CSV file to write: the id and time stamp columns under the names ``data`` uses, ``horizon``,
+            ``mean`` and one column per quantile level; time stamps in the format of ``data``'s own (e.g.
+            ``2024-06-01`` after a monthly series that ends ``2024-05-01``; :func:`lightning_dpts.loading.
+            format_stamps`).
+        id_column, timestamp_column, value_column: column names in ``data``; each ``None`` (default): the one
+            the ``dpts fit`` run read its data with (``model.json``), else ``item_id``, ``timestamp``, ``target``
+            (:mod:`lightning_dpts.columns`). ``time_column`` is the deprecated name of ``timestamp_column``.
         freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
             A frequency different from the model's is an error.
         quantiles: quantile levels in (0, 1); default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`.
@@ -39,22 +45,33 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     Returns:
         The table written.
     """
+    from lightning_dpts.columns import DEFAULT_ID_COLUMN, DEFAULT_TIMESTAMP_COLUMN, DEFAULT_VALUE_COLUMN
     from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.export import model_columns
     from lightning_dpts.loading import load_long_table
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
+    if time_column is not None:
+        from lightning_dpts.columns import renamed_parameter
+
+        renamed_parameter("predict_to_csv(time_column=...)", "timestamp_column")
+        timestamp_column = timestamp_column or time_column
     levels = check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigurationError("seed", seed, "must be an integer >= 0")
     output = Path(output)
     _check_output_file(output)
     predictor = load_predictor(model)
+    run = model_columns(model) or {}  # the run's own column names
+    id_column = id_column or run.get("id_column", DEFAULT_ID_COLUMN)
+    timestamp_column = timestamp_column or run.get("timestamp_column", DEFAULT_TIMESTAMP_COLUMN)
+    value_column = value_column or run.get("value_column", DEFAULT_VALUE_COLUMN)
     model_freq = model_frequency(model)
     if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
             pd.tseries.frequencies.to_offset(model_freq):
         raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
     try:
-        table, used_freq = load_long_table(data, id_column, time_column, value_column, freq or model_freq)
+        table, used_freq = load_long_table(data, id_column, timestamp_column, value_column, freq or model_freq)
     except ConfigurationError as err:
         if "same period" not in err.requirement:
             raise
@@ -75,7 +92,9 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
         import torch
 
         torch.manual_seed(seed)
-    frame = forecast_table(list(predictor.predict(entries)), levels)
+    read_id, read_time, _ = table.attrs["source_columns"]  # the user's names (old defaults included)
+    frame = forecast_table(list(predictor.predict(entries)), levels, id_column=read_id, timestamp_column=read_time,
+                           timestamp_style=table.attrs.get("timestamp_style"))
     try:
         with atomic_path(output) as tmp:  # a failure leaves no truncated CSV
             frame.to_csv(tmp, index=False)

@@ -38,6 +38,7 @@ from lightning_dpts.synthetic.pipeline import (
     holdout_windows,
     load_series,
     plot_real_vs_synthetic,
+    synth_verdict,
     tstr_scores,
     write_synthetic,
 )
@@ -81,7 +82,7 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
     with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
         models = _pretrain(config, plan["pretrain"], public, out, run_dir, log)
         log(f"noise multiplier {plan['sigma']:.4f} (std {plan['noise_std']:.4f} votes per bin, sensitivity "
-            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} rounds give "
+            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} round(s) give "
             f"epsilon={plan['epsilon']:.4f} at delta={config.delta:g}")
         result = _evolve(config, data, plan, models, entropy)
         synthetic = standardize_windows(result.synthetic)
@@ -90,6 +91,9 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
             write_synthetic(tmp, synthetic, result.classes, config, data["freq"])
         evaluation = _evaluate(config, data, models, result, synthetic, run_dir, log,  # private data: not covered
                                compare)
+        evaluation["verdict"] = synth_verdict(
+            evaluation, epsilon=plan["epsilon"], noise_std=plan["noise_std"],
+            votes=float(data["private"].weights.sum()), unit=config.unit, iterations=config.iterations)
         evaluation["seconds"] = round(time.perf_counter() - started, 1)
         report = _report(config, data, plan, models, result, entropy)
         _write(config, report, evaluation, data, result, synthetic, run_dir, out)
@@ -99,6 +103,8 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
     if tstr:
         log("TSTR CRPS: " + ", ".join(f"{k} {v['crps']:.4f}" for k, v in tstr.items() if isinstance(v, dict)
                                       and "crps" in v) + " [private]")
+    for line in evaluation["verdict"]:
+        log(line + " [private]")
     return {**report, "private": evaluation, "_result": result}
 
 
@@ -129,7 +135,7 @@ def _public_windows(config: SynthConfig) -> tuple[np.ndarray | None, str]:
     from lightning_dpts.synthetic.evolution import private_windows
     from lightning_dpts.synthetic.pretrain import check_public_windows
 
-    table, _ = load_long_table(config.public_data, config.id_column, config.time_column, config.value_column,
+    table, _ = load_long_table(config.public_data, config.id_column, config.timestamp_column, config.value_column,
                                config.freq)
     values = [g.to_numpy(dtype=float) for _, g in table.groupby("item_id", sort=False)["target"]]
     windows = private_windows(values, config.length, unit="window").windows
@@ -152,10 +158,10 @@ def _plan(config: SynthConfig, data: dict[str, Any], out: Path) -> dict[str, Any
                          encoder_epochs=config.pretrain_epochs[1])
     pre.validate()
     sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
-    delta_l2 = sensitivity(config.relation)
+    delta_l2 = sensitivity(config.resolved_relation)
     plan = {
         "pretrain": pre, "sigma": sigma, "sensitivity": delta_l2, "noise_std": sigma * delta_l2,
-        "threshold": float(config.threshold),
+        "threshold": config.resolved_threshold(sigma * delta_l2), "relation": config.resolved_relation,
         "epsilon": PETSAccountant(sigma).epsilon(config.iterations, config.delta),
         "closed_form": theorem_2_epsilon(config.delta, sigma, config.iterations),
         "schedule": variation_schedule(config.iterations, config.variation_schedule),
@@ -192,7 +198,7 @@ def _evolve(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
     with tqdm(total=config.iterations, desc="private evolution rounds", disable=not config.progress) as bar:
         return private_evolution(
             data["private"], num_samples=config.num_samples, num_classes=num_classes, iterations=config.iterations,
-            noise_multiplier=plan["sigma"], relation=config.relation, threshold=plan["threshold"],
+            noise_multiplier=plan["sigma"], relation=plan["relation"], threshold=plan["threshold"],
             lookahead=config.lookahead, schedule=plan["schedule"], vae=models.vae, encoder=models.select_encoder,
             entropy=entropy, secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
         )
@@ -245,6 +251,7 @@ def _report(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
             entropy: Any) -> dict[str, Any]:
     """``report.json`` without its manifest: the release's accounting and configuration (public)."""
     from lightning_dpts.randomness import SEEDED_NOTICE
+    from lightning_dpts.synthetic.privacy import PROTECTS
 
     report: dict[str, Any] = {
         "epsilon": plan["epsilon"],
@@ -256,10 +263,12 @@ def _report(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
         "noise_multiplier": plan["sigma"],
         "noise_std_votes": plan["noise_std"],
         "sensitivity": plan["sensitivity"],
-        "relation": config.relation,
+        "relation": plan["relation"],
         "unit": config.unit,
+        "protects": PROTECTS[config.unit],
         "max_windows_per_series": data["private"].max_windows,
         "threshold": plan["threshold"],
+        "threshold_rule": "one noise std (default)" if config.threshold is None else "given (votes)",
         "iterations": config.iterations,
         "variation_schedule": plan["schedule"],
         "num_samples": config.num_samples,
@@ -318,7 +327,7 @@ def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None],
 
 def _dp_sgd_config(config: SynthConfig, out: Path) -> Any:
     """The :class:`~lightning_dpts.config.FitConfig` of the DP-SGD comparison (DLinear, same budget and horizon)."""
-    return FitConfig(data=config.data, id_column=config.id_column, time_column=config.time_column,
+    return FitConfig(data=config.data, id_column=config.id_column, timestamp_column=config.timestamp_column,
                      value_column=config.value_column, freq=config.freq, prediction_length=config.prediction_length,
                      context_length=config.length - config.prediction_length, model="dlinear",
                      epsilon=config.epsilon, delta=config.delta, non_dp=False, output_dir=str(out))

@@ -14,7 +14,7 @@ __all__ = ["SYNTH_OPTION_NAMES", "add_synth_parser", "run_synth_command"]
 SYNTH_OPTION_NAMES = {
     "data": "--data",
     "id_column": "--id-column",
-    "time_column": "--time-column",
+    "timestamp_column": "--timestamp-column",
     "value_column": "--value-column",
     "freq": "--freq",
     "class_column": "--class-column",
@@ -47,7 +47,7 @@ SYNTH_OPTION_NAMES = {
 def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``dpts synth`` to the ``dpts`` subparsers."""
     from lightning_dpts.synthetic.pipeline import SynthConfig
-    from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
+    from lightning_dpts.synthetic.privacy import PROTECTS, RELATIONS, UNITS
 
     d = SynthConfig()
     p = sub.add_parser(
@@ -58,26 +58,38 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
                     "computed from the private data (evaluation.json, real_vs_synthetic.png; not covered).",
     )
     p.add_argument("--data", metavar="PATH", help="long-format CSV or Parquet file (default: bundled us_employment)")
-    p.add_argument("--id-column", default=d.id_column, help=f"series id column (default {d.id_column})")
-    p.add_argument("--time-column", default=d.time_column, help=f"time stamp column (default {d.time_column})")
-    p.add_argument("--value-column", default=d.value_column, help=f"value column (default {d.value_column})")
+    p.add_argument("--id-column", default=d.id_column, metavar="COLUMN",
+                   help=f"series id column (default {d.id_column})")
+    p.add_argument("--timestamp-column", default=d.timestamp_column, metavar="COLUMN",
+                   help=f"time stamp column (default {d.timestamp_column})")
+    p.add_argument("--value-column", default=d.value_column, metavar="COLUMN",
+                   help=f"value column (default {d.value_column})")
+    from lightning_dpts.columns import add_deprecated_time_column
+
+    add_deprecated_time_column(p)
     p.add_argument("--freq", help="pandas frequency (default: inferred)")
     p.add_argument("--class-column", help="column with each series' class (conditional generation)")
     p.add_argument("--classes", help="comma-separated public list of classes (required with --class-column)")
     p.add_argument("--length", type=int, metavar="T", default=d.length, help=f"window length (default {d.length})")
     p.add_argument("--num-samples", type=int, metavar="M", default=d.num_samples,
                    help=f"synthetic windows to release (default {d.num_samples})")
-    p.add_argument("--iterations", type=int, default=d.iterations, help=f"PE rounds (default {d.iterations})")
+    p.add_argument("--iterations", type=int, default=d.iterations,
+                   help=f"PE rounds, each one noisy vote (default {d.iterations}: more rounds gave a worse C-FID on "
+                        "both real datasets, see docs/synthetic.md)")
     p.add_argument("--epsilon", type=float, metavar="E", default=d.epsilon, help=f"epsilon (default {d.epsilon:g})")
     p.add_argument("--delta", type=float, metavar="D", default=d.delta, help=f"delta (default {d.delta:g})")
     p.add_argument("--unit", choices=UNITS, default=d.unit,
-                   help="privacy unit: a whole series (default) or one window (the paper's)")
+                   help="privacy unit. series (default) protects " + PROTECTS["series"] + ". window (the paper's "
+                        "unit; many more voters, so a better release at the same epsilon) protects "
+                        + PROTECTS["window"])
     p.add_argument("--max-windows-per-series", type=int, metavar="m", default=d.max_windows_per_series,
                    help=f"windows per series with --unit series, vote weight 1/m (default {d.max_windows_per_series})")
     p.add_argument("--relation", choices=RELATIONS, default=d.relation,
-                   help="neighbouring relation: add_remove (sensitivity 1, default) or substitution (sqrt 2)")
+                   help="neighbouring relation: add_remove (sensitivity 1; default with --unit series) or "
+                        "substitution (sensitivity sqrt 2; default with --unit window)")
     p.add_argument("--threshold", type=float, metavar="H", default=d.threshold,
-                   help=f"histogram threshold H of Algorithm 2, in votes (default {d.threshold:g})")
+                   help="histogram threshold H of Algorithm 2, in votes (default: one noise standard deviation, "
+                        "which depends only on epsilon, delta, the rounds and the relation)")
     p.add_argument("--lookahead", type=int, metavar="K", default=d.lookahead,
                    help=f"variations averaged per candidate embedding (default {d.lookahead})")
     p.add_argument("--variation-schedule", metavar="DEGREES",
@@ -136,7 +148,8 @@ def run_synth_command(args: argparse.Namespace) -> int:
 
     epochs = _numbers(args.pretrain_epochs, "pretrain_epochs", int)
     config = SynthConfig(
-        data=args.data, id_column=args.id_column, time_column=args.time_column, value_column=args.value_column,
+        data=args.data, id_column=args.id_column, timestamp_column=args.timestamp_column,
+        value_column=args.value_column,
         freq=args.freq, class_column=args.class_column,
         classes=None if args.classes is None else [c.strip() for c in args.classes.split(",") if c.strip()],
         length=args.length, num_samples=args.num_samples, iterations=args.iterations, epsilon=args.epsilon,

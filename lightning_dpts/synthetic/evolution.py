@@ -125,6 +125,10 @@ class EvolutionResult:
         rounds: T, the number of noisy histograms released to the loop.
         empty_rounds: (round, class) pairs whose thresholded histogram was all zero (resampled uniformly).
         noisy_histograms: the noisy histograms per round (in memory only; tests use them, nothing writes them).
+        vote_stats: per round, computed from the *clean* votes (private, in memory only, never written; the
+            benchmark's diagnosis reads them): ``votes`` (total vote weight), ``voted`` (candidates with a clean
+            vote), ``kept`` (candidates with a positive thresholded count) and ``noise_share`` (share of the
+            thresholded mass on candidates without any clean vote).
     """
 
     synthetic: np.ndarray
@@ -133,6 +137,7 @@ class EvolutionResult:
     rounds: int
     empty_rounds: list[tuple[int, int]] = field(default_factory=list)
     noisy_histograms: list[np.ndarray] = field(default_factory=list, repr=False)
+    vote_stats: list[dict[str, float]] = field(default_factory=list, repr=False)
 
 
 def _lookahead_embeddings(candidates: torch.Tensor, vae: VariationVAE, encoder: ContrastiveEncoder, degree: float,
@@ -169,6 +174,7 @@ def private_evolution(
     entropy: Entropy,
     secure_noise: bool = False,
     round_callback: Callable[[int], None] | None = None,
+    noise_free: bool = False,
 ) -> EvolutionResult:
     """Algorithm 1 of PETS (with Algorithm 2 inside), all classes of a round sharing one noisy histogram.
 
@@ -186,6 +192,9 @@ def private_evolution(
         entropy: the run's secret randomness (:func:`lightning_dpts.randomness.resolve_entropy`).
         secure_noise: draw the vote noise from the OS CSPRNG (:class:`~lightning_dpts.randomness.GaussianNoise`).
         round_callback: called with the round number after each round (progress bars).
+        noise_free: **not differentially private**: skip the vote noise (sigma = 0). A seam for tests and for
+            ``benchmarks/synthetic.py``'s ceiling (what the votes could do without noise); no ``dpts synth`` option
+            and no :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` field reaches it.
     """
     if num_samples % num_classes != 0:
         raise ConfigurationError("num_samples", num_samples, f"must be a multiple of the number of classes "
@@ -214,8 +223,16 @@ def private_evolution(
             emb = _lookahead_embeddings(population[rows], vae, encoder, degree, lookahead, vary_gen)
             mine = private.classes == c
             clean[rows] = vote_histogram(private_emb[torch.as_tensor(mine)], emb, private.weights[mine])
-        hist, noisy = dp_nn_histogram(clean, noise, noise_multiplier, relation, threshold)
+        if noise_free:
+            noisy = clean.copy()
+            hist = np.maximum(noisy - float(threshold), 0.0)
+        else:
+            hist, noisy = dp_nn_histogram(clean, noise, noise_multiplier, relation, threshold)
         result.noisy_histograms.append(noisy)
+        kept = hist > 0
+        result.vote_stats.append({
+            "votes": float(clean.sum()), "voted": int((clean > 0).sum()), "kept": int(kept.sum()),
+            "noise_share": float(hist[clean <= 0].sum() / hist.sum()) if hist.sum() > 0 else float("nan")})
         # ---- post-processing of the noisy histogram only ----
         rng = numpy_generator(entropy, _STREAM_RESAMPLE, t)
         chosen = np.empty(num_samples, dtype=np.int64)

@@ -4,7 +4,9 @@ What is protected (the neighbouring relation):
 
 * ``unit="window"`` (the paper's unit): one private sample is one window. Adding or removing one window changes
   the vote histogram of Algorithm 2 by one count in one bin: L2 sensitivity Delta = 1. Under *substitution*
-  (replace one window) one count moves between two bins: Delta = sqrt(2).
+  (replace one window) one count moves between two bins: Delta = sqrt(2). Substitution is ``dpts synth``'s
+  default for this unit because it is what a changed value does: the windows do not overlap, so one time step
+  lies in exactly one window, and changing it can move that window's vote to another candidate.
 * ``unit="series"`` (beyond the paper, for forecasting users): one private sample is a whole series. Each series
   contributes at most ``m`` windows, each with vote weight 1/m, so its vote vector v is non-negative with
   ||v||_2 <= ||v||_1 <= 1: Delta = 1 under add/remove; under substitution ||v - v'||_2^2 = ||v||^2 + ||v'||^2
@@ -42,6 +44,7 @@ from lightning_dpts.privacy.accountant import ProfileAccountant
 from lightning_dpts.privacy.profiles import PrivacyProfile
 
 __all__ = [
+    "PROTECTS",
     "RELATIONS",
     "UNITS",
     "PETSAccountant",
@@ -54,8 +57,18 @@ __all__ = [
 
 #: Neighbouring relations: add/remove one unit (Delta = 1) or substitute one unit (Delta = sqrt(2)).
 RELATIONS: tuple[str, ...] = ("add_remove", "substitution")
-#: Privacy units: one window (the paper's) or one series (at most m windows, vote weight 1/m each).
+#: Privacy units: one series (at most m windows, vote weight 1/m each) or one window (the paper's, weight 1).
 UNITS: tuple[str, ...] = ("series", "window")
+#: What each unit protects, in words (``report.json``'s ``protects``, ``dpts synth --help``, docs/synthetic.md).
+PROTECTS: dict[str, str] = {
+    "series": "one whole series (all its values) joining or leaving the data (relation add_remove, the default), "
+              "or being replaced (substitution)",
+    "window": "one window of --length consecutive steps of one series: with relation substitution (the default) "
+              "any change of the values inside it, e.g. one time step's value (the windows do not overlap, so one "
+              "step lies in exactly one window); with add_remove only one window joining or leaving. A change "
+              "spanning k windows (w consecutive steps reach up to ceil((w - 1) / length) + 1 windows) is covered "
+              "only by group privacy over k units, a whole series over all its windows",
+}
 
 
 def sensitivity(relation: str) -> float:
@@ -177,7 +190,14 @@ def calibrate_pets_noise(epsilon: float, delta: float, rounds: int, rtol: float 
         return PETSAccountant(sigma).epsilon(rounds, delta) <= epsilon
 
     # closed-form guess, then bracket [lo (fails), hi (fits)] and bisect on log sigma
-    guess = optimize.brentq(lambda s: theorem_2_delta(epsilon, s, rounds) - delta, 1e-3, 1e6)
+    smallest, largest = 1e-3, 1e6
+    if theorem_2_delta(epsilon, smallest, rounds) <= delta:
+        raise ConfigurationError("epsilon", epsilon, f"is too large to calibrate: {rounds} round(s) would need a noise "
+                                 f"multiplier below {smallest:g} (the votes would be released almost exactly)")
+    if theorem_2_delta(epsilon, largest, rounds) > delta:
+        raise ConfigurationError("epsilon", epsilon, f"is too small to calibrate: {rounds} round(s) would need a noise "
+                                 f"multiplier above {largest:g}")
+    guess = optimize.brentq(lambda s: theorem_2_delta(epsilon, s, rounds) - delta, smallest, largest)
     hi = guess * 1.01
     while not fits(hi):
         hi *= 1.1

@@ -17,17 +17,21 @@ per-epoch accounting the epochs started (a resumed partial epoch is a new epoch)
 for the model, over every fit. The strategy refuses to continue a non-empty ledger without this callback.
 
 Per-step epsilon. Composing a privacy-loss distribution takes milliseconds, often more than a small training
-step, so epsilon is not recomputed every step. At train start a background thread computes a table of epsilon
-at composition counts c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget)
-with :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`: consecutive values differ by
-at most a factor 1 + ``grid_rtol`` (default 1%) wherever one composition does not step further. After step n
+step, so epsilon is not recomputed every step. At train start a table of epsilon at composition counts
+c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget) is computed with
+:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`: consecutive values differ by at
+most a factor 1 + ``grid_rtol`` (default 1%) wherever one composition does not step further. After step n
 (n compositions, or the number of started epochs) the callback logs the table's value at the first count
 c_i >= n. Epsilon is nondecreasing in the count, so that value is a sound upper bound, and it exceeds the
-epsilon actually spent by at most 1 + ``grid_rtol``. If the thread has not reached n yet, the callback waits for
-it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper bound, is logged). The
-per-step cost is a table look-up plus the logger calls; the table's thread competes with training for the
-CPU (``benchmarks/dp_training.py --kinds plain,dp,dp_acc --interleave run`` measures both side by side). The
-final report is computed exactly.
+epsilon actually spent by at most 1 + ``grid_rtol``. By default the table is finished before the first step (a
+thread computes it while the budget's step count is searched; train start waits for both), so the per-step cost
+is a table look-up plus the logger calls, and the progress bar's value is refreshed at most every
+:data:`BAR_INTERVAL` seconds (``self.log`` costs about half a millisecond; every logger still gets every step).
+With ``background_table=True`` the thread runs alongside training instead, which then competes with it for the
+CPU; a step the thread has not reached waits for it (``max_overhead`` limits the total wait; beyond it the
+budget's epsilon, also an upper bound, is logged). ``benchmarks/accountant.py --per-step`` measures both. The
+final report is computed exactly, and ``dpts fit``'s public epsilon curve reuses the table
+(:meth:`AccountantCallback.epsilon_table`).
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
 broadcasts it, so every rank caps the Trainer at the same step and stops there; only rank 0 evaluates and logs
@@ -56,6 +60,9 @@ from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetEx
 
 __all__ = ["AccountantCallback", "EpsilonTable", "PrivacyBudgetExhausted"]
 
+#: Shortest time in seconds between two updates of the progress bar's epsilon (the loggers get every step).
+BAR_INTERVAL = 0.5
+
 
 class AccountantCallback(StepAccountant):
     """Enforce a privacy budget (epsilon, delta) and log the epsilon spent at every optimizer step.
@@ -68,10 +75,12 @@ class AccountantCallback(StepAccountant):
         grid_rtol: the largest relative step (> 0, <= 0.5) between consecutive values of the epsilon table
             (default 0.01); every logged value is a sound upper bound within a factor 1 + grid_rtol of the epsilon
             spent at that step.
-        max_overhead: ``None`` (default): when the background table has not reached the current step, wait for
-            it (every logged value is within ``grid_rtol``). A fraction (> 0): wait only while the total waiting
-            stays below this fraction of the measured training time; otherwise log the budget's epsilon, a
-            looser sound bound.
+        background_table: ``False`` (default): the epsilon table is complete before the first step (computed
+            while the budget's step count is searched). ``True``: computed by a thread alongside training.
+        max_overhead: with ``background_table=True``. ``None`` (default): when the table has not reached the
+            current step, wait for it (every logged value is within ``grid_rtol``). A fraction (> 0): wait only
+            while the total waiting stays below this fraction of the measured training time; otherwise log the
+            budget's epsilon, a looser sound bound.
         log_name: metric name (default ``"epsilon"``) of the PLD path; the Monte Carlo path logs under
             ``MonteCarloAccountant.log_name`` (``"epsilon_monte_carlo_upper"``) so the value is never mistaken for
             a closed-form accountant's.
@@ -98,6 +107,7 @@ class AccountantCallback(StepAccountant):
         bound: str = "upper",
         grid_rtol: float = 0.01,
         max_overhead: float | None = None,
+        background_table: bool = False,
         log_name: str = "epsilon",
         monte_carlo_samples: int = 100_000,
     ) -> None:
@@ -122,6 +132,9 @@ class AccountantCallback(StepAccountant):
         if max_overhead is not None and not (isinstance(max_overhead, (int, float)) and max_overhead > 0):
             raise ConfigurationError("max_overhead", max_overhead, "must be a number > 0, or None")
         self.max_overhead = max_overhead
+        if not isinstance(background_table, bool):
+            raise ConfigurationError("background_table", background_table, "must be True or False")
+        self.background_table = background_table
         self.log_name = log_name
         self._strategy_ref: DPForecastStrategy | None = None
         self._loaded: dict[str, Any] | None = None
@@ -132,6 +145,20 @@ class AccountantCallback(StepAccountant):
     @property
     def state_key(self) -> str:
         return "AccountantCallback"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Hold back TensorBoard's HParams session until ``on_train_start`` adds the DP settings to it (one session
+        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.hparams`)."""
+        if stage == "fit":
+            from lightning_dpts.hparams import defer_tensorboard_hparams
+
+            defer_tensorboard_hparams(trainer.loggers)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """A fit refused before ``on_train_start`` logged: write the held-back session as it is."""
+        from lightning_dpts.hparams import release_tensorboard_hparams
+
+        release_tensorboard_hparams(trainer.loggers)
 
     @property
     def steps(self) -> int:
@@ -180,6 +207,7 @@ class AccountantCallback(StepAccountant):
         self._timed_steps = 0
         self._tick: float | None = None
         self._bar_value: float | None = None
+        self._bar_time = -math.inf
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -374,7 +402,7 @@ class AccountantCallback(StepAccountant):
             f"noise={strategy.noise_kind}, bands={spec.bands}, sigma={sigma:.4g}) within the budget "
             f"epsilon={self.epsilon}; logged as {acc.log_name!r}"
         )
-        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         hp = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=None,
@@ -384,8 +412,7 @@ class AccountantCallback(StepAccountant):
                    "composition_unit": "run", "noise": strategy.noise_kind, "bands": spec.bands,
                    "monte_carlo_samples": acc.samples})
         self.hyperparameters = hp
-        for logger in trainer.loggers:
-            logger.log_hyperparams({HPARAMS_KEY: dict(hp)})
+        log_dp_hyperparameters(trainer.loggers, hp)
 
     def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
                              sigma: float) -> None:
@@ -394,15 +421,14 @@ class AccountantCallback(StepAccountant):
         The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
         also kept as :attr:`hyperparameters` for reports.
         """
-        from lightning_dpts.hparams import HPARAMS_KEY, dp_hyperparameters
+        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         self.hyperparameters = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,
             strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound,
             max_steps=self.max_steps,
         )
-        for logger in trainer.loggers:
-            logger.log_hyperparams({HPARAMS_KEY: dict(self.hyperparameters)})
+        log_dp_hyperparameters(trainer.loggers, self.hyperparameters)
 
     @staticmethod
     def _trainer_steps_left(trainer: L.Trainer) -> int | None:
@@ -445,6 +471,21 @@ class AccountantCallback(StepAccountant):
             self._start_table(accounted, self.max_steps)
         else:
             self.table.limit(last)
+        if not self.background_table and self.table is not None:
+            self.table.join()  # complete before the first step: every step then costs a look-up
+
+    def epsilon_table(self, last: int, delta: float, rtol: float) -> list[tuple[int, float]] | None:
+        """The table's (compositions, epsilon) points from count 1 up to the first count >= ``last``, if this fit
+        computed them at ``delta`` and ``rtol`` (then they equal ``accountant.epsilon_curve(last, delta, rtol=rtol)``
+        up to the last point, which may lie beyond ``last``); ``None`` otherwise (a resumed model's table starts
+        later, a stopped background table may end earlier)."""
+        table = self.table
+        if table is None or table.start != 1 or table.delta != delta or table.rtol != rtol or table.error is not None:
+            return None
+        points = table.points()
+        if not points or points[-1][0] < last:
+            return None
+        return [(c, e) for c, e in points if c < last] + [next((c, e) for c, e in points if c >= last)]
 
     @property
     def grid_points(self) -> list[tuple[int, float]]:
@@ -493,10 +534,13 @@ class AccountantCallback(StepAccountant):
             self._train_time += now - self._tick
             self._timed_steps += 1
         value = self.epsilon_upper_bound(self.steps)
-        if value != self._bar_value:  # the progress bar keeps the last value; self.log costs ~0.5 ms
+        # the progress bar keeps the last value; self.log costs ~0.5 ms, so at most every BAR_INTERVAL seconds
+        if value != self._bar_value and (now - self._bar_time >= BAR_INTERVAL or self._bar_value is None
+                                         or _last_step(trainer)):
             pl_module.log(self.log_name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
                           batch_size=1)
             self._bar_value = value
+            self._bar_time = now
         for logger in trainer.loggers:
             logger.log_metrics({self.log_name: value}, step=trainer.global_step - 1)
         self._tick = time.perf_counter()
@@ -554,6 +598,17 @@ class AccountantCallback(StepAccountant):
         self._loaded = dict(state_dict)  # the step count itself is restored from the strategy's ledger
 
 
+def _last_step(trainer: L.Trainer) -> bool:
+    """Whether the optimizer step just taken is the fit's last one that is known in advance (the step limit, the
+    last batch of the last epoch, or a requested stop)."""
+    loop = trainer.fit_loop.epoch_loop
+    if trainer.should_stop or (loop.max_steps is not None and 0 <= loop.max_steps <= trainer.global_step):
+        return True
+    epochs = trainer.max_epochs
+    return (epochs is not None and epochs >= 0 and trainer.current_epoch + 1 >= epochs
+            and bool(loop.batch_progress.is_last_batch))
+
+
 def _from_rank_zero(trainer: L.Trainer, compute: Any) -> Any:
     """``compute()`` on rank 0, broadcast to every rank (in memory); one process: just ``compute()``.
 
@@ -594,6 +649,7 @@ class EpsilonTable:
     def __init__(self, accountant: StructuredSubsamplingAccountant, delta: float, last: int, *, rtol: float = 0.01,
                  start: int = 1) -> None:
         self.last = int(last)
+        self.start, self.delta, self.rtol = int(start), float(delta), float(rtol)
         self._limit = self.last
         self._counts: list[int] = []
         self._values: list[float] = []

@@ -154,6 +154,17 @@ class LedgerWiring:
         """Also write the ledger at the top level of the checkpoint (read by ``load_from_checkpoint``)."""
         checkpoint[LEDGER_KEY] = self.ledger.to_dict()
 
+    def charge_restored(self, steps: int, epochs: int) -> None:
+        """Account noisy steps the restored checkpoint does not hold (``dpts fit --resume``: the run directory's
+        ``ledger.json`` also counts the steps taken after the last checkpoint, and those of an earlier continuation
+        of it): the restored ledger counts at least ``steps`` steps and ``epochs`` epochs. Called after Lightning
+        restored the checkpoint and before the fit's ledger begins; never lowers a count."""
+        if self._restored is None or self._begun:
+            raise ConfigurationError("ckpt_path", None, "charge_restored needs a checkpoint restored by this fit, "
+                                     "before training starts")
+        self._restored.steps = max(self._restored.steps, int(steps))
+        self._restored.epochs = max(self._restored.epochs, int(epochs))
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue the checkpoint's ledger; the noise of the resumed fit comes from fresh entropy (no replay).
 

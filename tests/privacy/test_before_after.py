@@ -37,8 +37,13 @@ def test_epsilons_identical_to_main(row: dict) -> None:
                                           naive=config.get("naive", False))
     assert (acc.theorem, acc.kind, acc.unit) == (row["theorem"], row["kind"], row["unit"])
     readouts = READOUTS + (FINE if config.get("fine") else ())
-    assert [[s, d, acc.epsilon(s, d)] for s, d in readouts] == row["epsilons"]  # exact: ==, not approx
-    assert acc.delta(40, 1.0) == row["delta"]
+    # exact up to issue 26's repair of the unit's round-off (suffix sums capped at the total mass,
+    # pld._connect_the_dots), which moves epsilon and delta by round-off only (measured: < 1e-11 relative)
+    got = [[s, d, acc.epsilon(s, d)] for s, d in readouts]
+    assert [g[:2] for g in got] == [w[:2] for w in row["epsilons"]]
+    for (_, _, eps), (_, _, want) in zip(got, row["epsilons"], strict=True):
+        assert abs(eps - want) <= 1e-9 * want, (eps, want)
+    assert abs(acc.delta(40, 1.0) - row["delta"]) <= 1e-9 * row["delta"]
 
 
 def test_table_covers_the_matrix() -> None:

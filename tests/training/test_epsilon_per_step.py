@@ -80,3 +80,49 @@ def test_table_thread_failure_leaves_lookups_empty_not_raising():
     table.join(5.0)
     assert table.lookup(1, wait=True) == 0.1
     assert table.lookup(2, wait=True) is None and isinstance(table.error, ConfigurationError)
+
+
+def test_public_epsilon_curve_reuses_the_training_table(tmp_path, monkeypatch):
+    """report.json's epsilon_curve comes from the table the callback logged from (issue 26: no second computation
+    after training), and its values are the same upper bounds as a fresh accountant's curve at the same counts."""
+    from lightning_dpts.reporting import EPSILON_CURVE_RTOL, epsilon_curve
+
+    module = make_module("simple_feedforward")
+    dm = FakeDataModule(module, num_series=48, batch_size=8)
+    delta, sigma, steps = 1e-6, 1.0, 25
+    accountant = AccountantCallback(50.0, delta)
+    t = trainer(max_steps=steps, callbacks=[DPForecastStrategy(sigma, 1.0, seed=0), accountant])
+    t.fit(module, datamodule=dm)
+    assert accountant.table is not None and accountant.table.start == 1
+    table = accountant.epsilon_table(steps, delta, EPSILON_CURVE_RTOL)
+    assert table is not None and table[-1][0] >= steps
+    fresh = dict(StructuredSubsamplingAccountant(dm.sampling_spec, sigma).epsilon_curve(steps, delta))
+    for count, value in table:
+        if count in fresh:
+            assert value == pytest.approx(fresh[count], rel=1e-12)
+
+    def recompute(*args, **kwargs):  # the reuse must not recompute the curve
+        raise AssertionError("epsilon_curve recomputed")
+
+    monkeypatch.setattr(accountant.accountant, "epsilon_curve", recompute)
+    curve = epsilon_curve(accountant, dm.sampling_spec, steps, accountant.report)
+    assert curve["steps"][-1] == steps and curve["epsilon"][-1] == accountant.report.epsilon
+    assert len(curve["steps"]) >= len([c for c, _ in table if c < steps])
+    assert accountant.epsilon_table(steps, delta / 2, EPSILON_CURVE_RTOL) is None  # another delta: not reused
+
+
+def test_background_table_option_is_checked_and_logs_the_same_bounds(tmp_path):
+    with pytest.raises(Exception) as err:
+        AccountantCallback(1.0, 1e-6, background_table="yes")  # type: ignore[arg-type]
+    assert "background_table" in str(err.value)
+    module = make_module("simple_feedforward")
+    dm = FakeDataModule(module, num_series=48, batch_size=8)
+    logged = {}
+    for background in (False, True):
+        logger = CSVLogger(tmp_path, name=f"bg{background}")
+        accountant = AccountantCallback(50.0, 1e-6, background_table=background)
+        t = trainer(max_steps=20, logger=logger, log_every_n_steps=1,
+                    callbacks=[DPForecastStrategy(1.0, 1.0, seed=0), accountant])
+        t.fit(make_module("simple_feedforward"), datamodule=dm)
+        logged[background] = _logged(Path(logger.log_dir) / "metrics.csv")
+    assert logged[False] == logged[True] and [s for s, _ in logged[False]] == list(range(1, 21))

@@ -43,8 +43,12 @@ class RecordingLogger(Logger):
         pass
 
 
-def _fit(loggers: list[Logger], steps: int = 3):
+def _fit(loggers: list[Logger], steps: int = 3, save_hyperparameters: bool = False):
     module = make_module("dlinear")
+    if save_hyperparameters:  # what dpts fit does: the module calls save_hyperparameters() (lightning_dpts.export)
+        from lightning_dpts.export import make_checkpoint_loadable
+
+        make_checkpoint_loadable(module)
     dm = FakeDataModule(module, num_series=64, batch_size=8)
     budget = StructuredSubsamplingAccountant(dm.sampling_spec, SIGMA).epsilon(steps, DELTA)
     accountant = AccountantCallback(budget, DELTA)
@@ -107,6 +111,71 @@ def test_logged_settings_never_contain_the_seed(tmp_path):
     logged = [call.get("dp", {}) for call in recording.hparams_calls]
     assert not any(key == "seed" or value == SEED for dp in logged for key, value in dp.items())
     assert all(dp.get("seeded") is True for dp in logged)  # a seeded run says so, without the seed
+
+
+def _tensorboard_sessions(log_dir: str) -> list[dict[str, Any]]:
+    """Every HParams session in the run's event files, as TensorBoard's plugin data records it (read back with
+    TensorBoard's own event-file loader and protobufs, not with the code under test)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    sessions = []
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag != metadata.SESSION_START_INFO_TAG:
+                    continue
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                sessions.append({name: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+                                 for name, v in data.session_start_info.hparams.items()})
+    return sessions
+
+
+def test_tensorboard_hparams_dashboard_shows_dp_settings_next_to_the_modules(tmp_path):
+    """Issue 32: with ``save_hyperparameters()`` the DP settings were a second session, which the HParams
+    dashboard ignores (its accumulator keeps a tag's first metadata). Now one session holds both."""
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    tb = TensorBoardLogger(tmp_path, name="tb")
+    dm, accountant, budget = _fit([tb], save_hyperparameters=True)
+    sessions = _tensorboard_sessions(tb.log_dir)
+    assert len(sessions) == 1, sessions  # one session: the dashboard shows what it holds
+    session = sessions[0]
+    assert session["model_kwargs/prediction_length"] == H  # the module's own save_hyperparameters()
+    expected = _expected(dm, budget)
+    for key in ("noise_multiplier", "max_grad_norm", "delta", "epsilon_budget", "batch_size", "top_level",
+                "bottom_level", "theorem", "max_steps"):
+        assert session[f"dp/{key}"] == expected[key], key
+
+    # what the dashboard itself reads: the accumulator's first session_start_info of the run
+    acc = EventAccumulator(tb.log_dir)
+    acc.Reload()
+    content = acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
+    shown = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert shown["dp/noise_multiplier"].number_value == SIGMA
+    assert shown["dp/theorem"].string_value == "Theorem 4.4"
+    assert any(not name.startswith("dp/") for name in shown)
+    # hparams.yaml keeps both as well
+    on_disk = yaml.safe_load((Path(tb.log_dir) / "hparams.yaml").read_text())
+    assert on_disk["dp"]["noise_multiplier"] == SIGMA and accountant.hyperparameters["noise_multiplier"] == SIGMA
+    assert on_disk["model_kwargs"]["prediction_length"] == H
+
+
+def test_mlflow_gets_the_dp_settings(tmp_path):
+    """MLflow flattens the ``dp`` dict into ``dp/...`` parameters next to the module's (skipped without mlflow)."""
+    pytest.importorskip("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    logger = MLFlowLogger(experiment_name="dpts", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          artifact_location=(tmp_path / "artifacts").as_uri())
+    _fit([logger], save_hyperparameters=True)
+    run = logger.experiment.get_run(logger.run_id)
+    assert float(run.data.params["dp/noise_multiplier"]) == SIGMA
+    assert run.data.params["dp/theorem"] == "Theorem 4.4"
+    assert any(not name.startswith("dp/") for name in run.data.params)
 
 
 # ---------------------------------------------------------------------------------------------------------

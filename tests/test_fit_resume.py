@@ -1,0 +1,204 @@
+"""``dpts fit --resume RUN_DIR`` (issue 32): continues the run's last checkpoint through the privacy ledger; every
+noisy step the run directory took is accounted once, and a directory whose ledger and checkpoint do not belong
+together is refused. The attacker tests try to make a resume forget steps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from lightning_dpts.cli import main
+
+ARGS = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",
+        "--epochs", "3", "--batch-size", "8", "--no-non-dp", "--no-private-plots", "--test-windows", "1",
+        "--learning-rate", "0.01", "--max-grad-norm", "1.0", "--context-length", "6", "--min-series-length", "1"]
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def _interrupt_after(monkeypatch, epoch: int, batches: int | None = None) -> None:
+    """Make the next fit crash after the checkpoint of ``epoch`` (0-based), or ``batches`` steps into it."""
+    import lightning_dpts.resume as resume
+
+    real = resume.make_run_ledger_callback
+
+    def make(*args, **kwargs):
+        callback = real(*args, **kwargs)
+        cls = type(callback)
+
+        class Crashing(cls):
+            def on_train_batch_end(self, trainer, *a, **k):
+                super().on_train_batch_end(trainer, *a, **k)
+                if batches is not None and trainer.current_epoch == epoch and a[-1] + 1 == batches:
+                    raise Interrupted("killed mid-epoch")
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                super().on_train_epoch_end(trainer, pl_module)
+                if batches is None and trainer.current_epoch == epoch:
+                    raise Interrupted("killed after the checkpoint")
+
+        callback.__class__ = Crashing
+        return callback
+
+    monkeypatch.setattr(resume, "make_run_ledger_callback", make)
+
+
+def _fit(argv) -> int:
+    return main(["fit", *argv])
+
+
+def _report(out):
+    return json.loads((out / "report.json").read_text())
+
+
+def _ledger(out):
+    return json.loads((out / "ledger.json").read_text())["ledger"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_csv, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(out)]) == 0
+    return _report(out)
+
+
+def _interrupted(tiny_csv, tmp_path, monkeypatch, epoch=0, batches=None):
+    out = tmp_path / "run"
+    _interrupt_after(monkeypatch, epoch, batches)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(out)]) == 1  # the job failed
+    monkeypatch.undo()
+    assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "report.json").exists()
+    return out
+
+
+def test_resume_accounts_the_steps_once_and_ends_where_one_run_ends(tiny_csv, tmp_path, monkeypatch, uninterrupted):
+    from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
+
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch)
+    before = _ledger(out)["steps"]
+    assert 0 < before < uninterrupted["steps"]
+    assert _fit(["--resume", str(out)]) == 0
+    report = _report(out)
+    # the same total steps and epsilon as the uninterrupted run (same configuration, same sigma)
+    assert report["noise_multiplier"] == pytest.approx(uninterrupted["noise_multiplier"], rel=1e-12)
+    assert report["privacy_ledger"]["steps"] == uninterrupted["privacy_ledger"]["steps"] == report["steps"]
+    assert report["epsilon"] == pytest.approx(uninterrupted["epsilon"], rel=1e-9)
+    spec = SamplingSpec(**{k: v for k, v in report["privacy_configuration"]["sampling_spec"].items()
+                           if k in SamplingSpec.__dataclass_fields__ and k != "relation"})
+    eps = StructuredSubsamplingAccountant(spec, report["noise_multiplier"]).epsilon(report["steps"], 1e-6)
+    assert report["epsilon_training"] == pytest.approx(eps, rel=1e-6)
+    assert _ledger(out)["steps"] == report["steps"]
+    assert report["files"]["ledger.json"].startswith("public: ")
+    assert report["files"]["checkpoints/last.ckpt"].startswith("public: ")
+    # resuming the finished run: Lightning has no epoch left to train; the steps are accounted, none is added
+    assert _fit(["--resume", str(out)]) == 0
+    again = _report(out)
+    assert again["privacy_ledger"]["steps"] == report["privacy_ledger"]["steps"]
+    assert again["epsilon"] == pytest.approx(report["epsilon"], rel=1e-12)
+
+
+def test_steps_after_the_last_checkpoint_are_charged(tiny_csv, tmp_path, monkeypatch):
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch, epoch=1, batches=2)  # 2 steps into epoch 2, then killed
+    saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["dpts_privacy_ledger"]["steps"]
+    taken = _ledger(out)["steps"]
+    assert taken == saved + 2
+    assert _fit(["--resume", str(out)]) == 0
+    report = _report(out)
+    new = report["steps"] - saved  # the optimizer steps the resumed fit took on the checkpoint's weights
+    assert report["privacy_ledger"]["steps"] == taken + new  # the 2 lost steps are accounted, once
+
+
+def test_resuming_twice_from_the_same_checkpoint_is_accounted(tiny_csv, tmp_path, monkeypatch):
+    """The attacker keeps a copy of the checkpoint, resumes, puts the copy back and resumes again."""
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch)
+    copy = tmp_path / "copy.ckpt"
+    shutil.copy(out / "checkpoints" / "last.ckpt", copy)
+    assert _fit(["--resume", str(out)]) == 0
+    first = _report(out)["privacy_ledger"]["steps"]
+    shutil.copy(copy, out / "checkpoints" / "last.ckpt")
+    assert _fit(["--resume", str(out)]) == 0
+    second = _report(out)
+    assert second["privacy_ledger"]["steps"] >= first  # never forgets the first continuation's steps
+    assert second["epsilon"] <= 2.0
+    assert _ledger(out)["steps"] == second["privacy_ledger"]["steps"]
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda out, other: (out / "ledger.json").unlink(), "ledger.json"),
+    (lambda out, other: (out / "checkpoints" / "last.ckpt").unlink(), "last.ckpt"),
+    (lambda out, other: (out / "ledger.json").write_text(json.dumps(
+        {**json.loads((out / "ledger.json").read_text()),
+         "ledger": {**json.loads((out / "ledger.json").read_text())["ledger"], "steps": 0, "epochs": 0}})),
+     "rolled back"),
+    (lambda out, other: shutil.copy(other / "checkpoints" / "last.ckpt", out / "checkpoints" / "last.ckpt"),
+     "already took"),  # another run's checkpoint, one epoch further than this run's ledger
+    (lambda out, other: (out / "ledger.json").write_text(json.dumps(
+        {**json.loads((out / "ledger.json").read_text()),
+         "ledger": {**json.loads((out / "ledger.json").read_text())["ledger"], "noise_multiplier": 99.0}})),
+     "does not match"),
+])
+def test_a_ledger_that_does_not_match_its_checkpoint_is_refused(tiny_csv, tmp_path, monkeypatch, capsys, tamper,
+                                                                words):
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch)
+    other = tmp_path / "other"
+    _interrupt_after(monkeypatch, 1)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(other)]) == 1
+    monkeypatch.undo()
+    tamper(out, other)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        _fit(["--resume", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--resume" in err and words in err, err
+    assert not (out / "report.json").exists()
+
+
+def test_another_runs_checkpoint_with_no_more_steps_is_continued_with_this_runs_count(tiny_csv, tmp_path,
+                                                                                      monkeypatch):
+    """A checkpoint swapped in from another run (same settings, same steps) is not refused, but the resumed model
+    is charged with this run's count: its own steps are never undercounted."""
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch, epoch=1, batches=3)  # ledger: 1 epoch + 3 steps
+    other = tmp_path / "other"
+    _interrupt_after(monkeypatch, 0)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(other)]) == 1
+    monkeypatch.undo()
+    shutil.copy(other / "checkpoints" / "last.ckpt", out / "checkpoints" / "last.ckpt")
+    taken = _ledger(out)["steps"]
+    saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["dpts_privacy_ledger"]["steps"]
+    assert taken > saved
+    assert _fit(["--resume", str(out)]) == 0
+    report = _report(out)
+    assert report["privacy_ledger"]["steps"] == taken + (report["steps"] - saved)
+
+
+def test_conflicting_options_are_refused_naming_them(tiny_csv, tmp_path, monkeypatch, capsys):
+    out = _interrupted(tiny_csv, tmp_path, monkeypatch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        _fit(["--resume", str(out), "--epsilon", "5", "--batch-size", "8", "--max-grad-norm", "2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--epsilon" in err and "--max-grad-norm" in err and "--batch-size," not in err
+    assert not (out / "report.json").exists()
+
+
+def test_a_seeded_run_is_not_resumed(tiny_csv, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    _interrupt_after(monkeypatch, 0)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--seed", "3", "--output-dir", str(out)]) == 1
+    monkeypatch.undo()
+    assert "3" not in json.dumps(json.loads((out / "ledger.json").read_text())["config"]["seed"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        _fit(["--resume", str(out)])
+    assert exit_.value.code == 2 and "seeded" in capsys.readouterr().err
+
+
+def test_resume_of_a_missing_directory_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _fit(["--resume", str(tmp_path / "nothing")])
+    assert exit_.value.code == 2 and "--resume" in capsys.readouterr().err
