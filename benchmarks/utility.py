@@ -2,6 +2,9 @@
 
 Usage::
 
+    OMP_NUM_THREADS=1 python benchmarks/utility.py --python-path [--datasets ...] [--models deepar,mlp]
+        [--recipes recipe,norecipe] [--wrappers wrap,plain] [--epsilons 1,4] [--seeds 5] [--seed-list 0,3]
+        [--results python_path.jsonl] [--no-non-dp] [--max-steps-m4 N] [--table]
     OMP_NUM_THREADS=1 python benchmarks/utility.py [--datasets us_employment,m4_weekly] [--models dlinear]
         [--epsilons 0.5,1,2,4,8] [--seeds 3] [--quick] [--set key=value ...] [--json results.json]
         [--m4 /work/shared/data/m4_weekly.csv.gz]
@@ -11,6 +14,12 @@ that sets only what describes the dataset (file, column names, frequency, horizo
 every other setting is ``FitConfig``'s default, i.e. exactly what ``dpts fit`` runs (``--set key=value`` overrides a
 field for an experiment, e.g. ``--set clip_low=0 --set clip_high=1e5 --set context_noise=1``; the table then says so).
 Models default to ``dpts fit``'s default (``model`` unset: the recipe chooses; the table names the model it ran).
+
+``--python-path`` runs the matrix of issue 27 instead: models trained in your own Trainer with the package's
+callbacks, with and without the recipe (``make_private_with_epsilon``) and the ``seasonal_residual`` wrapper,
+next to seasonal naive and the non-DP model (:mod:`python_path`, whose docstring lists every setting). Each cell
+is appended to ``--results`` as it finishes and a rerun skips the cells already there, so the full matrix
+(6 models x 2 x 2 x 2 datasets x 2 epsilons x 5 seeds) can be run in pieces; ``--table`` prints the table.
 
 **Protocol ("hyperparameters without peeking").** Nothing here is tuned: each configuration is trained once per
 seed and its rolling test windows (``FitConfig.test_windows``, the last ``test_windows * prediction_length`` steps
@@ -166,7 +175,33 @@ def main() -> None:
                              "a note is printed when they differ)")
     parser.add_argument("--accountant", action="store_true",
                         help="only print the noise multipliers (test windows, noise augmentation); no training")
+    parser.add_argument("--python-path", action="store_true",
+                        help="the Python-path matrix (own Trainer; models x recipe x wrapper), resumable")
+    parser.add_argument("--recipes", default="recipe,norecipe", help="--python-path: recipe,norecipe")
+    parser.add_argument("--wrappers", default="wrap,plain", help="--python-path: wrap,plain")
+    parser.add_argument("--seed-list", default=None, help="--python-path: explicit seeds (comma-separated)")
+    parser.add_argument("--results", default="python_path.jsonl", help="--python-path: JSON-lines results file")
+    parser.add_argument("--no-non-dp", action="store_true", help="--python-path: skip the non-DP reference")
+    parser.add_argument("--max-steps-m4", type=int, default=None,
+                        help="--python-path: cap the optimizer steps on m4_weekly (sigma calibrated for them)")
+    parser.add_argument("--table", action="store_true", help="--python-path: only print the table of --results")
     args = parser.parse_args()
+    if args.python_path:
+        import python_path
+
+        results = Path(args.results)
+        if not args.table:
+            models = list(python_path.MODELS) if args.models == DEFAULT_MODEL else args.models.split(",")
+            seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
+                     else list(range(args.seeds)))
+            epsilons = [1.0, 4.0] if args.quick else [float(e) for e in args.epsilons.split(",")]
+            todo = python_path.cells(args.datasets.split(","), models, args.recipes.split(","),
+                                     args.wrappers.split(","), epsilons, seeds)
+            print(f"SEEDED EXPERIMENT: {SEEDED_NOTICE}")
+            python_path.run_matrix(todo, results, args.m4, not args.no_non_dp, 1e-7,
+                                   {"m4_weekly": args.max_steps_m4})
+        print(python_path.table(results))
+        return
     if args.accountant:
         for name in args.datasets.split(","):
             base = dict(DATASETS[name], **parse_overrides(args.set))

@@ -72,3 +72,28 @@ def test_module_past_window_is_kept_and_metadata_is_required():
         make_private_with_epsilon([200] * 50, epsilon=1.0, delta=1e-7, prediction_length=12)
     with pytest.raises(ConfigurationError, match="data"):
         make_private_with_epsilon("us_employment", epsilon=1.0, delta=1e-7, freq="M", prediction_length=12)
+
+
+def test_wrapped_gluonts_module_same_lengths_different_values_same_settings():
+    """The seasonal residual wrapper reads no lag beyond the model's own (L_C unchanged): the recipe gives a wrapped
+    DeepAR the settings of the unwrapped one, and two datasets with the same lengths and unrelated values the
+    same settings."""
+    from gluonts.torch.model.deepar import DeepAREstimator
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.models import seasonal_residual
+
+    def deepar():
+        return DeepAREstimator(freq="M", prediction_length=12, context_length=12, num_layers=1,
+                               hidden_size=8).create_lightning_module()
+
+    lengths = [80] * 6 + [200] * 40
+    plain = make_private_with_epsilon(lengths, deepar(), epsilon=1.0, delta=1e-7, freq="M")
+    wrapped = seasonal_residual(deepar(), freq="M")
+    plans = []
+    for rng, sign in ((np.random.default_rng(0), 1.0), (np.random.default_rng(1), -1e6)):
+        table = _table(lengths, rng).assign(target=lambda d, s=sign: s * d["target"])
+        dm = StructuredSubsamplingDataModule(table, model=wrapped, batch_size=8)
+        plans.append(make_private_with_epsilon(dm, wrapped, epsilon=1.0, delta=1e-7))
+    assert _comparable(plans[0]) == _comparable(plans[1])
+    assert plans[0].settings == plain.settings

@@ -55,14 +55,159 @@ def test_at_initialisation_the_forecast_is_seasonal_naive(make):
         np.testing.assert_allclose(q[:, 4], h[-12:], rtol=1e-6)
 
 
-def test_gluonts_modules_and_bad_nets_are_refused():
+def test_unsupported_gluonts_modules_and_bad_nets_are_refused():
+    from gluonts.torch.distributions import NegativeBinomialOutput
+    from gluonts.torch.model.d_linear import DLinearEstimator
+    from gluonts.torch.model.deepar import DeepAREstimator
     from gluonts.torch.model.simple_feedforward import SimpleFeedForwardEstimator
+    from gluonts.torch.model.wavenet import WaveNetEstimator
 
+    from lightning_dpts.models import SeasonalResidualModel
+
+    wavenet = WaveNetEstimator(freq="M", prediction_length=H).create_lightning_module()
+    supported = "supported: SimpleFeedForwardLightningModule, DLinearLightningModule, DeepARLightningModule"
+    with pytest.raises(ConfigurationError, match=supported):
+        seasonal_residual(wavenet, freq="M")
     sff = SimpleFeedForwardEstimator(prediction_length=H, context_length=P).create_lightning_module()
     with pytest.raises(ConfigurationError, match="plain torch modules"):
-        seasonal_residual(sff, prediction_length=H, context_length=P, freq="M")
+        SeasonalResidualModel(sff, H, P, 12)
+    with pytest.raises(ConfigurationError, match="must be the GluonTS model's"):
+        seasonal_residual(sff, prediction_length=H, context_length=P + 1, freq="M")
+    seasonal_residual(sff, freq="M")
+    with pytest.raises(ConfigurationError, match="already wrapped"):
+        seasonal_residual(sff, freq="M")
+    short = DLinearEstimator(prediction_length=H, context_length=H).create_lightning_module()
+    with pytest.raises(ConfigurationError, match="context_length.*>= 13"):
+        seasonal_residual(short, freq="M")
+    no_loc = SimpleFeedForwardEstimator(prediction_length=H, context_length=P,
+                                        distr_output=NegativeBinomialOutput()).create_lightning_module()
+    with pytest.raises(ConfigurationError, match="no location"):
+        seasonal_residual(no_loc, freq="M")
+    few_lags = DeepAREstimator(freq="M", prediction_length=H, lags_seq=[1, 2, 3]).create_lightning_module()
+    with pytest.raises(ConfigurationError, match="lag >= 12"):
+        seasonal_residual(few_lags, freq="M")
     with pytest.raises(ConfigurationError, match="nn.Linear"):
         seasonal_residual(nn.Identity(), prediction_length=H, context_length=P, freq="M")
+    with pytest.raises(ConfigurationError, match="context_length"):
+        seasonal_residual(_mlp(), prediction_length=H, freq="M")
+
+
+def _gluonts(name: str):
+    from gluonts.torch.model.d_linear import DLinearEstimator
+    from gluonts.torch.model.deepar import DeepAREstimator
+    from gluonts.torch.model.simple_feedforward import SimpleFeedForwardEstimator
+
+    if name == "deepar":
+        return DeepAREstimator(freq="M", prediction_length=H, context_length=H, num_layers=1, hidden_size=8)
+    if name == "dlinear":
+        return DLinearEstimator(prediction_length=H, context_length=P, hidden_dimension=8)
+    return SimpleFeedForwardEstimator(prediction_length=H, context_length=P, hidden_dimensions=[8])
+
+
+@pytest.mark.parametrize("name", ["sff", "dlinear", "deepar"])
+def test_gluonts_module_at_initialisation_forecasts_seasonal_naive_through_its_predictor(name):
+    """The GluonTS predictor path (estimator.create_predictor on the wrapped module): the median is seasonal
+    naive's forecast. DeepAR samples; its spread is made negligible (the scale projection's bias at -30) so that
+    every sample path is its location, y[t - 12], i.e. seasonal naive for a horizon of one season."""
+    from gluonts.model.seasonal_naive import SeasonalNaivePredictor
+
+    estimator = _gluonts(name)
+    module = estimator.create_lightning_module()
+    assert seasonal_residual(module, freq="M") is module
+    if name == "deepar":
+        scale_proj = module.model.param_proj.proj[list(module.model.distr_output.args_dim).index("scale")]
+        with torch.no_grad():
+            scale_proj.weight.zero_()
+            scale_proj.bias.fill_(-30.0)
+    rng = np.random.default_rng(1)
+    entries = [{"target": rng.gamma(2.0, 30.0, n).astype(np.float32), "start": pd.Period("2000-01", "M")}
+               for n in (60, 80, 100)]
+    forecasts = list(estimator.create_predictor(estimator.create_transformation(), module).predict(entries))
+    naive = SeasonalNaivePredictor(prediction_length=H, season_length=12).predict(entries)
+    for f, n, e in zip(forecasts, naive, entries, strict=True):
+        np.testing.assert_allclose(f.quantile(0.5), n.quantile(0.5), rtol=1e-5)
+        np.testing.assert_allclose(f.quantile(0.5), e["target"][-12:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sff", "dlinear", "deepar"])
+def test_gluonts_wrapped_predictor_survives_serialisation(name, tmp_path):
+    """predictor.serialize / Predictor.deserialize rebuild the module from its arguments and load the weights: the
+    wrapper must come back (a plain module would silently forecast without seasonal naive)."""
+    from gluonts.model.predictor import Predictor
+
+    from lightning_dpts.models.gluonts_residual import SUPPORTED_GLUONTS_MODELS
+
+    estimator = _gluonts(name)
+    module = seasonal_residual(estimator.create_lightning_module(), freq="M")
+    with torch.no_grad():  # a trained-looking correction, so that the weights matter too
+        for p in module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    predictor = estimator.create_predictor(estimator.create_transformation(), module)
+    predictor.serialize(tmp_path)
+    restored = Predictor.deserialize(tmp_path)
+    assert type(restored.prediction_net) in {v[0] for v in SUPPORTED_GLUONTS_MODELS.values()}
+    assert type(restored.prediction_net.model) is type(module.model)
+    for a, b in zip(module.state_dict().values(), restored.prediction_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+    past = torch.rand(2, module.model.context_length) + 1.0
+    if name != "deepar":
+        args = {"past_target": past} if name == "sff" else {"past_target": past,
+                                                              "past_observed_values": torch.ones_like(past)}
+        module.eval()
+        restored.prediction_net.eval()
+        torch.testing.assert_close(module.model(**args)[1], restored.prediction_net.model(**args)[1])
+
+
+def test_gluonts_deepar_loss_uses_the_value_one_season_back():
+    """Independent check of the shifted likelihood: with the location projection at zero, DeepAR's per-step
+    distribution is StudentT(df, 0, s) scaled by the window's scale and moved to y[t - 12]; the loss must equal
+    -log p computed by hand from those pieces."""
+    estimator = _gluonts("deepar")
+    module = seasonal_residual(estimator.create_lightning_module(), freq="M")
+    model = module.model
+    batch_size, past = 3, model._past_length
+    rng = np.random.default_rng(2)
+    series = torch.tensor(rng.gamma(2.0, 30.0, (batch_size, past + H)), dtype=torch.float32)
+    inputs = {"feat_static_cat": torch.zeros(batch_size, 1, dtype=torch.long),
+              "feat_static_real": torch.zeros(batch_size, 1),
+              "past_time_feat": torch.zeros(batch_size, past, model.num_feat_dynamic_real),
+              "past_target": series[:, :past], "past_observed_values": torch.ones(batch_size, past),
+              "future_time_feat": torch.zeros(batch_size, H, model.num_feat_dynamic_real)}
+    loss = model.loss(**inputs, future_target=series[:, past:], future_observed_values=torch.ones(batch_size, H),
+                      future_only=True, aggregate_by=torch.sum)
+    params, scale, *_ = model.unroll_lagged_rnn(**inputs, future_target=series[:, past:])
+    df, loc, s = (p[:, -H:] for p in params)
+    assert torch.all(loc == 0)  # the zero-initialised correction
+    y = series[:, past:]
+    expected = -torch.distributions.StudentT(df, y.new_zeros(()), s * scale).log_prob(
+        y - series[:, past - 12: past + H - 12]).sum(-1)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["sff", "dlinear", "deepar"])
+def test_gluonts_module_private_training_windows_independent(name):
+    """DPForecastStrategy trains the wrapped GluonTS module (per-window gradients, spot check on every step); the
+    independence probe accepts it, and parameters move."""
+    import warnings
+
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+
+    module = seasonal_residual(_gluonts(name).create_lightning_module(), freq="M")
+    before = [p.detach().clone() for p in module.parameters()]
+    dm = StructuredSubsamplingDataModule(_table(length=150), batch_size=8, model=module)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1, spot_check=1.0),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, datamodule=dm)
+    assert not [w for w in caught if "mixes the windows" in str(w.message)]
+    assert trainer.global_step == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("make", [_mlp, GRUHead])
@@ -141,3 +286,69 @@ def test_held_out_evaluation_scores_next_to_seasonal_naive(tmp_path):
     written = json.loads((tmp_path / "private" / "evaluation.json").read_text())
     assert written["metrics"]["seasonal_naive"]["crps"] == pytest.approx(metrics["seasonal_naive"]["crps"])
     assert "private" in written["notice"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "sff"])
+def test_held_out_evaluation_non_dp_reference(name):
+    """non_dp=True trains a copy of the initial module without DP for the same steps and scores it; the DP module
+    trained too (it moved from its initial weights), and the two models score differently."""
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    predictor = None
+    if name == "mlp":
+        module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M")
+    else:
+        estimator = _gluonts("sff")
+        module = seasonal_residual(estimator.create_lightning_module(), freq="M")
+        predictor = lambda m: estimator.create_predictor(estimator.create_transformation(), m)  # noqa: E731
+    initial = [p.detach().clone() for p in module.parameters()]
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=1)
+    lines: list[str] = []
+    evaluation = HeldOutEvaluation(print_fn=lines.append, non_dp=True, predictor=predictor)
+    trainer = L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[evaluation, DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5)])
+    trainer.fit(module, datamodule=dm)
+    report = evaluation.report
+    assert set(report["metrics"]) == {"dp", "seasonal_naive", "non_dp"}
+    assert report["non_dp_steps"] == 5
+    assert report["metrics"]["non_dp"]["crps"] != report["metrics"]["dp"]["crps"]
+    assert "non_dp CRPS" in lines[0]
+    assert any(not torch.equal(a, b) for a, b in zip(initial, module.parameters(), strict=True))
+
+
+def test_held_out_evaluation_non_dp_must_come_before_the_strategy():
+    import lightning as L
+
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M")
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=1)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5),
+                                   HeldOutEvaluation(print_fn=None, non_dp=True)])
+    with pytest.raises(ConfigurationError, match="before the DPForecastStrategy"):
+        trainer.fit(module, datamodule=dm)
+    with pytest.raises(ConfigurationError, match="non_dp_trainer_kwargs"):
+        HeldOutEvaluation(non_dp=True, non_dp_trainer_kwargs={"max_steps": 3})
+
+
+def test_residual_false_is_the_same_network_without_the_seasonal_naive_location():
+    """The comparison variant of the benchmark: the mean is the network's output alone, its initialisation kept."""
+    from lightning_dpts.models import SeasonalResidualLightningModule
+
+    torch.manual_seed(0)
+    net = _mlp()
+    weights = net[-1].weight.detach().clone()
+    module = SeasonalResidualLightningModule(net, H, P, 12, residual=False)
+    assert torch.equal(net[-1].weight, weights) and weights.abs().sum() > 0
+    past = torch.rand(4, P) + 1.0
+    (mu, _), _, scale = module.model(past, torch.ones_like(past))
+    torch.testing.assert_close(mu, net(past / scale))

@@ -18,9 +18,9 @@ Every quantity is computed from one window alone (no batch statistics; the strat
 it), and nothing before the past window P is read, so P is the whole L_C the accountant counts.
 
 Supported: a **plain torch module** mapping the scaled past window ``[batch, P]`` to a correction
-``[batch, H]`` (an MLP, a GRU with a linear head, ...). **GluonTS modules** (DeepAR, SimpleFeedForward, ...) are
-refused: their forecasts are distributions built inside the model (DeepAR samples its horizon autoregressively),
-so shifting their location by seasonal naive needs model-specific changes that are not written yet.
+``[batch, H]`` (an MLP, a GRU with a linear head, ...), and the LightningModules of GluonTS' **SimpleFeedForward,
+DLinear and DeepAR**, whose output distribution's location is shifted by seasonal naive
+(:mod:`lightning_dpts.models.gluonts_residual`; other GluonTS models are refused).
 """
 
 from __future__ import annotations
@@ -40,16 +40,19 @@ from lightning_dpts.models.seasonal_linear import _SPREAD_AT_INIT, CRPSSteps, Se
 __all__ = ["SeasonalResidualLightningModule", "SeasonalResidualModel", "seasonal_residual"]
 
 
-def _refuse_gluonts(net: Any) -> None:
-    owner = type(net).__module__.split(".")[0]
+def _is_gluonts(net: Any) -> bool:
     inner = getattr(net, "model", net)
-    if owner == "gluonts" or type(inner).__module__.split(".")[0] == "gluonts" or hasattr(inner, "describe_inputs"):
+    return (type(net).__module__.split(".")[0] == "gluonts" or type(inner).__module__.split(".")[0] == "gluonts"
+            or hasattr(inner, "describe_inputs"))
+
+
+def _refuse_gluonts(net: Any) -> None:
+    if _is_gluonts(net):
         raise ConfigurationError(
             "net", type(net).__name__,
-            "is a GluonTS module; seasonal_residual supports plain torch modules that map the scaled past window "
-            "[batch, context_length] to a correction [batch, prediction_length] (e.g. an MLP or a GRU with a "
-            "linear head). GluonTS modules (DeepAR, SimpleFeedForward, ...) build their distribution inside the "
-            "model and are not supported yet")
+            "is a GluonTS module; SeasonalResidualModel takes plain torch modules that map the scaled past window "
+            "[batch, context_length] to a correction [batch, prediction_length]; pass GluonTS LightningModules "
+            "(SimpleFeedForward, DLinear, DeepAR) to seasonal_residual() instead")
     if not isinstance(net, nn.Module):
         raise ConfigurationError("net", type(net).__name__, "must be a torch.nn.Module")
 
@@ -86,15 +89,20 @@ class SeasonalResidualModel(nn.Module):
         prediction_length: H.
         context_length: P, the whole past window read (no lags beyond it), >= max(2, season_length + 1).
         season_length: m >= 1.
+        residual: ``False`` drops the seasonal-naive location and keeps ``net``'s own initialisation (the mean is
+            ``net``'s output alone): the same network and head without the wrapper, for comparisons.
     """
 
-    def __init__(self, net: nn.Module, prediction_length: int, context_length: int, season_length: int = 1) -> None:
+    def __init__(self, net: nn.Module, prediction_length: int, context_length: int, season_length: int = 1,
+                 residual: bool = True) -> None:
         super().__init__()
         _refuse_gluonts(net)
         self.baseline = SeasonalLinearModel(prediction_length, context_length, season_length)  # features only
         del self.baseline.proj  # no parameters: it computes seasonal naive, the spread unit and the scale
         self.net = net
-        _zero_last_linear(net)
+        self.residual = residual
+        if residual:
+            _zero_last_linear(net)
         self.prediction_length = prediction_length
         self.context_length = context_length
         self.season_length = season_length
@@ -119,7 +127,7 @@ class SeasonalResidualModel(nn.Module):
         if correction.shape != naive.shape:
             raise ConfigurationError("net", type(self.net).__name__, f"must map [batch, {self.context_length}] to "
                                      f"[batch, {self.prediction_length}], got {tuple(correction.shape)}")
-        mu = naive + correction
+        mu = naive + correction if self.residual else correction
         sigma = self.spread(unit)
         return (mu, sigma), torch.zeros_like(scale), scale
 
@@ -140,9 +148,9 @@ class SeasonalResidualLightningModule(CRPSSteps):
     """
 
     def __init__(self, net: nn.Module, prediction_length: int, context_length: int, season_length: int = 1,
-                 lr: float = 1e-2) -> None:
+                 lr: float = 1e-2, residual: bool = True) -> None:
         super().__init__()
-        self.model = SeasonalResidualModel(net, prediction_length, context_length, season_length)
+        self.model = SeasonalResidualModel(net, prediction_length, context_length, season_length, residual)
         self.lr = lr
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -178,13 +186,20 @@ class SeasonalResidualLightningModule(CRPSSteps):
         return list(q.cpu().numpy().astype(float))
 
 
-def seasonal_residual(net: nn.Module, *, prediction_length: int, context_length: int, freq: str | None = None,
-                      season_length: int | None = None, lr: float = 1e-2) -> SeasonalResidualLightningModule:
-    """Wrap ``net`` (scaled past window ``[B, P]`` -> correction ``[B, H]``) as seasonal naive plus its correction.
+def seasonal_residual(net: Any, *, prediction_length: int | None = None, context_length: int | None = None,
+                      freq: str | None = None, season_length: int | None = None, lr: float = 1e-2) -> Any:
+    """Wrap ``net`` as seasonal naive plus its correction.
 
-    The season length m comes from ``freq`` (GluonTS ``get_seasonality``) unless given. Returns a LightningModule
-    that :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` reads its geometry from (``model=``).
-    GluonTS modules are refused (:class:`ConfigurationError`; see the module docstring).
+    * a plain torch module (scaled past window ``[B, P]`` -> correction ``[B, H]``; ``prediction_length`` and
+      ``context_length`` required): returns a :class:`SeasonalResidualLightningModule`, which
+      :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` reads its geometry from (``model=``);
+    * a GluonTS LightningModule of SimpleFeedForward, DLinear or DeepAR: shifts its output distribution's location
+      by seasonal naive **in place** and returns the same module (train it and build its predictor as before;
+      :mod:`lightning_dpts.models.gluonts_residual`). ``prediction_length``/``context_length``, if given, must be
+      the model's.
+
+    The season length m comes from ``freq`` (GluonTS ``get_seasonality``) unless given. Other GluonTS models are
+    refused (:class:`ConfigurationError`).
     """
     if season_length is None:
         if freq is None:
@@ -192,4 +207,15 @@ def seasonal_residual(net: nn.Module, *, prediction_length: int, context_length:
         from gluonts.time_feature import get_seasonality
 
         season_length = int(get_seasonality(freq))
+    if _is_gluonts(net):
+        from lightning_dpts.models.gluonts_residual import wrap_gluonts
+
+        inner = getattr(net, "model", net)
+        for name, value in (("prediction_length", prediction_length), ("context_length", context_length)):
+            if value is not None and getattr(inner, name, value) != value:
+                raise ConfigurationError(name, value, f"must be the GluonTS model's ({getattr(inner, name)})")
+        return wrap_gluonts(net, season_length)
+    if prediction_length is None or context_length is None:
+        raise ConfigurationError("prediction_length" if prediction_length is None else "context_length", None,
+                                 "give it for a plain torch module")
     return SeasonalResidualLightningModule(net, prediction_length, context_length, season_length, lr)

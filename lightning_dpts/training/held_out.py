@@ -8,10 +8,18 @@ them with the verdict ``dpts fit`` prints, and, given ``output_dir``, writes the
 run writes"). Scoring reuses :func:`lightning_dpts.evaluation.score_windows` (pooled CRPS = mean weighted quantile
 loss, MAE of the median, MASE) and :func:`lightning_dpts.evaluation.verdict`; seasonal naive is GluonTS's
 ``SeasonalNaivePredictor`` (:func:`lightning_dpts.scoring.baseline_forecasts`).
+
+With ``non_dp=True`` it also trains **the same model without DP** (a deep copy of the module taken at ``setup``,
+before any step, trained on the same datamodule for the same number of optimizer steps, with a plain Trainer and
+no DP callbacks) and scores it next to the private model and seasonal naive, as ``dpts fit`` does: the cost of
+privacy, and whether the model itself (not the budget) is the limit. This doubles the training time; the non-DP
+model is computed from the private data without DP, so its numbers and the model itself are private too (the
+callback keeps only its scores).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -37,15 +45,30 @@ class HeldOutEvaluation(pl.Callback):
         season_length: m of seasonal naive and MASE (default: from the datamodule's frequency).
         output_dir: if given, write ``output_dir/private/evaluation.json`` (private: not covered by the guarantee).
         print_fn: where the comparison and the verdict go (``print``; ``None`` prints nothing).
+        non_dp: also train and score the same model without DP (module docstring). List this callback **before**
+            the ``DPForecastStrategy`` in ``callbacks`` so that its copy is taken before the strategy prepares the
+            module (refused otherwise).
+        non_dp_trainer_kwargs: extra ``lightning.Trainer`` arguments for the non-DP fit (e.g. ``accelerator``);
+            ``max_steps``, ``logger``, checkpointing and progress bars are set by the callback.
 
-    After the fit, :attr:`report` holds ``{"metrics": {"dp": ..., "seasonal_naive": ...}, "verdict": [...], ...}``.
+    After the fit, :attr:`report` holds ``{"metrics": {"dp": ..., "seasonal_naive": ..., "non_dp": ...},
+    "verdict": [...], ...}`` (``non_dp`` only with ``non_dp=True``).
     """
 
     def __init__(self, split: str = "test", *, predictor: Callable[[Any], Any] | None = None,
                  season_length: int | None = None, output_dir: str | Path | None = None,
-                 print_fn: Callable[[str], None] | None = print) -> None:
+                 print_fn: Callable[[str], None] | None = print, non_dp: bool = False,
+                 non_dp_trainer_kwargs: dict[str, Any] | None = None) -> None:
         if split not in ("test", "val"):
             raise ConfigurationError("split", split, "must be 'test' or 'val'")
+        if not isinstance(non_dp, bool):
+            raise ConfigurationError("non_dp", non_dp, "must be True or False")
+        reserved = {"max_steps", "max_epochs", "callbacks", "logger"} & set(non_dp_trainer_kwargs or {})
+        if reserved:
+            raise ConfigurationError("non_dp_trainer_kwargs", sorted(reserved), "are set by HeldOutEvaluation")
+        self.non_dp = non_dp
+        self.non_dp_trainer_kwargs = dict(non_dp_trainer_kwargs or {})
+        self._initial: Any = None
         self.split = split
         self.predictor = predictor
         self.season_length = season_length
@@ -65,8 +88,18 @@ class HeldOutEvaluation(pl.Callback):
                                  "pass predictor=lambda m: estimator.create_predictor("
                                  "estimator.create_transformation(), m) for a GluonTS module")
 
-    def evaluate(self, module: Any, dm: Any, strategy: Any = None, accountant: Any = None) -> dict[str, Any]:
-        """Score ``module`` on ``dm``'s held-out windows next to seasonal naive; returns (and keeps) the report."""
+    def _quantiles(self, module: Any, dm: Any, windows: list[Any]) -> list[np.ndarray]:
+        was_training = module.training
+        module.eval()
+        try:
+            return self._model_quantiles(module, dm, windows)
+        finally:
+            module.train(was_training)
+
+    def evaluate(self, module: Any, dm: Any, strategy: Any = None, accountant: Any = None,
+                 non_dp_module: Any = None) -> dict[str, Any]:
+        """Score ``module`` (and ``non_dp_module``, if given) on ``dm``'s held-out windows next to seasonal naive;
+        returns (and keeps) the report."""
         from gluonts.time_feature import get_seasonality
 
         from lightning_dpts.evaluation import score_windows, verdict
@@ -76,12 +109,7 @@ class HeldOutEvaluation(pl.Callback):
         if not windows:
             raise ConfigurationError(f"{self.split}_windows", 0, "must be >= 1 for HeldOutEvaluation")
         season = self.season_length or int(get_seasonality(dm.freq))
-        was_training = module.training
-        module.eval()
-        try:
-            model_q = self._model_quantiles(module, dm, windows)
-        finally:
-            module.train(was_training)
+        model_q = self._quantiles(module, dm, windows)
         entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]
         naive_q = [quantile_matrix(f) for f in baseline_forecasts(entries, dm.prediction_length, season, dm.freq,
                                                                   autoets=False)["seasonal_naive"]]
@@ -90,6 +118,9 @@ class HeldOutEvaluation(pl.Callback):
         index = [w.window for w in windows]
         metrics = {"dp": score_windows(model_q, labels, histories, index, season),
                    "seasonal_naive": score_windows(naive_q, labels, histories, index, season)}
+        if non_dp_module is not None:
+            metrics["non_dp"] = score_windows(self._quantiles(non_dp_module, dm, windows), labels, histories, index,
+                                              season)
         spec = dm.sampling_spec
         report: dict[str, Any] = {
             "notice": "private: computed from the held-out windows of the private data without DP; the (epsilon, "
@@ -112,6 +143,31 @@ class HeldOutEvaluation(pl.Callback):
         self.report = report
         return report
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from lightning_dpts.training.strategy import DPForecastStrategy
+
+        if stage != "fit" or not self.non_dp:
+            return
+        if any(isinstance(c, DPForecastStrategy) and c.surgery is not None for c in trainer.callbacks):
+            raise ConfigurationError("callbacks", "HeldOutEvaluation after DPForecastStrategy",
+                                     "list HeldOutEvaluation(non_dp=True) before the DPForecastStrategy: its copy of "
+                                     "the initial model must be taken before the strategy prepares the module")
+        self._initial = copy.deepcopy(pl_module)  # the initial weights, before any step
+
+    def _train_non_dp(self, trainer: pl.Trainer, dm: Any) -> Any:
+        """Train the initial copy without DP for the DP run's number of optimizer steps; returns it."""
+        import warnings
+
+        module, self._initial = self._initial, None
+        plain = pl.Trainer(**{"accelerator": "cpu", "enable_checkpointing": False, "enable_progress_bar": False,
+                              "enable_model_summary": False, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+                              **self.non_dp_trainer_kwargs},
+                           max_steps=trainer.global_step, max_epochs=-1, logger=False, callbacks=[])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain.fit(module, datamodule=dm)
+        return module
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from lightning_dpts.training.accountant_callback import AccountantCallback
         from lightning_dpts.training.strategy import DPForecastStrategy
@@ -124,7 +180,10 @@ class HeldOutEvaluation(pl.Callback):
                                      "StructuredSubsamplingDataModule (fit(model, datamodule=dm))")
         strategy = next((c for c in trainer.callbacks if isinstance(c, DPForecastStrategy)), None)
         accountant = next((c for c in trainer.callbacks if isinstance(c, AccountantCallback)), None)
-        report = self.evaluate(pl_module, dm, strategy, accountant)
+        non_dp_module = self._train_non_dp(trainer, dm) if self.non_dp and self._initial is not None else None
+        report = self.evaluate(pl_module, dm, strategy, accountant, non_dp_module)
+        if non_dp_module is not None:
+            report["non_dp_steps"] = trainer.global_step
         metrics = report["metrics"]
         logged = {f"heldout_{self.split}/{model}_{name}": value for model, m in metrics.items()
                   for name, value in m.items() if name in ("crps", "mae", "mase") and math.isfinite(value)}
