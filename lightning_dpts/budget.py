@@ -138,7 +138,6 @@ def noise_multiplier(config: FitConfig, spec: Any, train_epsilon: float,
     (default): :func:`cyclic_bandmf`. Else a given sigma must allow one step
     (:func:`check_one_step`); an unset one is calibrated for (``train_epsilon``, delta) in ``epochs`` epochs.
     """
-    from lightning_dpts.privacy import calibrate_noise_multiplier
 
     sigma = config.noise_multiplier
     if config.monte_carlo:
@@ -152,16 +151,23 @@ def noise_multiplier(config: FitConfig, spec: Any, train_epsilon: float,
         return sigma, None
     progress(f"calibrating the noise multiplier for epsilon={train_epsilon:g}, delta={config.delta:g} "
              f"in {config.epochs} epochs ({config.epochs * spec.steps_per_epoch} steps) ...")
+    sigma = _calibrate(config, spec, train_epsilon)
+    progress(f"noise multiplier {sigma:.4f}")
+    return sigma, None
+
+
+def _calibrate(config: FitConfig, spec: Any, train_epsilon: float, **kwargs: Any) -> float:
+    """``calibrate_noise_multiplier`` for the run's epochs, its refusal re-worded in ``dpts fit``'s options."""
+    from lightning_dpts.privacy import calibrate_noise_multiplier
+
     try:
-        sigma = calibrate_noise_multiplier(spec, train_epsilon, config.delta, epochs=config.epochs)
+        return calibrate_noise_multiplier(spec, train_epsilon, config.delta, epochs=config.epochs, **kwargs)
     except ConfigurationError as err:
         raise ConfigurationError(
             "epsilon", config.epsilon,
             f"{err.requirement}; raise --epsilon or --delta, lower --epochs or --batch-size, or give "
             "--noise-multiplier (training then stops when the budget is spent)",
         ) from err
-    progress(f"noise multiplier {sigma:.4f}")
-    return sigma, None
 
 
 def cyclic_bandmf(config: FitConfig, spec: Any, train_epsilon: float,
@@ -172,7 +178,6 @@ def cyclic_bandmf(config: FitConfig, spec: Any, train_epsilon: float,
     every k steps; a given sigma must allow one opportunity, an omitted one is calibrated with the PLD accountant
     (exact at any delta). The :class:`~lightning_dpts.training.AccountantCallback` then stops training before the
     budget is exceeded, as for DP-SGD."""
-    from lightning_dpts.privacy import calibrate_noise_multiplier
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
     from lightning_dpts.training.correlated_noise import optimize_coefficients
 
@@ -187,15 +192,7 @@ def cyclic_bandmf(config: FitConfig, spec: Any, train_epsilon: float,
         progress(f"calibrating the noise multiplier for epsilon={train_epsilon:g}, delta={config.delta:g} in "
                  f"{config.epochs} epochs ({steps} steps, BandMF b={b}, cyclic Poisson in {spec.bands} groups: "
                  f"{spec.compositions(steps)} participation opportunities per series) ...")
-        try:
-            sigma = calibrate_noise_multiplier(spec, train_epsilon, config.delta, epochs=config.epochs,
-                                               coefficients=coefficients)
-        except ConfigurationError as err:
-            raise ConfigurationError(
-                "epsilon", config.epsilon,
-                f"{err.requirement}; raise --epsilon or --delta, lower --epochs or --batch-size, or give "
-                "--noise-multiplier (training then stops when the budget is spent)",
-            ) from err
+        sigma = _calibrate(config, spec, train_epsilon, coefficients=coefficients)
         progress(f"noise multiplier {sigma:.4f}")
     if b == 1:
         strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, seed=config.seed,
