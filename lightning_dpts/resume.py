@@ -59,11 +59,21 @@ def _stored_config(config: Any) -> dict[str, Any]:
 
 def write_run_ledger(path: Path, config: Any, ledger: dict[str, Any]) -> None:
     """Write ``ledger.json`` (tmp file and ``os.replace``: a kill leaves the old or the new file, never half)."""
-    data = {"written_by": "lightning_dpts", "config": _stored_config(config), "ledger": ledger}
+    _write_ledger_text(path, _config_text(config), ledger)
+
+
+def _config_text(config: Any) -> str:
+    """The stored configuration as JSON text (serialised once per run: it does not change between steps)."""
+    return json.dumps(_stored_config(config), indent=2)
+
+
+def _write_ledger_text(path: Path, config_text: str, ledger: dict[str, Any]) -> None:
+    """:func:`write_run_ledger` with the configuration already serialised (the per-step write)."""
+    text = f'{{"written_by": "lightning_dpts", "config": {config_text}, "ledger": {json.dumps(ledger, indent=2)}}}'
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -186,6 +196,8 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
 
     from lightning_dpts.outputs import atomic_path
 
+    config_text = _config_text(config)  # written after every noisy step: serialised once here
+
     class RunLedgerCallback(L.Callback):
         """Rewrites ``ledger.json`` after every noisy step, saves ``last.ckpt`` at every epoch's end, and on a resume
         charges the steps the run directory took beyond the checkpoint before the accountant plans."""
@@ -197,7 +209,7 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
 
         def _write(self, trainer: L.Trainer) -> None:
             if trainer.is_global_zero:
-                write_run_ledger(run_dir / RUN_LEDGER, config, self._strategy(trainer).ledger.to_dict())
+                _write_ledger_text(run_dir / RUN_LEDGER, config_text, self._strategy(trainer).ledger.to_dict())
 
         def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             if resume is not None:  # after Lightning restored the checkpoint, before the accountant plans
