@@ -132,8 +132,10 @@ def step_lines(every: int | None = None, write: Callable[[str], None] = print) -
             if step == self._last:
                 return
             self._last = step
-            shown = ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(trainer.callback_metrics.items())
-                              if k in ("train_loss", "epsilon", "epsilon_monte_carlo_upper"))
+            metrics = {k: v for k, v in trainer.callback_metrics.items() if k == "train_loss"}
+            for callback in trainer.callbacks:  # the AccountantCallback's last epsilon (it skips the metrics
+                metrics.update(getattr(callback, "last_logged", {}))  # of a progress bar that is not there)
+            shown = ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(metrics.items()))
             write(f"  step {step}, epoch {trainer.current_epoch}" + (f": {shown}" if shown else ""))
 
         def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:

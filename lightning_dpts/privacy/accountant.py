@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.privacy import curve as _curve
 from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
 from lightning_dpts.privacy.bounds import BOUNDS, naive_dpsgd_profile, select_profile
 from lightning_dpts.privacy.pld import (
@@ -44,6 +45,7 @@ __all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "Struc
            "PrivacyReport"]
 
 _CACHE_SIZE = 32
+_PLAIN_CACHE = 4
 
 #: Smallest delta the accountant reads out. Below it the tail truncation (and the FFT round-off of
 #: dp_accounting's composition, about 1e-16 per grid point) would no longer be negligible against delta.
@@ -142,6 +144,8 @@ class ProfileAccountant:
         self._compositions: dict[tuple[int, int], Composition] = {}
         self._composed: OrderedDict[tuple[int, int], list[PrivacyLossDistribution]] = OrderedDict()
         self._squared_cache: dict[tuple[int, int], SquaredComposition] = {}
+        self._plain_cache: dict[tuple[int, int], tuple[int | None, tuple[PrivacyLossDistribution, ...]]] = {}
+        self._single: dict[float, float] = {}  # epsilon of one unit (the profile itself) by delta
         self._warned = False
 
     def epsilon_after(self, compositions: int, delta: float) -> float:
@@ -271,6 +275,17 @@ class ProfileAccountant:
         """
         if compositions > MAX_COMPOSITIONS:
             raise _TooLarge
+        key = (level, compositions)
+        if key in self._plain_cache:
+            grid, plds = self._plain_cache[key]
+            return grid, list(plds)
+        result = self._plain_uncached(compositions, level)
+        self._plain_cache[key] = (result[0], tuple(result[1]))
+        if len(self._plain_cache) > _PLAIN_CACHE:  # the same PLDs as _composed holds, for the epsilon curve
+            self._plain_cache.pop(next(iter(self._plain_cache)))
+        return result
+
+    def _plain_uncached(self, compositions: int, level: int) -> tuple[int | None, list[PrivacyLossDistribution]]:
         grid, limited = self._grid_and_limit(compositions, level)
         if self._squares(compositions, False):
             return None, [self._squared(compositions, level).pld]
@@ -354,6 +369,18 @@ class ProfileAccountant:
                           f"{estimate:.2%} (discretisation and round-off bounds of the composition by squaring; "
                           "excess_estimate() returns it); it remains an upper bound", RuntimeWarning, stacklevel=3)
 
+    def prepare(self, delta: float) -> None:
+        """Build what every read-out at ``delta`` starts from: the unit PLDs of its read-out levels (at grid 0) and
+        epsilon of one unit. A :meth:`clone` made afterwards shares them (the AccountantCallback builds them once,
+        then searches the budget and computes its epsilon table in two threads)."""
+        delta = _check_delta(delta)
+        try:
+            for level in (0, 1) if delta < FINE_DELTA else (0,):
+                self._unit(level, 0)
+            self._epsilon_units(1, delta)
+        except _TooLarge:  # pragma: no cover - one unit is never beyond the memory bound
+            pass
+
     @property
     def unit_pld(self) -> PrivacyLossDistribution:
         """The PLD of one composition unit at the default tail truncation (built once, lazily)."""
@@ -401,7 +428,9 @@ class ProfileAccountant:
         if compositions == 0:
             return 0.0
         if compositions == 1:  # one unit: the profile itself, no discretisation
-            return float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
+            if delta not in self._single:
+                self._single[delta] = float(epsilon_for_delta(self.profile, delta, rtol=1e-9))
+            return self._single[delta]
         if self._fine_only(compositions):
             return self._eps(compositions, 1, delta)
         if delta >= FINE_DELTA:
@@ -521,13 +550,17 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
                          min_grid_points=min_grid_points, scale=("noise_multiplier", self.noise_multiplier))
 
     def clone(self) -> StructuredSubsamplingAccountant:
-        """A new accountant with the same settings and empty caches (e.g. for another thread: the caches are not
-        thread-safe)."""
-        return StructuredSubsamplingAccountant(
+        """A new accountant with the same settings for another thread (the compositions' caches are not
+        thread-safe): it starts with this one's unit PLDs and one-unit epsilons (immutable, so shared; see
+        :meth:`prepare`) and empty composition caches."""
+        other = StructuredSubsamplingAccountant(
             self.spec, self.noise_multiplier, bound=self.bound, discretization=self.discretization,
             tail_mass_truncation=self.tail_mass_truncation, min_grid_points=self.min_grid_points, naive=self.naive,
             coefficients=self.coefficients,
         )
+        other._unit_plds = dict(self._unit_plds)
+        other._single = dict(self._single)
+        return other
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -566,13 +599,14 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         """Epsilon at increasing composition counts ``start = c_0 < c_1 < ... = compositions``, lazily.
 
         Each value e_i is a sound upper bound on epsilon after c_i units at ``delta`` (a pessimistic PLD of
-        Lemma D.16, composed by :class:`~lightning_dpts.privacy.pld.Composition` without tilt on the read-out
-        level's grid of :meth:`_grid`; the tilted composition :meth:`epsilon` adds below :data:`FINE_DELTA` is
-        skipped, so every value is >= :meth:`epsilon` at the same count and costs a few FFTs of the composed
-        length). The counts are chosen so that e_{i+1} <= (1 + ``rtol``) e_i wherever one
-        composition does not already step further (then c_{i+1} = c_i + 1). Since the true epsilon is
-        nondecreasing in the count, e_{i+1} bounds epsilon at every count in (c_i, c_{i+1}] and, for every such
-        count c, is within a factor (1 + rtol) of any upper bound at c that is at least e_i.
+        Lemma D.16, composed in batches on the coarsest grid of the ladder whose excess over this accountant's
+        own grid, measured at the last count, is at most ``rtol / 4``, and with an exponential tilt too where the
+        FFT's round-off bound would matter; :mod:`lightning_dpts.privacy.curve`). Since
+        the true epsilon is nondecreasing in the count, e_{i+1} bounds epsilon at every count in (c_i, c_{i+1}],
+        and the counts are chosen so that it is within a factor 1 + ``rtol`` of :meth:`epsilon_after` at every
+        such count (consecutive values differ by at most that factor, over the grid's measured excess, wherever
+        one composition does not already step further). Every value is >= :meth:`epsilon_after` at the same count
+        up to round-off (nested grids: a coarser connect-the-dots PLD dominates a finer one).
 
         Raises ConfigurationError (``steps``) when a count exceeds the memory bound.
         """
@@ -580,39 +614,15 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
         _check_steps("compositions", compositions)
         if not 0 < rtol <= 1:
             raise ConfigurationError("rtol", rtol, "must lie in (0, 1]")
-        def value(c: int) -> float:
+        curve = _curve.epsilon_curve(self, compositions, delta, rtol, start, fine_delta=FINE_DELTA)
+        while True:
             try:
-                if c == 1:
-                    return self._epsilon_units(1, delta)
-                def plain(level: int, at: float) -> float:
-                    return min(epsilon_from_pld(p, at) for p in self._plain(c, level)[1])
-
-                if self._fine_only(c):
-                    return plain(1, delta)
-                if delta >= FINE_DELTA:
-                    return plain(0, delta)
-                # as _epsilon_units, without the tilted composition (which only lowers the result)
-                return max(plain(1, delta), plain(0, FINE_DELTA))
+                point = next(curve)
+            except StopIteration:
+                return
             except _TooLarge:
-                raise self._too_many(c) from None
-
-        if compositions < max(start, 1):
-            return
-        c_prev = max(start, 1)
-        e_prev = value(c_prev)
-        yield c_prev, e_prev
-        exponent = 0.5  # local d log eps / d log c; sqrt growth until measured
-        while c_prev < compositions:
-            c = min(compositions, c_prev + max(1, int(c_prev * ((1.0 + rtol) ** (1.0 / exponent) - 1.0))))
-            while True:
-                e = value(c)
-                if e <= (1.0 + rtol) * e_prev or c == c_prev + 1:
-                    break
-                c = c_prev + max(1, (c - c_prev) // 2)
-            if e > e_prev > 0:
-                exponent = min(1.0, max(0.1, math.log(e / e_prev) / math.log(c / c_prev)))
-            yield c, e
-            c_prev, e_prev = c, e
+                raise self._too_many(compositions) from None
+            yield point
 
     # ------------------------------------------------------------------------------------------------
     # read-outs

@@ -19,18 +19,20 @@ for the model, over every fit. The strategy refuses to continue a non-empty ledg
 Per-step epsilon. Composing a privacy-loss distribution takes milliseconds, often more than a small training
 step, so epsilon is not recomputed every step. At train start a table of epsilon at composition counts
 c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget) is computed with
-:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve`: consecutive values differ by at
-most a factor 1 + ``grid_rtol`` (default 1%) wherever one composition does not step further. After step n
-(n compositions, or the number of started epochs) the callback logs the table's value at the first count
-c_i >= n. Epsilon is nondecreasing in the count, so that value is a sound upper bound, and it exceeds the
-epsilon actually spent by at most 1 + ``grid_rtol``. By default the table is finished before the first step (a
-thread computes it while the budget's step count is searched; train start waits for both), so the per-step cost
-is a table look-up plus the logger calls, and the progress bar's value is refreshed at most every
-:data:`BAR_INTERVAL` seconds (``self.log`` costs about half a millisecond; every logger still gets every step).
-With ``background_table=True`` the thread runs alongside training instead, which then competes with it for the
-CPU; a step the thread has not reached waits for it (``max_overhead`` limits the total wait; beyond it the
-budget's epsilon, also an upper bound, is logged). ``benchmarks/accountant.py --per-step`` measures both. The
-final report is computed exactly, and ``dpts fit``'s public epsilon curve reuses the table
+:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve` (:mod:`lightning_dpts.privacy.curve`:
+batched compositions on the coarsest grid within ``grid_rtol / 4`` of the accountant's; the default job's 400
+steps take about 0.04 s of CPU, a 10^4-step traffic plan about 0.1 s, benchmarks/epsilon_logging.py). After step
+n (n compositions, or the number of started epochs) the callback logs the table's value at the first count
+c_i >= n, and at the budget's last count the accountant's exact epsilon. Epsilon is nondecreasing in the count,
+so that value is a sound upper bound, and the table is built so that it exceeds the accountant's epsilon at n by
+at most a factor 1 + ``grid_rtol`` (default 1%). The table's thread (with an accountant of its own that shares the
+unit PLDs, :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.prepare`) runs while the budget's step
+count is searched and, by default (``background_table=True``), on into the first steps; a step whose value is not
+computed yet waits for it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper
+bound, is logged). ``background_table=False`` makes train start wait for the whole table. The per-step cost is a
+look-up plus the logger calls; the progress bar, where one is attached, gets the value at most every
+:data:`BAR_INTERVAL` seconds (``self.log`` costs 0.5-2 ms; every logger still gets every step). The final report
+is computed exactly, and ``dpts fit``'s public epsilon curve reuses the table
 (:meth:`AccountantCallback.epsilon_table`).
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
@@ -75,8 +77,9 @@ class AccountantCallback(StepAccountant):
         grid_rtol: the largest relative step (> 0, <= 0.5) between consecutive values of the epsilon table
             (default 0.01); every logged value is a sound upper bound within a factor 1 + grid_rtol of the epsilon
             spent at that step.
-        background_table: ``False`` (default): the epsilon table is complete before the first step (computed
-            while the budget's step count is searched). ``True``: computed by a thread alongside training.
+        background_table: ``True`` (default): the epsilon table is computed by a thread from train start, while
+            the budget's step count is searched and during the first steps; a step whose value is not computed yet
+            waits for it (``max_overhead``). ``False``: train start waits until the table is complete.
         max_overhead: with ``background_table=True``. ``None`` (default): when the table has not reached the
             current step, wait for it (every logged value is within ``grid_rtol``). A fraction (> 0): wait only
             while the total waiting stays below this fraction of the measured training time; otherwise log the
@@ -107,7 +110,7 @@ class AccountantCallback(StepAccountant):
         bound: str = "upper",
         grid_rtol: float = 0.01,
         max_overhead: float | None = None,
-        background_table: bool = False,
+        background_table: bool = True,
         log_name: str = "epsilon",
         monte_carlo_samples: int = 100_000,
     ) -> None:
@@ -208,6 +211,8 @@ class AccountantCallback(StepAccountant):
         self._tick: float | None = None
         self._bar_value: float | None = None
         self._bar_time = -math.inf
+        #: {metric name: value} logged after the last optimizer step (empty before the first)
+        self.last_logged: dict[str, float] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -271,8 +276,14 @@ class AccountantCallback(StepAccountant):
         left = self._trainer_steps_left(trainer)
         plan = None if left is None else accounted + left  # the search stops at the Trainer's plan
         self._stop_table()
-        if self._rank == 0 and plan is not None:  # start the epsilon table now, while max_steps is searched
-            self._start_table(accounted, plan)
+        if self._rank == 0 and plan is not None:
+            # the units both need, once; then the table in a thread of its own while max_steps is searched here
+            try:
+                acc.prepare(self.delta)
+            except ConfigurationError:
+                pass  # (sigma far too small) max_steps raises it below, on every rank
+            else:
+                self._start_table(accounted, plan)
         try:
             self.max_steps = _from_rank_zero(trainer, lambda: acc.max_steps(self.epsilon, self.delta, stop_at=plan))
         except BaseException:
@@ -461,13 +472,15 @@ class AccountantCallback(StepAccountant):
             left.append(int(epochs) * int(trainer.num_training_batches) - trainer.global_step)
         return max(0, min(left)) if left else None
 
-    def _start_table(self, accounted: int, planned: int) -> None:
-        """Start the background epsilon table over the compositions of steps (accounted, planned], with an
-        accountant of its own (the caches are not shared between threads)."""
+    def _start_table(self, accounted: int, planned: int, shared: bool = False) -> None:
+        """Start the epsilon table over the compositions of steps (accounted, planned] in its thread, with an
+        accountant of its own (its caches are not shared between threads), or with ``shared`` the callback's own
+        (reusing the compositions ``max_steps`` just computed; the caller then waits for the table)."""
         assert self.accountant is not None
         acc = self.accountant
         first, last = acc.compositions(accounted + 1), acc.compositions(max(planned, accounted + 1))
-        self.table = EpsilonTable(acc.clone(), self.delta, last, rtol=self.grid_rtol, start=first)
+        self.table = EpsilonTable(acc if shared else acc.clone(), self.delta, last, rtol=self.grid_rtol,
+                                  start=first)
 
     def _stop_table(self) -> None:
         if self.table is not None:
@@ -485,8 +498,8 @@ class AccountantCallback(StepAccountant):
         self._tick = None
         self._wait_time = self._train_time = 0.0
         self._timed_steps = 0
-        if self.table is None:  # no Trainer plan: the table runs up to the budget
-            self._start_table(accounted, self.max_steps)
+        if self.table is None:  # no Trainer plan: up to the budget's step count, reusing its compositions
+            self._start_table(accounted, self.max_steps, shared=not self.background_table)
         else:
             self.table.limit(last)
         if not self.background_table and self.table is not None:
@@ -528,7 +541,9 @@ class AccountantCallback(StepAccountant):
                     value = table.lookup(c, wait=True)
                     self._wait_time += time.perf_counter() - start
             if value is not None:
-                return value
+                # the budget's last count is read exactly (the table's grid may overstate it by grid_rtol / 4),
+                # so the logged epsilon never exceeds the one the run reports, nor the budget
+                return min(value, self._last[1]) if c <= self._last[0] else value
             if c <= self._last[0]:
                 return self._last[1]  # the budget's epsilon: an upper bound for every count the budget allows
         return self.accountant.epsilon(steps, self.delta)
@@ -539,6 +554,7 @@ class AccountantCallback(StepAccountant):
         if self.monte_carlo is not None:
             # The whole-run bound holds for every prefix (post-processing): log it, marked as a Monte Carlo bound.
             name, value = self.monte_carlo.log_name, float(self.monte_carlo_epsilon or 0.0)
+            self.last_logged = {name: value}
             if value != self._bar_value:
                 pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
                 self._bar_value = value
@@ -552,9 +568,11 @@ class AccountantCallback(StepAccountant):
             self._train_time += now - self._tick
             self._timed_steps += 1
         value = self.epsilon_upper_bound(self.steps)
-        # the progress bar keeps the last value; self.log costs ~0.5 ms, so at most every BAR_INTERVAL seconds
-        if value != self._bar_value and (now - self._bar_time >= BAR_INTERVAL or self._bar_value is None
-                                         or _last_step(trainer)):
+        self.last_logged = {self.log_name: value}
+        # the progress bar keeps the last value; self.log costs 0.5-2 ms, so at most every BAR_INTERVAL seconds,
+        # and only where a progress bar shows it (the loggers get every step below)
+        if trainer.progress_bar_callback is not None and value != self._bar_value and (
+                now - self._bar_time >= BAR_INTERVAL or self._bar_value is None or _last_step(trainer)):
             pl_module.log(self.log_name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
                           batch_size=1)
             self._bar_value = value
@@ -674,12 +692,16 @@ class EpsilonTable:
         self._done = False
         self._stop = False
         self.error: BaseException | None = None
+        #: wall-clock and CPU seconds the thread took (``None`` until it ends; benchmarks/epsilon_logging.py)
+        self.seconds: float | None = None
+        self.cpu_seconds: float | None = None
         self._cond = threading.Condition()
         self._curve = accountant.epsilon_curve(self.last, delta, rtol=rtol, start=start)
         self._thread = threading.Thread(target=self._run, name="dpts-epsilon-table", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        began, cpu = time.perf_counter(), time.thread_time()
         try:
             for count, value in self._curve:
                 with self._cond:
@@ -694,6 +716,8 @@ class EpsilonTable:
             self.error = err
         finally:
             with self._cond:
+                self.seconds = time.perf_counter() - began
+                self.cpu_seconds = time.thread_time() - cpu
                 self._done = True
                 self._cond.notify_all()
 
