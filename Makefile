@@ -20,3 +20,4 @@ bench: install
 	$(PYTHON) benchmarks/accountant.py
 	$(PYTHON) benchmarks/datamodule.py
 	$(PYTHON) benchmarks/dp_training.py
+	$(PYTHON) benchmarks/epsilon_logging.py
