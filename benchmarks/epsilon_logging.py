@@ -71,7 +71,7 @@ def baseline_curve(acc: StructuredSubsamplingAccountant, last: int, delta: float
             return acc._epsilon_units(1, delta)
 
         def plain(level: int, at: float) -> float:
-            return min(epsilon_from_pld(p, at) for p in acc._plain_uncached(c, level)[1])
+            return min(epsilon_from_pld(p, at) for p in acc._plain(c, level)[1])
 
         if acc._fine_only(c):
             return plain(1, delta)

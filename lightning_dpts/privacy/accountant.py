@@ -45,7 +45,6 @@ __all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "Struc
            "PrivacyReport"]
 
 _CACHE_SIZE = 32
-_PLAIN_CACHE = 4
 
 #: Smallest delta the accountant reads out. Below it the tail truncation (and the FFT round-off of
 #: dp_accounting's composition, about 1e-16 per grid point) would no longer be negligible against delta.
@@ -142,9 +141,9 @@ class ProfileAccountant:
         self._scale = scale
         self._unit_plds: dict[tuple[int, int], PrivacyLossDistribution] = {}
         self._compositions: dict[tuple[int, int], Composition] = {}
-        self._composed: OrderedDict[tuple[int, int], list[PrivacyLossDistribution]] = OrderedDict()
+        self._composed: OrderedDict[tuple[int, int], tuple[list[PrivacyLossDistribution],
+                                                            PrivacyLossDistribution | None]] = OrderedDict()
         self._squared_cache: dict[tuple[int, int], SquaredComposition] = {}
-        self._plain_cache: dict[tuple[int, int], tuple[int | None, tuple[PrivacyLossDistribution, ...]]] = {}
         self._single: dict[float, float] = {}  # epsilon of one unit (the profile itself) by delta
         self._warned = False
 
@@ -275,17 +274,6 @@ class ProfileAccountant:
         """
         if compositions > MAX_COMPOSITIONS:
             raise _TooLarge
-        key = (level, compositions)
-        if key in self._plain_cache:
-            grid, plds = self._plain_cache[key]
-            return grid, list(plds)
-        result = self._plain_uncached(compositions, level)
-        self._plain_cache[key] = (result[0], tuple(result[1]))
-        if len(self._plain_cache) > _PLAIN_CACHE:  # the same PLDs as _composed holds, for the epsilon curve
-            self._plain_cache.pop(next(iter(self._plain_cache)))
-        return result
-
-    def _plain_uncached(self, compositions: int, level: int) -> tuple[int | None, list[PrivacyLossDistribution]]:
         grid, limited = self._grid_and_limit(compositions, level)
         if self._squares(compositions, False):
             return None, [self._squared(compositions, level).pld]
@@ -388,7 +376,15 @@ class ProfileAccountant:
 
     def _composed_at(self, compositions: int, level: int) -> list[PrivacyLossDistribution]:
         """Upper-bounding PLDs after ``compositions`` units at read-out ``level`` (each is pessimistic; the
-        read-outs take the best of them, so they stay monotone in delta and inverse to each other).
+        read-outs take the best of them, so they stay monotone in delta and inverse to each other): the untilted
+        ones and, where one was composed, the tilted one (:meth:`_composed_parts`)."""
+        untilted, tilted = self._composed_parts(compositions, level)
+        return untilted if tilted is None else [*untilted, tilted]
+
+    def _composed_parts(self, compositions: int, level: int) -> tuple[list[PrivacyLossDistribution],
+                                                                      PrivacyLossDistribution | None]:
+        """(untilted PLDs, tilted PLD or ``None``) after ``compositions`` units at ``level``, cached (most recent
+        first; the epsilon curve reads the untilted ones too).
 
         On the grid of :meth:`_grid` (the finest that fits the count; coarser, still pessimistic, when the range
         would exceed :data:`~lightning_dpts.privacy.pld.MAX_COMPOSED_POINTS`). Composed by
@@ -399,6 +395,7 @@ class ProfileAccountant:
         if key in self._composed:
             self._composed.move_to_end(key)
             return self._composed[key]
+        tilted = None
         if compositions == 1:
             plds = [self._unit(level, 0)]
         else:
@@ -409,13 +406,13 @@ class ProfileAccountant:
                 tilt = saddlepoint_tilt(unit, compositions, epsilon_from_pld(plds[0], _TILT_DELTA[level]))
             if tilt != 0.0:
                 try:
-                    plds.append(compose(unit, compositions, self._tails(level)[1], tilt))
+                    tilted = compose(unit, compositions, self._tails(level)[1], tilt)
                 except OverflowError:
                     pass  # the untilted one alone is an upper bound
-        self._composed[key] = plds
+        self._composed[key] = (plds, tilted)
         if len(self._composed) > _CACHE_SIZE:
             self._composed.popitem(last=False)
-        return plds
+        return plds, tilted
 
     def _eps(self, compositions: int, level: int, delta: float) -> float:
         return min(epsilon_from_pld(p, delta) for p in self._composed_at(compositions, level))

@@ -101,8 +101,8 @@ class _Level:
         return self.acc._eps(c, self.level, self.delta)
 
     def _untilted_exact(self, c: int) -> float:
-        """The accountant's untilted value at count c (its grid for c)."""
-        return min(epsilon_from_pld(p, self.delta) for p in self.acc._plain(c, self.level)[1])
+        """The accountant's untilted value at count c (its grid for c; the compositions :meth:`exact` read)."""
+        return min(epsilon_from_pld(p, self.delta) for p in self.acc._composed_parts(c, self.level)[0])
 
     def _composition(self, grid: int) -> Composition:
         """The untilted composition on spacing h_0 2^-grid (grid >= 0: the accountant's own ladder)."""

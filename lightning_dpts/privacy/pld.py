@@ -474,7 +474,7 @@ class Composition:
             size = int(sfft.next_fast_len(need, real=True))
         if size < need:
             raise OverflowError(f"{int(widths.max())} grid points exceed the FFT length {size}")
-        if size not in self._spectra:  # one length at a time: counts are composed in increasing order
+        if size not in self._spectra:  # one length at a time (the epsilon curve batches counts by length)
             spectrum = sfft.rfft(np.exp(self.log_w - self.log_z), size)
             with np.errstate(divide="ignore"):
                 log_magnitude = np.log(np.abs(spectrum))
@@ -490,8 +490,9 @@ class Composition:
         # the |log|W|| part is added explicitly (it is what exp(n log W), numpy's ** for n >= 100, also incurs)
         # Bins with n log|W| < -100 for every count of the batch (|W|^n < 4e-44) are left out of the inverse FFT
         # (the composed spectrum decays fast: for n in the hundreds most bins are far below round-off); each
-        # moves any output point by at most 2 |W|^n / size, which is added to the bound below (about 1e-21 of
-        # the round-off bound itself, so the result is unchanged in practice and stays an upper bound).
+        # moves any output point by at most 2 |W|^n / size, which is added to the bound below (it also covers
+        # their share of the round-off terms, u n |log|W|| |W|^n being far smaller; about 1e-21 of the round-off
+        # bound itself, so the result is unchanged in practice and stays an upper bound).
         live_mask = log_magnitude >= _NEGLIGIBLE_LOG / float(ns.min())
         live = np.nonzero(live_mask)[0]
         dropped = log_magnitude[~live_mask]

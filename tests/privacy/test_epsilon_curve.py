@@ -80,27 +80,24 @@ def test_curve_is_within_one_percent_above_the_accountant(name):
         assert want * (1 - 1e-9) <= got <= 1.01 * want, (count, got, want)
 
 
-def test_the_level_boundary_is_composed_where_it_decides():
+def test_the_level_boundary_is_composed_where_it_decides(monkeypatch):
     """Just below FINE_DELTA the coarse level at FINE_DELTA can exceed the fine level at delta; the curve then
     composes both (and takes the larger), as the accountant does; far below it, the fine level alone."""
     acc = StructuredSubsamplingAccountant(DEMO, 10.760956208429903)
-    near, far = {}, {}
-    for target, delta in ((near, 0.999 * FINE_DELTA), (far, 1e-7)):
-        calls = []
-        original = C._Level.__init__
+    built: list[tuple[int, float, int | None]] = []
+    original = C._Level.__init__
 
-        def spy(self, *args, _calls=calls, _original=original, **kwargs):
-            _original(self, *args, **kwargs)
-            _calls.append((self.level, self.delta, kwargs.get("grid")))
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append((self.level, self.delta, kwargs.get("grid")))
 
-        C._Level.__init__ = spy
-        try:
-            target["curve"] = list(acc.clone().epsilon_curve(200, delta))
-        finally:
-            C._Level.__init__ = original
-        target["levels"] = calls
-    assert (0, FINE_DELTA, None) in near["levels"]  # composed in full
-    assert (0, FINE_DELTA, None) not in far["levels"]  # only probed
+    monkeypatch.setattr(C._Level, "__init__", spy)
+    list(acc.clone().epsilon_curve(200, 0.999 * FINE_DELTA))
+    assert (0, FINE_DELTA, None) in built  # composed in full
+    built.clear()
+    list(acc.clone().epsilon_curve(200, 1e-7))
+    assert (0, FINE_DELTA, None) not in built  # only probed
+    assert any(level == 0 and grid is not None for level, _, grid in built)
 
 
 def test_the_table_grid_is_coarser_than_the_accountants_and_its_excess_is_measured():
