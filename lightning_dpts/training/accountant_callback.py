@@ -21,9 +21,10 @@ step, so epsilon is not recomputed every step. At train start a table of epsilon
 c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget) is computed with
 :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve` (:mod:`lightning_dpts.privacy.curve`:
 batched compositions on the coarsest grid within ``grid_rtol / 4`` of the accountant's; the default job's 400
-steps take about 0.04 s of CPU, a 10^4-step traffic plan about 0.1 s, benchmarks/epsilon_logging.py). After step
-n (n compositions, or the number of started epochs) the callback logs the table's value at the first count
-c_i >= n, and at the budget's last count the accountant's exact epsilon. Epsilon is nondecreasing in the count,
+steps take about 0.03 s of CPU on their own and 0.06-0.08 s in this callback's thread, which composes the
+plan's last count again beside the budget search; a 10^4-step traffic plan about 0.1 s;
+benchmarks/epsilon_logging.py). After step n (n compositions, or the number of started epochs) the callback logs
+the table's value at the first count c_i >= n, and at the budget's last count the accountant's exact epsilon. Epsilon is nondecreasing in the count,
 so that value is a sound upper bound, and the table is built so that it exceeds the accountant's epsilon at n by
 at most a factor 1 + ``grid_rtol`` (default 1%). The table's thread (with an accountant of its own that shares the
 unit PLDs, :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.prepare`) runs while the budget's step
