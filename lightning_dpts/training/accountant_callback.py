@@ -16,25 +16,24 @@ single source of truth (it travels with the weights, through checkpoints, second
 per-epoch accounting the epochs started (a resumed partial epoch is a new epoch). The budget is the *total*
 for the model, over every fit. The strategy refuses to continue a non-empty ledger without this callback.
 
-Per-step epsilon. Composing a privacy-loss distribution takes milliseconds, often more than a small training
-step, so epsilon is not recomputed every step. At train start a table of epsilon at composition counts
-c_0 < c_1 < ... up to the planned run (the Trainer's step limit, capped by the budget) is computed with
+Per-step epsilon. Composing a privacy-loss distribution takes milliseconds, often more than a small training step,
+so epsilon is not recomputed every step. At train start a table of epsilon at composition counts c_0 < c_1 < ... up
+to the planned run (the Trainer's step limit, capped by the budget) is computed with
 :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve` (:mod:`lightning_dpts.privacy.curve`:
-batched compositions on the coarsest grid within ``grid_rtol / 4`` of the accountant's; the default job's 400
-steps take about 0.03 s of CPU on their own and 0.06-0.08 s in this callback's thread, which composes the
-plan's last count again beside the budget search; a 10^4-step traffic plan about 0.1 s;
-benchmarks/epsilon_logging.py). After step n (n compositions, or the number of started epochs) the callback logs
-the table's value at the first count c_i >= n, and at the budget's last count the accountant's exact epsilon. Epsilon is nondecreasing in the count,
-so that value is a sound upper bound, and the table is built so that it exceeds the accountant's epsilon at n by
-at most a factor 1 + ``grid_rtol`` (default 1%). The table's thread (with an accountant of its own that shares the
-unit PLDs, :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.prepare`) runs while the budget's step
-count is searched and, by default (``background_table=True``), on into the first steps; a step whose value is not
-computed yet waits for it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper
-bound, is logged). ``background_table=False`` makes train start wait for the whole table. The per-step cost is a
-look-up plus the logger calls; the progress bar, where one is attached, gets the value at most every
-:data:`BAR_INTERVAL` seconds (``self.log`` costs 0.5-2 ms; every logger still gets every step). The final report
-is computed exactly, and ``dpts fit``'s public epsilon curve reuses the table
-(:meth:`AccountantCallback.epsilon_table`).
+batched compositions on the coarsest grid within ``grid_rtol / 4`` of the accountant's; the default job's 400 steps
+take about 0.03 s of CPU on their own and 0.06-0.08 s in this callback's thread, which composes the plan's last
+count again beside the budget search; a 10^4-step traffic plan about 0.1 s; benchmarks/epsilon_logging.py). After
+step n (n compositions, or the number of started epochs) the callback logs the table's value at the first count c_i
+>= n, and at the budget's last count the accountant's exact epsilon. Epsilon is nondecreasing in the count, so that
+value is a sound upper bound, and the table is built so that it exceeds the accountant's epsilon at n by at most a
+factor 1 + ``grid_rtol`` (default 1%). The table's thread (with an accountant of its own that shares the unit PLDs,
+:meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.prepare`) runs while the budget's step count is
+searched and, by default (``background_table=True``), on into the first steps; a step whose value is not computed
+yet waits for it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper bound, is
+logged). ``background_table=False`` makes train start wait for the whole table. The per-step cost is a look-up plus
+the logger calls; the progress bar, where one is attached, gets the value at most every :data:`BAR_INTERVAL`
+seconds (``self.log`` costs 0.5-2 ms; every logger still gets every step). The final report is computed exactly,
+and ``dpts fit``'s public epsilon curve reuses the table (:meth:`AccountantCallback.epsilon_table`).
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
 broadcasts it, so every rank caps the Trainer at the same step and stops there; only rank 0 evaluates and logs
