@@ -254,6 +254,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
         self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
         self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
+        #: steps of the current fit whose spot check found a gap that float64 showed to be round-off (each was
+        #: recomputed with every window alone; docs/training.md)
+        self.spot_check_recomputed = 0
         self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
         self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         self._given_batch_size = expected_batch_size
@@ -389,6 +392,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._begun = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.spot_check_recomputed = 0
         check_optimizer(trainer, pl_module)
         self._refresh_trainable(pl_module)
         check_optimizer_params(trainer, self._hooked_ids)
