@@ -543,8 +543,12 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._undo(pl_module)
 
     def _undo(self, pl_module: L.LightningModule) -> None:
-        """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
+        """Remove the Opacus hooks and per-sample state, put the original layers back, and end the noise's background
+        thread (idempotent; at train end and on an exception, so no thread of the fit outlives it)."""
         self._clear()
+        close = getattr(self.noise, "close", None)
+        if close is not None:
+            close()
         if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
             self._buffer_guard.release(pl_module)
             self._buffer_guard = None

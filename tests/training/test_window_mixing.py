@@ -431,9 +431,12 @@ def test_a_spot_check_gap_that_is_round_off_is_recomputed_alone_not_refused():
     torch.testing.assert_close(thetas[0], thetas[1], rtol=1e-5, atol=1e-6)
 
 
-#: the patterns that mix every window of ``make_batch``'s batches (the spot check's window is drawn at random;
-#: imputation and the rank feature change only some windows, and a loss over the batch's count is harmless)
-EVERY_WINDOW = [p for p in PATTERNS if p not in ("impute_batch_mean", "batch_rank_feature", "loss_over_batch_count")]
+#: the patterns that visibly mix every window of ``make_batch``'s batches (the spot check's window is drawn at
+#: random: imputation and the rank feature change only some windows; the 1e-7 cross term stays below the float32
+#: tolerance except where another window holds the neighbour's 1e7, the float64 probe's case; a loss over the
+#: batch's count is harmless)
+EVERY_WINDOW = [p for p in PATTERNS
+                if p not in ("impute_batch_mean", "batch_rank_feature", "tiny_cross_term", "loss_over_batch_count")]
 
 
 @pytest.mark.parametrize("pattern", EVERY_WINDOW)
