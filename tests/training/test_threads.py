@@ -12,8 +12,7 @@ import lightning as L
 import pytest
 
 from lightning_dpts.privacy import StructuredSubsamplingAccountant
-from lightning_dpts.training import AccountantCallback, DPForecastStrategy
-from lightning_dpts.training import noisy_step
+from lightning_dpts.training import AccountantCallback, DPForecastStrategy, noisy_step
 
 from .conftest import FakeDataModule, make_module, trainer
 
