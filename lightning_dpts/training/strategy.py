@@ -70,6 +70,7 @@ from lightning_dpts.training.guards import (
     check_trainable,
     check_trainer,
     detach_ddp_averaging,
+    has_accountant,
     spec_or_none,
 )
 from lightning_dpts.training.independence import IndependenceChecks
@@ -98,8 +99,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     """Differentially private training of an unchanged LightningModule (DP-SGD, Algorithm 2).
 
     Add it to ``Trainer(callbacks=[...])`` together with a datamodule that has a ``sampling_spec`` (e.g.
-    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`) and, usually, an
-    :class:`~lightning_dpts.training.AccountantCallback`.
+    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`) and an
+    :class:`~lightning_dpts.training.AccountantCallback` (required unless ``require_accountant=False``).
 
     At ``setup("fit")`` it swaps layers Opacus cannot handle (``nn.LSTM``/``GRU``/``RNN``,
     ``nn.MultiheadAttention``) for DP-compatible equivalents with the weights copied
@@ -193,6 +194,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         coefficients: (c_0, ..., c_{b-1}), the non-zero entries of C's first column (non-negative, c_0 > 0;
             e.g. from :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`); overrides the
             default for ``bands``.
+        require_accountant: ``True`` (default): a fit without an
+            :class:`~lightning_dpts.training.AccountantCallback` in the Trainer is refused at setup, before any step
+            (a :class:`~lightning_dpts.errors.ConfigurationError` naming the fix). ``False``: for those who account
+            the steps themselves from :attr:`ledger` (which counts every noisy step, travels with the weights and
+            still refuses a continuation without an accountant); nothing then computes or enforces epsilon.
     """
 
     def __repr__(self) -> str:
@@ -222,8 +228,12 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         noise: str = "gaussian",
         bands: int | None = None,
         coefficients: Sequence[float] | None = None,
+        require_accountant: bool = True,
     ) -> None:
         super().__init__()
+        if not isinstance(require_accountant, bool):
+            raise ConfigurationError("require_accountant", require_accountant, "must be True or False")
+        self.require_accountant = require_accountant
         self.coefficients: tuple[float, ...] | None = check_noise(noise, bands, coefficients)
         self.bands = 1 if self.coefficients is None else len(self.coefficients)
         #: the noise object (:mod:`lightning_dpts.privacy.mechanisms`): dispatch on its capabilities, not its name
@@ -375,6 +385,14 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         if stage != "fit":
             return
         check_trainer(trainer)
+        if self.require_accountant and not has_accountant(trainer):
+            raise ConfigurationError(
+                "callbacks", "DPForecastStrategy without an AccountantCallback",
+                "DP training needs an AccountantCallback(epsilon=..., delta=...) in the same Trainer(callbacks=[...]): "
+                "without it no epsilon is computed, logged or enforced and training does not stop at a budget. Add "
+                "one with your budget; if you account the steps yourself from strategy.ledger (which counts every "
+                "noisy step either way), pass DPForecastStrategy(..., require_accountant=False)",
+            )
         self.resolve(trainer)
         self._rank, self._world_size = rank_and_world_size(trainer)
         if self._world_size > 1:
