@@ -21,9 +21,10 @@ Two ways to compute the same thing:
 
 Each window's gradient is clipped to C with Opacus' factor and summed; the strategy then adds the same noise and
 divides by the same Lambda as on the fast path (:func:`~lightning_dpts.training.engine.add_noise_and_average`).
-What is *not* covered by construction: state that ``training_step`` keeps between calls outside its arguments
-(a Python attribute or a buffer written by one window's call and read by the next one's, in the loop); running
-statistics of batch normalisation are refused at setup (:mod:`~lightning_dpts.training.surgery`).
+State that ``training_step`` keeps between calls outside its arguments is refused where it can be seen
+(:func:`no_state_kept`: a tensor attribute of the module written during the per-window pass); a buffer written by
+one window's call is refused by the buffer guard, and running statistics of batch normalisation at setup
+(:mod:`~lightning_dpts.training.surgery`). Not seen: state in objects outside the module (a global, a closure).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _addmv, _row_sq, clip_factors
 
-__all__ = ["IsolatedGradients", "training_loss"]
+__all__ = ["IsolatedGradients", "no_state_kept", "training_loss"]
 
 #: at most this many gradient coordinates (windows x parameters) are materialised at once by the vectorised path
 _CHUNK_ELEMENTS = 1 << 24
@@ -69,6 +70,60 @@ def silenced(module: nn.Module) -> Iterator[None]:
     finally:
         del module.log
         del module.log_dict
+
+
+#: attributes of modules that are the module's own machinery, not state a ``training_step`` keeps (torch's
+#: registries; Opacus' per-sample records, which the clipper clears and which are off during these passes)
+_MACHINERY = frozenset({"_parameters", "_buffers", "_modules", "activations", "max_batch_len"})
+
+
+def _kept_tensors(module: nn.Module) -> dict[str, tuple[tuple[int, int], ...]]:
+    """``{"Class.attr": ((id, version), ...)}`` of the tensors each submodule holds in a plain attribute, directly or
+    one level inside a list, tuple or dict (parameters and buffers are not attributes here)."""
+    out: dict[str, tuple[tuple[int, int], ...]] = {}
+    for prefix, sub in module.named_modules():
+        for name, value in vars(sub).items():
+            if name in _MACHINERY:
+                continue
+            items = (value,) if isinstance(value, torch.Tensor) else tuple(value) if isinstance(
+                value, (list, tuple)) else tuple(value.values()) if isinstance(value, dict) else ()
+            tensors = tuple((id(t), t._version) for t in items if isinstance(t, torch.Tensor))
+            if tensors:
+                out[f"{prefix + '.' if prefix else ''}{name}"] = tensors
+    return out
+
+
+@contextlib.contextmanager
+def no_state_kept(module: nn.Module) -> Iterator[None]:
+    """Refuse a ``training_step`` that keeps tensors on the module across the per-window calls (issue 38).
+
+    Such state is read by the next window's call (then window i's gradient depends on window j, which the isolated
+    mode exists to rule out), and under ``vmap`` it is a tensor that escaped the vectorised function, which PyTorch
+    reports with an internal error on its next use. Checked around each per-window pass: a tensor attribute of any
+    submodule (directly, or one level inside a list, tuple or dict) that is new, rebound or changed in place is a
+    :class:`~lightning_dpts.errors.ConfigurationError` naming it, also when the pass itself failed.
+    """
+    before = _kept_tensors(module)
+    failure: BaseException | None = None
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - a state change explains it better (re-raised otherwise)
+        failure = err
+    after = _kept_tensors(module)
+    changed = sorted(name for name, tensors in after.items() if before.get(name) != tensors)
+    if changed:
+        from lightning_dpts.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "model", f"{type(module).__name__}.{changed[0]}",
+            f"training_step keeps tensors on the module between calls ({', '.join(changed[:5])} written while each "
+            "window's gradient was computed alone): the next window's call can read what an earlier window wrote, "
+            "so its gradient is no longer its own, and under torch.func.vmap the tensor escapes the vectorised call "
+            "(PyTorch then fails with an internal error). Keep no tensor on the module between training_step calls "
+            "(a constant: register it as a buffer before training; a value for logging: self.log it)",
+        ) from failure
+    if failure is not None:
+        raise failure
 
 
 class _Step(nn.Module):
@@ -194,7 +249,7 @@ class IsolatedGradients:
             return sums
         numel = max(1, sum(p.numel() for p in self.params))
         chunk = max(1, min(b, _CHUNK_ELEMENTS // numel))
-        with self._context():
+        with self._context(), no_state_kept(self.module):
             lo = 0
             while lo < b:
                 hi = min(b, lo + chunk)

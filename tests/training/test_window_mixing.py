@@ -472,3 +472,71 @@ def test_a_gap_that_cannot_be_reexamined_isolates_the_rest_of_the_fit():
         assert strategy.isolated and strategy.steps == steps
         thetas.append(_theta(module))
     assert float(LAMBDA * (thetas[0] - thetas[1]).norm()) <= 2 * C * (1 + 1e-5)
+
+
+class AttentionAcrossWindows(L.LightningModule):
+    """``nn.MultiheadAttention`` given the batch's windows as its sequence axis: a mix through a layer the DP surgery
+    swaps (before issue 38 the fast path failed with an ``IndexError`` deep in the clipper)."""
+
+    def __init__(self, batch_first: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.batch_first = batch_first
+        self.inp = nn.Linear(CTX, 8)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.head = nn.Linear(8, H)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x = self.inp(batch["past_target"])
+        seq = x.unsqueeze(0) if self.batch_first else x.unsqueeze(1)  # the windows are the sequence
+        out, _ = self.att(seq, seq, seq)
+        out = out[0] if self.batch_first else out[:, 0]
+        err = (self.head(out) - batch["future_target"]).square() * batch["future_observed_values"]
+        return (err.sum(1) / batch["future_observed_values"].sum(1).clamp(min=1)).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("checks", [dict(), dict(check_independence=False, spot_check=0.0)],
+                         ids=["probe", "no_checks"])
+def test_attention_across_the_windows_is_a_clear_error_on_the_fast_path(batch_first, checks):
+    with pytest.raises(ConfigurationError, match=r"'att\.in_proj\.weight'.*runs across the windows.*isolated"):
+        _fit(AttentionAcrossWindows(batch_first), [make_batch(0)], per_window="fast", **checks)
+
+
+def test_attention_across_the_windows_is_isolated_by_default_and_harmless():
+    strategy = DPForecastStrategy(SIGMA, C, seed=0)
+    trainer(max_steps=1, callbacks=[strategy]).fit(AttentionAcrossWindows(), datamodule=SpecDataModule(SPEC,
+                                                                                                        [make_batch()]))
+    assert strategy.isolated
+    assert sensitivity(None, module_type=AttentionAcrossWindows, per_window="isolated") <= 2 * C * (1 + 1e-5)
+
+
+class CarriesState(Forecaster):
+    """Keeps the last window's input mean on the module and adds it to the next call's input: under the isolated
+    mode each window's call reads what the previous window wrote. ``branching``: a Python branch on a value, so that
+    the isolated mode loops over the windows instead of ``vmap`` (where the state escapes the vectorised call)."""
+
+    def __init__(self, branching: bool = False) -> None:
+        super().__init__(None)
+        self.branching = branching
+        self.memory: torch.Tensor | None = None
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = batch["past_target"]
+        if self.branching and float(x.abs().max()) > 1e30:
+            x = x / 2
+        if self.memory is not None:
+            x = x + self.memory
+        self.memory = x.mean()
+        return self.net(torch.cat([x, torch.zeros(x.shape[0], 1, dtype=x.dtype)], dim=1))
+
+
+@pytest.mark.parametrize("branching", [False, True], ids=["vmap", "loop"])
+def test_state_kept_between_calls_in_isolation_is_refused_naming_it(branching):
+    """Before issue 38: under ``vmap`` PyTorch's internal error ("your tensor may have escaped from inside a
+    function being vmapped"); in the loop a silent leak from one window's call into the next one's."""
+    with pytest.raises(ConfigurationError, match=r"CarriesState\.memory.*keeps tensors on the module between calls"):
+        _fit(CarriesState(branching), [make_batch(0), make_batch(1)], per_window="isolated")
