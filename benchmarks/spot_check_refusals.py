@@ -86,6 +86,9 @@ def main() -> None:
             results.append(fit_once(data, args.steps))
             if results[-1]["refused"]:
                 print(f"  {data} fit {k}: REFUSED: {results[-1]['refused'][:300]}", flush=True)
+            if (k + 1) % 10 == 0:
+                print(f"  {data}: {k + 1} fits, {sum(bool(r['refused']) for r in results)} refused, "
+                      f"{sum(r['recomputed'] for r in results)} steps recomputed", flush=True)
         ratios = [r for res in results for r in res["ratios"]]
         print(f"{data}: {len(results)} fits, {sum(r['steps'] for r in results)} steps checked, "
               f"{sum(bool(r['refused']) for r in results)} refused, {sum(r['recomputed'] for r in results)} steps "
