@@ -144,7 +144,8 @@ def test_plan_keep_and_the_datamodule_agree_on_what_is_too_short(short_length):
     first = table[table.item_id == table.item_id.iloc[0]]
     table = pd.concat([table, first.tail(short_length).assign(item_id="short")], ignore_index=True)
     lengths = table.groupby("item_id").size()
-    module = SeasonalLinearEstimator(prediction_length=12, context_length=24, season_length=12).create_lightning_module()
+    estimator = SeasonalLinearEstimator(prediction_length=12, context_length=24, season_length=12)
+    module = estimator.create_lightning_module()
     plan = make_private_with_epsilon(lengths.to_numpy(), module, epsilon=1.0, delta=1e-7, freq="M",
                                      prediction_length=12, held_out_windows=4)
     kept = plan.keep(lengths)
