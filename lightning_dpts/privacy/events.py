@@ -59,6 +59,18 @@ def _lengths(value: Any) -> tuple[int, ...] | None:
         raise ConfigurationError("lengths", value, "must be a sequence of integers (series lengths), or None") from None
 
 
+def _name(value: Any) -> Any:
+    """A name field: a str, or the tuple of its characters that :meth:`StructuredSubsamplingDpEvent.to_named_tuple`
+    writes (dp_accounting 0.6 turns a str field into the text of a list of its characters on the way to and from a
+    named tuple, because a str is a Sequence; a tuple of characters survives both ways)."""
+    if isinstance(value, (tuple, list)) and all(isinstance(c, str) and len(c) == 1 for c in value):
+        return "".join(value)
+    return value
+
+
+_NAME_FIELDS = ("top_level", "bottom_level", "relation_level")
+
+
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class StructuredSubsamplingDpEvent(dp_event.DpEvent):
     """One composition unit of DP-SGD with bi-level structured subsampling over a dataset of time series.
@@ -95,9 +107,9 @@ class StructuredSubsamplingDpEvent(dp_event.DpEvent):
     prediction_length: int
     batch_size: int
     instances_per_series: int = 1
-    top_level: str = "without_replacement"
-    bottom_level: str = "with_replacement"
-    relation_level: str = "event"
+    top_level: str = attr.ib(default="without_replacement", converter=_name)
+    bottom_level: str = attr.ib(default="with_replacement", converter=_name)
+    relation_level: str = attr.ib(default="event", converter=_name)
     relation_size: int = 1
     value_bound: float | None = None
     num_dims: int = 1
@@ -111,6 +123,11 @@ class StructuredSubsamplingDpEvent(dp_event.DpEvent):
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma > 0):
             raise ConfigurationError("noise_multiplier", sigma, "must be a finite number > 0")
         self.spec  # noqa: B018  (validates every field; the spec is rebuilt on demand, the event stays plain data)
+
+    def to_named_tuple(self) -> dp_event.DpEventNamedTuple:
+        """dp_accounting's NamedTuple form (for serialisation); ``DpEvent.from_named_tuple`` restores the event."""
+        plain = super().to_named_tuple()
+        return plain._replace(**{name: tuple(getattr(self, name)) for name in _NAME_FIELDS})  # type: ignore[attr-defined]
 
     @classmethod
     def from_spec(cls, spec: SamplingSpec, noise_multiplier: float) -> StructuredSubsamplingDpEvent:
