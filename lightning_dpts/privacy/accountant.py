@@ -664,6 +664,25 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
                 raise self._too_many(compositions) from None
             yield point
 
+    def risk_curve(self, compositions: int, delta: float, *, rtol: float = 0.01,
+                   start: int = 1) -> Iterator[tuple[int, float, RiskReadout]]:
+        """:meth:`epsilon_curve` with the risk read-outs of every point, (count, epsilon, :class:`~lightning_dpts.
+        privacy.risk.RiskReadout`), read from the same compositions (TPR at FPR 1e-3/1e-2, mu-GDP down to ``delta``;
+        upper bounds that grow with the count, like epsilon). The AccountantCallback logs from it."""
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        if not 0 < rtol <= 1:
+            raise ConfigurationError("rtol", rtol, "must lie in (0, 1]")
+        curve = _curve.risk_curve(self, compositions, delta, rtol, start, fine_delta=FINE_DELTA)
+        while True:
+            try:
+                point = next(curve)
+            except StopIteration:
+                return
+            except _TooLarge:
+                raise self._too_many(compositions) from None
+            yield point
+
     # ------------------------------------------------------------------------------------------------
     # read-outs
     # ------------------------------------------------------------------------------------------------

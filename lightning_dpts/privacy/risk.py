@@ -43,10 +43,12 @@ __all__ = ["FPRS", "RiskReadout", "compose_randomized_response", "gaussian_delta
 
 #: The false-positive rates the read-outs report.
 FPRS: tuple[float, ...] = (1e-3, 1e-2)
-#: Grid points of eps in [0, eps(delta)] of the mu staircase (the callback's table; single read-outs use 2048).
-TABLE_MU_POINTS = 256
+#: Grid points of eps in [0, eps(delta)] of the mu check and its relative precision: the callback's table (mu within
+#: about 0.2% above the limit), single read-outs (report.json, ``dpts privacy``; within 0.002%).
+TABLE_MU_POINTS, TABLE_MU_RTOL = 128, 1e-4
 SINGLE_MU_POINTS = 2048
-_BISECTIONS = 48
+#: Relative precision of mu (the upper end of the final bracket is returned).
+MU_RTOL = 1e-5
 _MAX_MU = 1e4
 
 
@@ -108,14 +110,23 @@ def gaussian_tpr(mu: float | np.ndarray, fpr: float | np.ndarray) -> np.ndarray:
 
 def gaussian_delta(mu: float | np.ndarray, epsilon: float | np.ndarray) -> np.ndarray:
     """delta(eps) of mu-GDP, Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong, Roth & Su 2022, Corollary
-    2.13), evaluated as Phi(a) (1 - exp(eps + log Phi(b) - log Phi(a))) so small deltas keep their digits; mu > 0."""
+    2.13); mu > 0. Where the difference cancels (below 1e-6 of its first term) it is evaluated as
+    Phi(a) (1 - exp(eps + log Phi(b) - log Phi(a))), so small deltas keep their digits."""
     mu = np.asarray(mu, dtype=float)
     eps = np.asarray(epsilon, dtype=float)
     a = -eps / mu + mu / 2.0
-    log_a = log_ndtr(a)
+    b = a - mu
     with np.errstate(over="ignore", invalid="ignore"):
-        ratio = eps + log_ndtr(a - mu) - log_a
-        return np.maximum(np.exp(log_a) * -np.expm1(np.minimum(ratio, 0.0)), 0.0)
+        first = ndtr(a)
+        value = first - np.exp(eps) * ndtr(b)
+        hard = ~(value >= 1e-6 * first) | (first < 1e-250)
+        if np.any(hard):
+            a_h, b_h, e_h = np.broadcast_to(a, value.shape)[hard], np.broadcast_to(b, value.shape)[hard], \
+                np.broadcast_to(eps, value.shape)[hard]
+            log_a = log_ndtr(a_h)
+            value = np.array(value, copy=True)
+            value[hard] = np.exp(log_a) * -np.expm1(np.minimum(e_h + log_ndtr(b_h) - log_a, 0.0))
+    return np.maximum(value, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -176,7 +187,7 @@ def _delta_at_grid(h: float, lower: int, rows: np.ndarray, inf_masses: np.ndarra
 
 
 def gdp_mu_from_pmfs(h: float, lower: int, rows: np.ndarray, inf_masses: np.ndarray, delta: float,
-                     points: int = SINGLE_MU_POINTS) -> np.ndarray:
+                     points: int = SINGLE_MU_POINTS, rtol: float = MU_RTOL) -> np.ndarray:
     """The mu-GDP equivalent of each row down to ``delta`` (module docstring): (rows,), an upper bound on the smallest
     mu with gaussian_delta(mu, eps) >= delta(eps) wherever delta(eps) > ``delta``.
 
@@ -185,7 +196,8 @@ def gdp_mu_from_pmfs(h: float, lower: int, rows: np.ndarray, inf_masses: np.ndar
     PLD's delta lies below the chord through its values at the two ends, and mu-GDP's delta above its tangent at
     e_{i+1}, whose slope in alpha is -Phi(-eps/mu - mu/2); mu passes on the interval when the tangent is above the
     chord at both ends. A second-order check: on the Gaussian mechanism mu is within 0.15% of the closed form with 128
-    points, 0.04% with 256, 0.001% with 2048 (tests/privacy/test_risk.py).
+    points, 0.04% with 256, 0.001% with 2048 (tests/privacy/test_risk.py). ``rtol``: the bisection's relative width
+    (its upper end is returned).
     """
     rows = np.atleast_2d(np.asarray(rows, dtype=float))
     inf_masses = np.asarray(inf_masses, dtype=float).reshape(-1)
@@ -216,34 +228,86 @@ def gdp_mu_from_pmfs(h: float, lower: int, rows: np.ndarray, inf_masses: np.ndar
         out[r] = np.nan  # to solve
     todo = np.nonzero(np.isnan(out))[0]
     if todo.size:
-        le, ld, re, rd = left_eps[todo], left_delta[todo], right_eps[todo], right_delta[todo]
-        active = ld > 0
-        with np.errstate(over="ignore"):
-            width = np.exp(np.minimum(re, 700.0)) - np.exp(np.minimum(le, 700.0))  # e^{e_{i+1}} - e^{e_i}
-
-        def feasible(mu: np.ndarray) -> np.ndarray:
-            m = mu[:, None]
-            value = gaussian_delta(m, re)
-            slope = ndtr(-re / m - m / 2.0)  # -(d delta_mu / d alpha) at e_{i+1}
-            with np.errstate(invalid="ignore", over="ignore"):
-                ok = (value >= rd) & (value + slope * width >= ld)
-            return np.all(~active | ok, axis=1)
-
-        lo = np.zeros(todo.size)
-        hi = np.ones(todo.size)
-        while True:
-            ok = feasible(hi)
-            if ok.all() or hi.min() > _MAX_MU:
-                break
-            lo = np.where(ok, lo, hi)
-            hi = np.where(ok, hi, 2.0 * hi)
-        for _ in range(_BISECTIONS):
-            mid = 0.5 * (lo + hi)
-            ok = feasible(mid)
-            hi = np.where(ok, mid, hi)
-            lo = np.where(ok, lo, mid)
-        out[todo] = np.where(feasible(hi), hi, math.inf)
+        out[todo] = _smallest_mu(left_eps[todo], left_delta[todo], right_eps[todo], right_delta[todo], rtol)
     return out
+
+
+def _smallest_mu(le: np.ndarray, ld: np.ndarray, re: np.ndarray, rd: np.ndarray, rtol: float) -> np.ndarray:
+    """Per row, the upper end of a bisection in log(mu) for the smallest mu that passes every interval's check (see
+    :func:`gdp_mu_from_pmfs`); ``inf`` beyond :data:`_MAX_MU`. Only the intervals that failed at the bracket's lower
+    end are checked while bisecting (the binding ones); the result is checked on every interval, and where that fails
+    the row is bisected again on all of them. Every value returned passed the full check: an upper bound."""
+    active = ld > 0
+    with np.errstate(over="ignore"):
+        width = np.exp(np.minimum(re, 700.0)) - np.exp(np.minimum(le, 700.0))  # e^{e_{i+1}} - e^{e_i}
+
+    def passes(mu: np.ndarray, r: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Whether interval k of row r passes the check at mu[r] (flat index arrays)."""
+        m, e = mu[r], re[r, k]
+        value = gaussian_delta(m, e)
+        slope = ndtr(-e / m - m / 2.0)  # -(d delta_mu / d alpha) at e_{i+1}
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (value >= rd[r, k]) & (value + slope * width[r, k] >= ld[r, k])
+
+    def failing(mu: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The intervals of ``mask`` whose check fails at each row's ``mu``."""
+        r, k = np.nonzero(mask)
+        ok = passes(mu, r, k)
+        out = np.zeros(mask.shape, dtype=bool)
+        out[r[~ok], k[~ok]] = True
+        return out
+
+    def bisect(lo: np.ndarray, hi: np.ndarray, rows: np.ndarray, pruned: np.ndarray | None) -> np.ndarray:
+        """Bisect ``rows`` between lo (fails) and hi (passes), on the intervals of ``pruned`` (None: all)."""
+        lo, hi = lo.copy(), hi.copy()
+        r, k = np.nonzero((active if pruned is None else pruned) & rows[:, None])
+        live = rows & (hi / lo > 1.0 + rtol)
+        while live.any():
+            mid = np.where(live, np.sqrt(lo * hi), hi)
+            sel = np.nonzero(live[r])[0]
+            ok = passes(mid, r[sel], k[sel])
+            bad = np.zeros(len(live), dtype=bool)
+            bad[r[sel][~ok]] = True
+            lo = np.where(bad, mid, lo)
+            hi = np.where(live & ~bad, mid, hi)
+            if pruned is not None:  # a row that failed keeps only the intervals failing at its new lo
+                drop = sel[ok & bad[r[sel]]]
+                keep = np.ones(r.size, dtype=bool)
+                keep[drop] = False
+                r, k = r[keep], k[keep]
+            live &= hi / lo > 1.0 + rtol
+        return hi
+
+    n = re.shape[0]
+    result = np.full(n, math.inf)
+    hi = np.ones(n)
+    bad = failing(hi, active).any(axis=1)
+    while bad.any():  # grow hi until it passes (rows beyond _MAX_MU stay infinite)
+        grow = bad & (hi <= _MAX_MU)
+        if not grow.any():
+            break
+        hi = np.where(grow, 4.0 * hi, hi)
+        bad = grow & failing(hi, active & grow[:, None]).any(axis=1) | (bad & ~grow)
+    solvable = ~bad
+    lo = hi / 4.0
+    at_lo = failing(lo, active & solvable[:, None])
+    shrink = solvable & ~at_lo.any(axis=1)
+    while shrink.any():  # shrink the bracket until lo fails (or mu is negligible)
+        hi = np.where(shrink, lo, hi)
+        lo = np.where(shrink, lo / 4.0, lo)
+        tiny = shrink & (hi < 1e-12)
+        result[tiny] = hi[tiny]
+        solvable &= ~tiny
+        shrink &= ~tiny
+        at_lo = np.where(shrink[:, None], failing(lo, active & shrink[:, None]), at_lo)
+        shrink &= ~at_lo.any(axis=1)
+    verified = hi.copy()  # passed the full check
+    found = bisect(lo, hi, solvable, at_lo)
+    wrong = solvable & failing(found, active & solvable[:, None]).any(axis=1)
+    if wrong.any():  # the pruned intervals missed one: bisect those rows on every interval
+        found = np.where(wrong, bisect(found, verified, wrong, None), found)
+    result[solvable] = found[solvable]
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------------
