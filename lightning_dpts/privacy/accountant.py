@@ -765,7 +765,8 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
 
     def risk(self, steps: int, delta: float, *, pure_epsilons: Sequence[float] = ()) -> RiskReadout:
         """Membership-attack read-outs after ``steps`` optimizer steps (:meth:`ProfileAccountant.risk_after`): TPR at
-        FPR 1e-3 and 1e-2 for the unit of privacy and the mu-GDP equivalent down to ``delta``."""
+        FPR 1e-3 and 1e-2 for the unit of privacy and the mu-GDP equivalent down to ``delta``. Upper bounds on the
+        risk with ``bound="upper"``; with ``bound="lower"`` those of the optimistic lower bound (comparisons only)."""
         _check_steps("steps", steps)
         return self.risk_after(self.compositions(steps), delta, pure_epsilons=pure_epsilons)
 

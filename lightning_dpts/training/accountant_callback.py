@@ -93,7 +93,7 @@ class AccountantCallback(StepAccountant):
         risk_readouts: ``True`` (default): next to epsilon, log the membership-attack read-outs of
             :mod:`lightning_dpts.privacy.risk` for the unit of privacy (``tpr_at_fpr_0.001``, ``tpr_at_fpr_0.01``,
             ``mu_gdp``; upper bounds read from the same table as epsilon, TPR at FPR 1e-3 also on the progress bar).
-            Not on the Monte Carlo path (no PLD).
+            Not on the Monte Carlo path (no PLD), nor with ``bound="lower"`` (they would understate the risk).
         monte_carlo_samples: privacy-loss samples per direction of the Monte Carlo accountant (BandMF noise or a
             ``b_min_sep`` top level). More samples give a tighter EVR-verified bound and cost time before
             training (roughly 10^4 samples per second per 1,000 planned steps on one core); a small delta needs
@@ -125,7 +125,8 @@ class AccountantCallback(StepAccountant):
         super().__init__()
         if not isinstance(risk_readouts, bool):
             raise ConfigurationError("risk_readouts", risk_readouts, "must be True or False")
-        self.risk_readouts = risk_readouts
+        # read-outs of the optimistic lower bound would understate the risk: only with the sound bound
+        self.risk_readouts = risk_readouts and bound == "upper"
         if isinstance(monte_carlo_samples, bool) or not isinstance(monte_carlo_samples, int) or monte_carlo_samples < 1:
             raise ConfigurationError("monte_carlo_samples", monte_carlo_samples, "must be an integer >= 1")
         self.monte_carlo_samples = monte_carlo_samples
