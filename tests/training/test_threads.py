@@ -42,14 +42,17 @@ class StopAfter(L.Callback):
 def _slow_curve(monkeypatch: pytest.MonkeyPatch) -> None:
     """The table's thread takes 10 ms per count (400 counts: seconds), so that it is certainly still running when
     the fit ends after 2 steps (nothing below measures time)."""
-    original = StructuredSubsamplingAccountant.epsilon_curve
+    for name in ("epsilon_curve", "risk_curve"):
+        original = getattr(StructuredSubsamplingAccountant, name, None)
+        if original is None:
+            continue
 
-    def slow(self, *args, **kwargs):
-        for point in original(self, *args, **kwargs):
-            time.sleep(0.01)
-            yield point
+        def slow(self, *args, _original=original, **kwargs):
+            for point in _original(self, *args, **kwargs):
+                time.sleep(0.01)
+                yield point
 
-    monkeypatch.setattr(StructuredSubsamplingAccountant, "epsilon_curve", slow)
+        monkeypatch.setattr(StructuredSubsamplingAccountant, name, slow)
 
 
 def _fit(monkeypatch: pytest.MonkeyPatch, error: bool) -> tuple[StopAfter, AccountantCallback, DPForecastStrategy]:
