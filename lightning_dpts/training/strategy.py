@@ -167,7 +167,10 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         spot_check: on the fast path, the probability (in [0, 1]; 0.1 by default, about 5% of a non-DP step
             measured, docs/training.md) that a step checks one window drawn at random (a non-private draw): its
             clipped gradient computed with that window alone must equal, within the float tolerance, the one the
-            batched pass attributes to it; else the step is refused before its update. 1.0 checks every step
+            batched pass attributes to it; a larger gap is re-examined in float64 and the step refused before its
+            update only if the mix is there too, else computed from each window alone (a warning; counted in
+            ``spot_check_recomputed``; :meth:`~lightning_dpts.training.independence.IndependenceChecks._reexamine`).
+            1.0 checks every step
             (0.4-0.7 of a non-DP step at Lambda = 64-256 for the GluonTS feed-forward models). Skipped, with a
             message, for a ``training_step`` whose result is random (dropout): two calls on one window then differ
             already. 0 switches it off.
