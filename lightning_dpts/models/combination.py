@@ -57,14 +57,17 @@ from lightning_dpts.models import classical
 from lightning_dpts.models.seasonal_linear import CRPSSteps, SeasonalLinearEstimator, gaussian_crps
 
 __all__ = ["INITIAL_WEIGHTS", "CombinationEstimator", "CombinationLightningModule", "CombinationModel",
-           "usable_seasons"]
+           "num_parameters", "usable_seasons"]
 
-#: The combination at initialisation: candidate name -> weight (the rest get :data:`_OFF_LOGIT`): the M4 "Comb".
-INITIAL_WEIGHTS: dict[str, float] = {"ses_0.3": 1.0 / 3.0, "holt_0.5_0.1": 1.0 / 3.0, "damped_0.5_0.1_0.9": 1.0 / 3.0}
-#: Weight of the in-sample error feature at initialisation (a soft choice of the best-fitting candidates).
-INITIAL_SELECTION = 0.0
-_OFF_LOGIT = -6.0  # logit of a candidate left out at initialisation (weight ~ e^-6 / (3 + ...) ~ 0.1%)
-_SPREAD_AT_INIT = 1.25  # sigma_1 / u at initialisation (~ sqrt(pi/2)); sigma_h grows as sqrt(h)
+#: The combination's prior at initialisation: candidate name -> weight (``None``: every candidate equally; a
+#: candidate not named gets :data:`_OFF_LOGIT`).
+INITIAL_WEIGHTS: dict[str, float] | None = None
+#: Weight of the in-sample error feature at initialisation: softmax weights proportional to MSE_k^-8 (a near-hard
+#: choice of the best-fitting candidate of each window, as AutoETS chooses by its in-sample fit).
+INITIAL_SELECTION = -8.0
+#: The spread's weights at initialisation on [1, log h, log(d / u)]: sigma_h = u h^0.4 (d / u)^0.3.
+INITIAL_SPREAD: tuple[float, float, float] = (0.0, 0.4, 0.3)
+_OFF_LOGIT = -6.0  # logit of a candidate left out at initialisation
 _MIN_SCALE = 1e-10
 _MIN_SPREAD = 1e-3  # smallest u and d, in scaled units
 _MAX_EXPONENT = 10.0
@@ -80,6 +83,12 @@ def usable_seasons(seasons: Sequence[int], context_length: int) -> tuple[int, ..
         if 1 < int(m) < context_length and int(m) not in out:
             out.append(int(m))
     return tuple(out)
+
+
+def num_parameters(candidates: int) -> int:
+    """Trainable parameters of a :class:`CombinationModel` with ``candidates`` classical forecasts: the gate's
+    3K + 1 weights and the spread's 3."""
+    return 3 * candidates + 1 + 3
 
 
 def _check(prediction_length: int, context_length: int) -> None:
@@ -135,12 +144,10 @@ class CombinationModel(nn.Module):
         with torch.no_grad():
             self.gate.weight.zero_()
             for i, name in enumerate(self.names):
-                weight = INITIAL_WEIGHTS.get(name)
+                weight = 1.0 if INITIAL_WEIGHTS is None else INITIAL_WEIGHTS.get(name)
                 self.gate.weight[0, i] = math.log(weight) if weight else _OFF_LOGIT
             self.gate.weight[0, -1] = INITIAL_SELECTION
-            self.spread.weight.zero_()
-            self.spread.weight[0, 0] = math.log(_SPREAD_AT_INIT)
-            self.spread.weight[0, 1] = 0.5
+            self.spread.weight.copy_(torch.tensor([INITIAL_SPREAD], dtype=self.spread.weight.dtype))
         assert self.gate.weight.shape[1] == 3 * k + 1
 
     def describe_inputs(self, batch_size: int = 1) -> InputSpec:
@@ -243,13 +250,7 @@ class CombinationModel(nn.Module):
         obs = future_observed_values.to(mu.dtype)
         y = torch.where(obs > 0, future_target / scale, mu.detach())
         crps = gaussian_crps(mu, sigma, y)
-        out = (crps * obs).sum(-1) / obs.sum(-1).clamp(min=1.0)
-        import os
-        if os.environ.get("LOSSW") == "d":
-            z, o, _ = self._window(past_target, past_observed_values)
-            d = _seasonal_difference(z, o, self.seasons[0] if self.seasons else 1).clamp(min=1e-3)[:, 0]
-            out = out / d
-        return out
+        return (crps * obs).sum(-1) / obs.sum(-1).clamp(min=1.0)
 
 
 def _as_map(maps: np.ndarray) -> torch.Tensor:
