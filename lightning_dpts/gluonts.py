@@ -295,7 +295,7 @@ class PrivateEstimator(Estimator):
             test_windows=0, val_windows=0, batch_size=plan.settings["batch_size"])
         arguments, callbacks = self._trainer_arguments()
         trainer = L.Trainer(**arguments, max_epochs=plan.settings["epochs"],
-                            callbacks=[plan.strategy, plan.accountant, *callbacks])
+                            callbacks=[plan.strategy, plan.accountant, *plan.averaging, *callbacks])
         trainer.fit(module, datamodule=dm)
         spent = plan.accountant.report
         report = PrivacyReportSummary(

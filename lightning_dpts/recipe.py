@@ -444,6 +444,21 @@ def choose_recipe(
     )
 
 
+#: Share of the planned steps after which the recipe's model averages its iterates (the last half).
+AVERAGING_START = 0.5
+
+
+def averaging_callbacks(model: str | None) -> list[Any]:
+    """``[IterateAveraging(AVERAGING_START)]`` for the recipe's model (``None``: the default), else ``[]``: tail
+    averaging of the noisy iterates, post-processing without privacy cost, measured better on validation windows
+    (docs/recipe.md)."""
+    if model not in (None, RECIPE_MODEL):
+        return []
+    from lightning_dpts.training.averaging import IterateAveraging
+
+    return [IterateAveraging(AVERAGING_START)]
+
+
 @dataclass
 class PrivateTraining:
     """What :func:`make_private_with_epsilon` configured: the two callbacks, the Trainer and datamodule arguments,
@@ -453,7 +468,8 @@ class PrivateTraining:
         strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
             for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
         accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
-        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant]}`` for ``lightning.Trainer``.
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant, *averaging]}`` for
+            ``lightning.Trainer``.
         datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
             :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
         settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
@@ -462,6 +478,9 @@ class PrivateTraining:
         explicit: the names of the settings the caller gave (they win over the recipe).
         recipe: the underlying :class:`Recipe`.
         warnings: statements to show before training (the recipe's, e.g. a budget too small for the data).
+        averaging: for the recipe's model (a
+            :class:`~lightning_dpts.models.combination.CombinationLightningModule`), ``[IterateAveraging(0.5)]``:
+            the module ends training at the mean of its last half of noisy iterates (post-processing); else ``[]``.
     """
 
     strategy: Any
@@ -473,6 +492,7 @@ class PrivateTraining:
     explicit: tuple[str, ...]
     recipe: Recipe
     warnings: tuple[str, ...] = ()
+    averaging: list[Any] = field(default_factory=list)
 
     def describe(self) -> list[str]:
         """Log lines: every setting, then its reason."""
@@ -611,8 +631,12 @@ def make_private_with_epsilon(
     strategy = DPForecastStrategy(max_grad_norm=settings["max_grad_norm"], target_epsilon=epsilon,
                                   target_delta=delta, epochs=settings["epochs"], seed=seed, secure_mode=secure_mode)
     accountant = AccountantCallback(epsilon=epsilon, delta=delta)
+    from lightning_dpts.models.combination import CombinationLightningModule
+
+    averaging = averaging_callbacks(None) if isinstance(module, CombinationLightningModule) else []
     return PrivateTraining(
         strategy=strategy, accountant=accountant,
-        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant]},
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant, *averaging]},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
-        settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings)
+        settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings,
+        averaging=averaging)
