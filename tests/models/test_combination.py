@@ -64,10 +64,15 @@ def test_candidate_maps_match_the_methods_recursions():
         np.testing.assert_allclose(got[f"theta_{a:g}"], expected, rtol=1e-10)
     np.testing.assert_allclose(got["snaive_12"], z[p - m + np.arange(h) % m])
     np.testing.assert_allclose(got["smean_12"], [np.mean([z[p - m + k - j * m] for j in range(3)]) for k in range(h)])
+    ahead = np.arange(h) // m + 1  # seasonal random walk with drift: (k + 1) mean m-step differences
+    np.testing.assert_allclose(got["sdrift_12"], z[p - m + np.arange(h) % m] + ahead * np.mean(z[m:] - z[:-m]))
+    np.testing.assert_allclose(got["sdrift1_12"], z[p - m + np.arange(h) % m] + ahead * np.mean(z[-m:] - z[-2 * m:-m]))
+    q = p // 4
+    np.testing.assert_allclose(got["drift_recent"], z[-1] + np.arange(1, h + 1) * (z[-1] - z[-1 - q]) / q)
     # one-step fits: row t predicts z_t from z_0..z_{t-1} only (no look-ahead) for the recursive methods; Holt's
     # initial trend reads the first 12 values, as ETS estimates its initial state from the data
     for i, name in enumerate(names):
-        if name.startswith(("ses", "snaive", "naive")):
+        if name.startswith(("ses", "snaive", "naive", "drift", "sdrift")):
             assert np.allclose(np.triu(fits[i], k=0)[1:], 0.0), name
         if name.startswith(("holt", "damped")):
             assert np.allclose(np.triu(fits[i], k=0)[13:], 0.0), name
