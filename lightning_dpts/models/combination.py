@@ -130,7 +130,7 @@ class CombinationModel(nn.Module):
         self.register_buffer("adj_fit", _as_map(adj_v), persistent=False)
         self.adjustable = bool(self.seasons) and p >= 2 * self.seasons[0]
         steps = torch.arange(1, h + 1, dtype=torch.float32)
-        self.register_buffer("log_steps", steps.log(), persistent=False)
+        self.register_buffer("log_steps", steps.double().log(), persistent=False)
         self.register_buffer("step_share", steps / h, persistent=False)
         self.register_buffer("eye", torch.eye(k), persistent=False)
         self.burn_in = min(max(self.seasons[0] if self.seasons else 2, 2), p - 1)
@@ -193,7 +193,10 @@ class CombinationModel(nn.Module):
     def candidates(self, past_target: torch.Tensor, past_observed_values: torch.Tensor) -> dict[str, torch.Tensor]:
         """Everything the learned part reads: forecasts ``F`` ``[B, H, K]``, in-sample one-step errors' log ratios
         ``[B, K]``, fit errors ``[B, K, P]``, the flag ``[B, 1]``, the mask, ``z`` and the scale (no parameters)."""
-        z, obs, scale = self._window(past_target, past_observed_values)
+        # float64: a window's candidates and in-sample errors come out the same (to ~1e-16) whether it is computed
+        # alone or in a batch (float32 matrix products round differently by batch size, and the selection weight
+        # amplifies that), so the strategy's spot check compares like with like
+        z, obs, scale = self._window(past_target.double(), past_observed_values)
         b, p = z.shape
         k, h = len(self.names), self.prediction_length
         flag = self._seasonal_flag(z)
@@ -221,17 +224,17 @@ class CombinationModel(nn.Module):
         ``mu``, ``sigma``: ``[B, H]`` in scaled units; ``loc``: zeros ``[B, 1]``; ``scale``: ``[B, 1]``.
         """
         c = self.candidates(past_target, past_observed_values)
-        forecast, flag = c["forecast"], c["flag"]
+        forecast, flag = c["forecast"], c["flag"]  # float64
+        dtype = self.gate.weight.dtype
         b, h, k = forecast.shape
-        eye = self.eye.to(forecast.dtype)
-        onehot = eye.expand(b, h, k, k)
+        onehot = self.eye.to(dtype).expand(b, h, k, k)
         features = torch.cat([
             onehot,
-            onehot * self.step_share.to(forecast.dtype)[None, :, None, None],
-            onehot * flag[:, :, None, None],
-            c["relative"][:, None, :, None].expand(b, h, k, 1),
+            onehot * self.step_share.to(dtype)[None, :, None, None],
+            onehot * flag.to(dtype)[:, :, None, None],
+            c["relative"].to(dtype)[:, None, :, None].expand(b, h, k, 1),
         ], dim=-1)
-        weights = torch.softmax(self.gate(features).squeeze(-1), dim=-1)  # [B, H, K]
+        weights = torch.softmax(self.gate(features).squeeze(-1), dim=-1).double()  # [B, H, K]
         mu = (weights * forecast).sum(-1)
         # spread: the combined one-step in-sample errors (weights of step 1), d the m_1-step differences
         fit_error = (weights[:, 0, :, None] * c["errors"]).sum(1)
@@ -239,9 +242,10 @@ class CombinationModel(nn.Module):
         d = _seasonal_difference(c["z"], c["obs"], self.seasons[0] if self.seasons else 1).clamp(min=_MIN_SPREAD)
         spread_features = torch.stack([
             torch.ones_like(mu), self.log_steps.to(mu.dtype).expand_as(mu), (d / u).log().expand_as(mu)], dim=-1)
-        exponent = self.spread(spread_features).squeeze(-1).clamp(-_MAX_EXPONENT, _MAX_EXPONENT)
-        sigma = u * exponent.exp()
-        return (mu, sigma), torch.zeros_like(c["scale"]), c["scale"]
+        exponent = self.spread(spread_features.to(dtype)).squeeze(-1).clamp(-_MAX_EXPONENT, _MAX_EXPONENT)
+        sigma = u * exponent.double().exp()
+        out = past_target.dtype
+        return (mu.to(out), sigma.to(out)), torch.zeros_like(c["scale"], dtype=out), c["scale"].to(out)
 
     def loss(self, past_target: torch.Tensor, past_observed_values: torch.Tensor, future_target: torch.Tensor,
              future_observed_values: torch.Tensor) -> torch.Tensor:
@@ -254,9 +258,9 @@ class CombinationModel(nn.Module):
 
 
 def _as_map(maps: np.ndarray) -> torch.Tensor:
-    """``[K, R, P]`` coefficient maps as one ``[P, K*R]`` float32 matrix (``z @ map`` gives ``[B, K*R]``)."""
+    """``[K, R, P]`` coefficient maps as one ``[P, K*R]`` float64 matrix (``z @ map`` gives ``[B, K*R]``)."""
     k, r, p = maps.shape
-    return torch.from_numpy(np.ascontiguousarray(maps.reshape(k * r, p).T)).to(torch.float32)
+    return torch.from_numpy(np.ascontiguousarray(maps.reshape(k * r, p).T)).to(torch.float64)
 
 
 def _seasonal_difference(z: torch.Tensor, obs: torch.Tensor, m: int) -> torch.Tensor:

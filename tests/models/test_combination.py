@@ -124,7 +124,7 @@ def test_untrained_model_is_the_initial_classical_combination():
     weights = torch.softmax(combination.INITIAL_SELECTION * c["relative"], dim=-1)
     expected = (weights[:, None, :] * c["forecast"]).sum(-1)
     (mu, _), _, _ = model(past, torch.ones_like(past))
-    torch.testing.assert_close(mu, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mu, expected.float(), rtol=1e-5, atol=1e-6)
 
 
 def test_windows_are_independent_and_the_scale_is_per_window():
@@ -140,8 +140,15 @@ def test_windows_are_independent_and_the_scale_is_per_window():
     changed[0] = changed[0] * 1000 - 7
     (mu2, sigma2), _, scale2 = model(changed, obs)
     assert torch.equal(mu[1:], mu2[1:]) and torch.equal(sigma[1:], sigma2[1:]) and torch.equal(scale[1:], scale2[1:])
-    alone = model(past[2:3], obs[2:3])[0]
-    torch.testing.assert_close(alone[0], mu[2:3])
+    # a window alone gives bit for bit what it gives in a batch, also for large trending values (the candidates are
+    # computed in float64: float32 products round differently by batch size, which the strategy's spot check of
+    # per-window gradients refused once, at step 435 of a default dpts fit)
+    big = (torch.rand(32, 24, generator=torch.Generator().manual_seed(1)) * 100 + 1000).cumsum(-1)
+    ones = torch.ones_like(big)
+    (mu_b, sigma_b), _, _ = model(big, ones)
+    for j in (0, 5, 31):
+        (mu_j, sigma_j), _, _ = model(big[j:j + 1], ones[j:j + 1])
+        assert torch.equal(mu_j[0], mu_b[j]) and torch.equal(sigma_j[0], sigma_b[j])
     # scaling a window scales its forecast: the model is scale-equivariant (mean scaling per window)
     (mu3, _), _, scale3 = model(past * 10, obs)
     torch.testing.assert_close(mu3 * scale3, mu * scale * 10, rtol=1e-4, atol=1e-3)
