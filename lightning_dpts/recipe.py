@@ -428,7 +428,8 @@ def choose_recipe(
                                    "run calibrates the exact value with the PLD accountant")
     reasons["max_grad_norm"] = (f"C = {MAX_GRAD_NORM:g} and learning rate {LEARNING_RATE:g}: {model}'s "
                                 "CRPS gradients in scaled units are O(1), so C clips most windows (Adam's step "
-                                "does not depend on C); chosen on validation windows (docs/recipe.md)")
+                                "does not depend on C); chosen on validation windows for seasonal_linear "
+                                "(docs/recipe.md)")
     regime = "large" if eff >= 1e4 else "medium" if eff >= 1e3 else "small"
     if snr < MIN_SNR:
         warn.append(
