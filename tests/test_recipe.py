@@ -150,3 +150,16 @@ def test_a_given_threshold_is_used_and_the_rest_chosen_for_it():
     r = choose_recipe(lengths, freq="W", prediction_length=13, epsilon=1.0, delta=1e-7, min_series_length=1)
     assert r.dropped_series == 0 and r.num_series == 100 and r.min_series_length == 1
     assert r.min_training_length == 93 - 13 and r.context_length + 13 <= MAX_WINDOW_FRACTION * (93 - 26 + 1)
+
+
+def test_the_recipe_model_gets_iterate_averaging_and_others_do_not():
+    from lightning_dpts.models import CombinationEstimator
+    from lightning_dpts.recipe import make_private_with_epsilon
+    from lightning_dpts.training import IterateAveraging
+
+    module = CombinationEstimator(prediction_length=12, context_length=60, freq="M").create_lightning_module()
+    plan = make_private_with_epsilon([600] * 100, module, epsilon=1.0, delta=1e-7, freq="M")
+    assert len(plan.averaging) == 1 and isinstance(plan.averaging[0], IterateAveraging)
+    assert plan.averaging[0] in plan.trainer_kwargs["callbacks"] and plan.settings["past_length"] == 60
+    other = make_private_with_epsilon([600] * 100, epsilon=1.0, delta=1e-7, freq="M", prediction_length=12)
+    assert other.averaging == [] and len(other.trainer_kwargs["callbacks"]) == 2
