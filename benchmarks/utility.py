@@ -141,7 +141,9 @@ def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protoc
     if model != DEFAULT_MODEL:
         values["model"] = model
     started = time.perf_counter()
-    with warnings.catch_warnings():
+    from lightning_dpts.console import dpts_console
+
+    with dpts_console(write=lambda _message: None), warnings.catch_warnings():  # dpts fit's quiet console
         warnings.simplefilter("ignore")
         report = run_fit(FitConfig.from_mapping(values), progress=lambda _message: None, baseline_cache=cache)
     shutil.rmtree(out, ignore_errors=True)
