@@ -171,21 +171,24 @@ def run_matrix(datasets: list[str], model: str, epsilons: list[float], protocols
     logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
     results = run_dir / "results.jsonl"
     done = {cell_key(r) for r in read_results(results)}
+    bases = {name: dataset_fields(name, run_dir, m4) for name in datasets}
+    caches = {}
     for name in datasets:
-        base = dataset_fields(name, run_dir, m4)
-        cache = BaselineCache(max_entries=10**7)
-        cache_file = run_dir / f"baselines-{name}.npz"
-        cache.load(cache_file)
-        for protocol in protocols:  # the baselines of a protocol are fitted once, at its first cell
-            for epsilon in epsilons:
-                for seed in seeds:
+        caches[name] = BaselineCache(max_entries=10**7)
+        caches[name].load(run_dir / f"baselines-{name}.npz")
+    # seeds outermost: a partial run covers every dataset x protocol x epsilon with its first seeds
+    for seed in seeds:
+        for name in datasets:
+            for protocol in protocols:  # a protocol's baselines are fitted at its first cell, then read from the cache
+                for epsilon in epsilons:
                     key = (name, model, float(epsilon), protocol, int(seed))
                     if key in done:
                         continue
+                    cache = caches[name]
                     size = len(cache)
-                    row = run_cell(name, base, model, epsilon, protocol, seed, run_dir, cache)
+                    row = run_cell(name, bases[name], model, epsilon, protocol, seed, run_dir, cache)
                     if len(cache) != size:
-                        cache.save(cache_file)
+                        cache.save(run_dir / f"baselines-{name}.npz")
                     with results.open("a") as fh:
                         fh.write(json.dumps(row) + "\n")
                     done.add(key)
