@@ -315,6 +315,15 @@ def test_held_out_evaluation_last_window_protocol_season_and_baselines(monkeypat
     assert last.report["metrics"]["seasonal_naive"]["crps"] == pytest.approx(
         rolling.report["metrics"]["seasonal_naive"]["crps_per_window"][-1])
     assert any("AutoETS and AutoTheta were skipped" in line for line in lines)
+    # a season no held-out history can hold is refused when the fit starts, before any step
+    too_long = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[HeldOutEvaluation(print_fn=None, season_length=10_000),
+                                    DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                    AccountantCallback(epsilon=100.0, delta=1e-5)])
+    with pytest.raises(ConfigurationError, match="season_length=10000: must be shorter than the shortest"):
+        too_long.fit(module, datamodule=dm)
+    assert too_long.global_step == 0
     with pytest.raises(ConfigurationError, match="evaluation"):
         HeldOutEvaluation(evaluation="first")
     with pytest.raises(ConfigurationError, match="season_length"):

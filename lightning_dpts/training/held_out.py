@@ -183,13 +183,28 @@ class HeldOutEvaluation(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from lightning_dpts.training.strategy import DPForecastStrategy
 
-        if stage != "fit" or not self.non_dp:
+        if stage != "fit":
+            return
+        self._check_season(trainer.datamodule)  # before any step: a season the windows cannot hold is refused now
+        if not self.non_dp:
             return
         if any(isinstance(c, DPForecastStrategy) and c.surgery is not None for c in trainer.callbacks):
             raise ConfigurationError("callbacks", "HeldOutEvaluation after DPForecastStrategy",
                                      "list HeldOutEvaluation(non_dp=True) before the DPForecastStrategy: its copy of "
                                      "the initial model must be taken before the strategy prepares the module")
         self._initial = copy.deepcopy(pl_module)  # the initial weights, before any step
+
+    def _check_season(self, dm: Any) -> None:
+        """Refuse a season not shorter than the shortest history the evaluation will score (when ``dm`` has
+        held-out windows; ``on_fit_end`` names a missing datamodule)."""
+        from lightning_dpts.data.seasonality import season_lengths
+        from lightning_dpts.evaluation import check_season
+
+        if dm is None or not hasattr(dm, "evaluation_windows") or getattr(dm, "freq", None) is None:
+            return
+        windows = dm.evaluation_windows(self.split)
+        if windows:
+            check_season(season_lengths(dm.freq, self.season_length)[0], min(len(w.history) for w in windows))
 
     def _train_non_dp(self, trainer: pl.Trainer, dm: Any) -> Any:
         """Train the initial copy without DP for the DP run's number of optimizer steps; returns it."""
