@@ -99,7 +99,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
     data = _load_data(config, progress)
     config = data.config
     train_epsilon = config.epsilon - config.reserved_epsilon  # basic composition: noisy clipped count, DP metrics
-    seasons = _seasons(config, data)
+    seasons = _seasons(config, data.freq)
     estimator, module, init_seed = _model(config, data.freq, entropy)
     dm, test_windows, windows_note = _datamodule(config, data, module, train_epsilon, progress)
     spec = dm.sampling_spec
@@ -205,19 +205,17 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
                  clipped_count, relation)
 
 
-def _seasons(config: FitConfig, data: _Data) -> tuple[int, ...]:
+def _seasons(config: FitConfig, freq: str) -> tuple[int, ...]:
     """The seasons of the run (:func:`~lightning_dpts.forecasters.model_seasons`; public metadata), refused before
-    any work when longer than the shortest series less one held-out window, or when the recipe's seasonal model
-    could not read the primary one from its past window (the exact training parts are checked once the held-out
-    windows are known)."""
+    any work when the recipe's seasonal model could not read the primary one from its past window (the training
+    parts are checked once the datamodule has dropped or refused the short series)."""
     from lightning_dpts.evaluation import check_season
     from lightning_dpts.forecasters import model_seasons
     from lightning_dpts.recipe import RECIPE_MODEL
 
-    seasons = model_seasons(config, data.freq)
+    seasons = model_seasons(config, freq)
     reads_season = config.model in (None, RECIPE_MODEL, "seasonal_linear")
-    shortest = int(data.table.groupby("item_id", sort=False).size().min()) - config.prediction_length
-    check_season(seasons[0], shortest, config.context_length if reads_season else None)
+    check_season(seasons[0], 10**12, config.context_length if reads_season else None)
     return seasons
 
 
