@@ -27,7 +27,14 @@ from lightning_dpts.training.guards import (
     has_accountant,
     spec_or_none,
 )
-from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
+from lightning_dpts.training.ledger import (
+    LEDGER_KEY,
+    PrivacyLedger,
+    begin_fit,
+    conflicting_ledgers,
+    end_fit,
+    ledger_of,
+)
 
 __all__ = ["LedgerWiring"]
 
@@ -61,6 +68,7 @@ class LedgerWiring:
     _world_size: int
     resolve: Callable[[L.Trainer], float]
     _make_noise: Callable[[Entropy], NoiseSource]
+    _buffer_guard: Any
 
     def begin(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PrivacyLedger:
         """Start this fit's ledger and noise (idempotent per fit; AccountantCallback calls it too).
@@ -75,6 +83,14 @@ class LedgerWiring:
         if self._restored is not None:
             ledger = self._restored
         else:
+            mixed = conflicting_ledgers(pl_module)
+            if mixed:
+                raise ConfigurationError(
+                    "model", ", ".join(mixed),
+                    "carry privacy ledgers accounted with other settings than the rest of the model (weights of DP "
+                    "runs with another sigma, C, sampling or noise put together): the accountant composes identical "
+                    "steps only. Train the parts with one configuration, or start from freshly initialised weights",
+                )
             attached = ledger_of(pl_module)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
@@ -111,7 +127,7 @@ class LedgerWiring:
         if spec is not None:
             ledger.sampling_spec = repr(spec)
         self.ledger = ledger
-        attach_ledger(pl_module, ledger)
+        begin_fit(pl_module, ledger)  # every module that owns parameters holds it; loads during the fit never lower it
         entropy = resolve_entropy(self._seed, "seed")
         if entropy.seeded:
             ledger.seeded = True
@@ -132,6 +148,11 @@ class LedgerWiring:
         self._begun = True
         return ledger
 
+    def end_ledger(self, pl_module: L.LightningModule) -> None:
+        """At the end of a fit (after the layer swaps are undone): the module's layers, the original ones again,
+        hold the fit's ledger, which no fit counts in any more."""
+        end_fit(pl_module, self.ledger)
+
     def state_dict(self) -> dict[str, Any]:
         """Sigma, C and the privacy ledger (with the noise kind and bands) - never a seed, a generator state or a
         BandMF band (nothing that reproduces noise).
@@ -151,7 +172,11 @@ class LedgerWiring:
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        """Also write the ledger at the top level of the checkpoint (read by ``load_from_checkpoint``)."""
+        """Refuse a checkpoint holding state that changed during the fit (the state guard, exactly: callbacks' state
+        too, which no state-dict hook sees), then write the ledger at the top level of the checkpoint (read by
+        ``load_from_checkpoint``). Lightning builds the whole checkpoint dict before it writes the file."""
+        if self._buffer_guard is not None:
+            self._buffer_guard.check()
         checkpoint[LEDGER_KEY] = self.ledger.to_dict()
 
     def charge_restored(self, steps: int, epochs: int) -> None:

@@ -1,0 +1,417 @@
+"""State that changes during a DP fit is refused (docs/privacy.md, "State and checkpoints"; issue 38).
+
+DP-SGD clips and noises *gradients*. Every other tensor a module or callback keeps is released with the model or
+feeds later steps without noise: a buffer (``register_buffer``: running statistics, ``max(|x|)`` of the training
+inputs), a torchmetrics state saved with the weights (``metric.persistent(True)``), a callback's state
+(EarlyStopping's best score), a plain tensor attribute written in ``training_step`` or ``on_train_batch_end`` and
+read by the next step, or one carried from one window's ``training_step`` call to the next under
+``per_window="isolated"``. Computed from the private windows, such a tensor tells neighbouring datasets apart with
+certainty (issue 38 measured 22.04 against 1.0e7 for a checkpointed metric state, and a cross-step sensitivity of
+8.6-11.3 against 2C = 2). :class:`StateGuard` takes, at the start of a DP fit, every such tensor of the
+LightningModule (all submodules) and of the watched callbacks, and refuses with a
+:class:`~lightning_dpts.errors.ConfigurationError` naming the module or callback and the attribute any that
+changes before the fit ends:
+
+* at every optimizer step, before the step's update (:meth:`StateGuard.check_step`), and after every window's call
+  of ``training_step`` in the isolated mode's loop: identities of every attribute, version counters of every
+  tracked tensor, the number of attributes and buffers of every object, the length of list/dict attributes; an
+  exact comparison with the fit-start copy only where something moved (an in-place write of the same value
+  passes). No tensor is copied per step;
+* in every ``state_dict()`` of any submodule (so before any checkpoint or ``torch.save`` of a submodule's weights
+  exists): an exact comparison of what that module saves besides its parameters (buffers, ``get_extra_state``,
+  persistent torchmetrics states), :meth:`StateGuard.check_saved`;
+* when Lightning builds a checkpoint (the strategy's ``on_save_checkpoint``) and at the end of training (exact),
+  which also catches writes that bypass version counters (``t.data.copy_``) and the last step's
+  ``on_train_batch_end``.
+
+Not watched: parameters (they are what DP training releases); attributes of ``nn.Module``, Lightning and Opacus
+internals and of this package's per-window machinery; a torchmetrics metric's states that are not persistent (they
+are not saved; what they log is private, like every Lightning log); callbacks of this package, callbacks that
+declare ``dp_post_processing = True`` (their state is a function of the noisy weights and public settings only, a
+promise the user makes; docs/training.md) and callbacks that ``monitor`` a metric the DP fit releases (epsilon).
+Values that are not tensors (Python numbers, strings, objects) are not compared: a private value kept in a Python
+float escapes the guard (docs/privacy.md lists it).
+
+A module whose *saved* state changed stays *tainted*: its guard stays attached, so its ``state_dict`` and a later
+DP fit are refused until that state holds its value from the start of the fit again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import torch
+from torch import nn
+
+from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.training.ledger import GUARD_ATTRIBUTE, LEDGER_ATTRIBUTE, StateDictGuard, hook_state_dict
+
+__all__ = ["GUARD_ATTRIBUTE", "StateGuard", "guard_of", "post_processing"]
+
+#: attribute names that the per-window machinery (Opacus' hooks) writes on the layers it hooks during a step
+_MACHINERY = frozenset({"activations", "max_batch_len", "autograd_grad_sample_hooks", "grad_sample",
+                        LEDGER_ATTRIBUTE})
+_INTERNALS: frozenset[str] | None = None  # attributes of a bare nn.Module and LightningModule (filled on first use)
+
+
+def _internals() -> frozenset[str]:
+    global _INTERNALS
+    if _INTERNALS is None:
+        import lightning as L
+
+        _INTERNALS = frozenset(vars(nn.Module())) | frozenset(vars(L.LightningModule())) | _MACHINERY
+    return _INTERNALS
+
+
+def post_processing(callback: Any) -> bool:
+    """Whether ``callback`` declares ``dp_post_processing = True``: its checkpointed state is a function of the
+    model's parameters (the noisy iterates) and public settings only (docs/training.md)."""
+    return getattr(type(callback), "dp_post_processing", False) is True
+
+
+def _tensorish(value: Any, depth: int = 2, weights: frozenset[int] = frozenset()) -> bool:
+    """A tensor that is not a parameter or a view of one (DP training releases those; ``weights``: the parameters'
+    storage addresses), or a list/tuple/dict holding one (two levels deep)."""
+    if isinstance(value, torch.Tensor):
+        return not _weight(value, weights)
+    if depth == 0:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_tensorish(v, depth - 1, weights) for v in value)
+    if isinstance(value, dict):
+        return any(_tensorish(v, depth - 1, weights) for v in value.values())
+    return False
+
+
+def _weight(tensor: torch.Tensor, weights: frozenset[int]) -> bool:
+    """A parameter, or a tensor on a parameter's storage (``p.detach()``, a ``state_dict()`` entry)."""
+    if isinstance(tensor, nn.Parameter):
+        return True
+    try:
+        return tensor.untyped_storage().data_ptr() in weights
+    except RuntimeError:  # no storage (a tensor that escaped from a vmap, a tensor subclass): state
+        return False
+
+
+def _is_metric(obj: Any) -> bool:
+    defaults, persistent = getattr(obj, "_defaults", None), getattr(obj, "_persistent", None)
+    return isinstance(obj, nn.Module) and isinstance(defaults, dict) and isinstance(persistent, dict)
+
+
+def _copy(value: Any) -> Any:
+    """A detached copy (tensors cloned) of a value taken at the fit's start, for exact comparisons."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(v) for v in value) if isinstance(value, list) else tuple(_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - an object that cannot be copied is compared by identity
+        return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exactly equal: tensors of the same shape, dtype and device with equal values (NaN equal to NaN), containers
+    element by element, anything else by ``==`` (or identity where ``==`` fails). A tensor that cannot be read
+    (one that escaped from a ``vmap``) is not the same."""
+    try:
+        return _equal(a, b)
+    except RuntimeError:
+        return False
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        if torch.equal(a, b):
+            return True
+        if not (a.is_floating_point() or a.is_complex()):
+            return False
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        return torch.equal(nan_a, nan_b) and torch.equal(a[~nan_a], b[~nan_b])
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return a is b
+
+
+def saved_state(module: nn.Module) -> dict[str, Any]:
+    """What ``module`` itself (not its submodules) puts into a state dict besides its parameters: its persistent
+    buffers, its ``get_extra_state()`` and, for a torchmetrics metric, its persistent states."""
+    out: dict[str, Any] = {name: buf for name, buf in module._buffers.items()
+                           if buf is not None and name not in module._non_persistent_buffers_set}
+    if type(module).get_extra_state is not nn.Module.get_extra_state:
+        out["_extra_state"] = module.get_extra_state()
+    if _is_metric(module):
+        out.update({name: getattr(module, name) for name, keep in module._persistent.items() if keep})
+    return out
+
+
+@dataclass
+class _Object:
+    """One watched module or callback: its name, the object, which of its attributes are watched, the attributes'
+    values at the last check, its number of attributes and buffers, and the list/dict attributes' contents."""
+
+    name: str
+    obj: Any
+    kind: str  # "module" or "callback"
+    metric: bool
+    entries: list[list[Any]] = field(default_factory=list)  # [holder dict, key, value, self]
+    sizes: tuple[int, int] = (0, 0)  # len(vars(obj)), len(obj._buffers)
+    containers: list[tuple[str, Any, list[int]]] = field(default_factory=list)  # (key, container, element ids)
+
+    def watches(self, key: str) -> bool:
+        if self.metric:
+            return bool(self.obj._persistent.get(key, False))
+        if key.startswith("_dpts"):
+            return False
+        return self.kind == "callback" or key not in _internals()
+
+    def what(self, key: str, buffer: bool) -> str:
+        if buffer:
+            return f"buffer '{self.name}.{key}'" if self.name else f"buffer '{key}'"
+        if self.kind == "callback":
+            return f"callback {self.name} attribute '{key}'"
+        if self.metric:
+            return f"metric state '{self.name}.{key}' ({type(self.obj).__name__}, persistent: saved in checkpoints)"
+        return f"attribute '{self.name}.{key}'" if self.name else f"attribute '{key}'"
+
+
+@dataclass
+class _Tensor:
+    """One tracked tensor (a buffer, a tensor attribute or a tensor in a list/dict attribute): its version at the
+    last check and a copy from the fit's start."""
+
+    owner: _Object
+    key: str
+    buffer: bool
+    tensor: torch.Tensor
+    version: int
+    value: torch.Tensor
+
+
+class StateGuard(StateDictGuard):
+    """The state of a module (every submodule) and of watched callbacks at the start of a DP fit; any tensor of it
+    that changes during the fit is refused (module docstring).
+
+    Args:
+        module: the LightningModule being trained (after the strategy's layer swaps and any restored checkpoint).
+        callbacks: the Trainer's callbacks; those of this package, ``dp_post_processing`` ones and those in
+            ``exempt`` are not watched.
+        exempt: callbacks not to watch (e.g. those that monitor a metric the fit releases with DP).
+    """
+
+    def __init__(self, module: nn.Module, callbacks: Iterable[Any] = (), exempt: Iterable[Any] = ()) -> None:
+        self.module_name = type(module).__name__
+        self._weights = frozenset(p.untyped_storage().data_ptr() for p in module.parameters())
+        skip = {id(c) for c in exempt}
+        self._objects: list[_Object] = []
+        for path, sub in module.named_modules():
+            self._objects.append(_Object(path, sub, "module", _is_metric(sub)))
+        for cb in callbacks:
+            if (id(cb) in skip or post_processing(cb) or type(cb).__module__.split(".")[0] == "lightning_dpts"):
+                continue
+            self._objects.append(_Object(type(cb).__name__, cb, "callback", False))
+        self._tensors: list[_Tensor] = []
+        self._starts: dict[tuple[int, str, bool], Any] = {}  # the fit-start copy of every tracked value
+        self._saved: dict[int, dict[str, Any]] = {}  # module id -> copies of saved_state(module) at the start
+        for o in self._objects:
+            if o.kind == "module":
+                self._saved[id(o.obj)] = {k: _copy(v) for k, v in saved_state(o.obj).items()}
+            self._index(o, first=True)
+        self._flatten()
+
+    # -- building the per-step index ------------------------------------------------------------------------
+    def _index(self, o: _Object, first: bool = False) -> None:
+        """(Re)build ``o``'s entries from its current attributes and buffers."""
+        d = vars(o.obj)
+        o.entries = [[d, key, value, o] for key, value in d.items() if o.watches(key)]
+        buffers = getattr(o.obj, "_buffers", None) if o.kind == "module" else None
+        if buffers is not None:
+            o.entries += [[buffers, key, buf, o] for key, buf in buffers.items() if buf is not None]
+        o.sizes = (len(d), len(buffers) if buffers is not None else 0)
+        o.containers = []
+        for holder, key, value, _ in o.entries:
+            buffer = holder is not d
+            if first:
+                self._starts[(id(o), key, buffer)] = _copy(value) if self._tensorish(value) else None
+            if isinstance(value, torch.Tensor) and _weight(value, self._weights):
+                continue  # a parameter (or a view of one) kept as an attribute too: DP training releases it
+            if isinstance(value, torch.Tensor):
+                self._track(o, key, buffer, value)
+            elif isinstance(value, (list, tuple, dict)):
+                items = list(value.values()) if isinstance(value, dict) else list(value)
+                o.containers.append((key, value, [id(v) for v in items]))
+                for k, v in enumerate(items):
+                    if isinstance(v, torch.Tensor) and not _weight(v, self._weights):
+                        self._track(o, f"{key}[{k}]", False, v)
+
+    def _track(self, o: _Object, key: str, buffer: bool, tensor: torch.Tensor) -> None:
+        start = self._starts.get((id(o), key, buffer))
+        value = start if isinstance(start, torch.Tensor) else tensor.detach().clone()
+        self._tensors.append(_Tensor(o, key, buffer, tensor, tensor._version, value))
+
+    def _tensorish(self, value: Any) -> bool:
+        return _tensorish(value, weights=self._weights)
+
+    def _flatten(self) -> None:
+        self._entries = [e for o in self._objects for e in o.entries]
+        self._tensors = [t for t in self._tensors if any(t.owner is o for o in self._objects)]
+
+    def _reindex(self, o: _Object) -> None:
+        self._tensors = [t for t in self._tensors if t.owner is not o]
+        self._index(o)
+        self._flatten()
+
+    # -- attaching ---------------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, module: nn.Module, callbacks: Iterable[Any] = (), exempt: Iterable[Any] = ()) -> StateGuard:
+        """Refuse a module left tainted by an earlier fit, then guard ``module`` (and ``callbacks``) for this fit:
+        every submodule's ``state_dict()`` checks what it saves from now on."""
+        earlier = guard_of(module)
+        if earlier is not None:
+            earlier.check_saved_all()
+        guard = cls(module, callbacks, exempt)
+        for sub in module.modules():
+            object.__setattr__(sub, GUARD_ATTRIBUTE, guard)
+            hook_state_dict(sub)
+        return guard
+
+    def release(self, module: nn.Module) -> None:
+        """Detach the guard at the end of a fit, unless a module's saved state changed (then it stays tainted)."""
+        if guard_of(module) is self and not self.changed():
+            for sub in module.modules():
+                if sub.__dict__.get(GUARD_ATTRIBUTE) is self:
+                    object.__delattr__(sub, GUARD_ATTRIBUTE)
+
+    # -- checks ------------------------------------------------------------------------------------------------
+    def check_step(self) -> None:
+        """The per-step check (identities, version counters, sizes; an exact comparison only where one moved)."""
+        for entry in self._entries:
+            if entry[0].get(entry[1], _MISSING) is not entry[2]:
+                self._moved(entry)
+        for o in self._objects:
+            if len(vars(o.obj)) != o.sizes[0] or (o.kind == "module" and len(o.obj._buffers) != o.sizes[1]):
+                self._added(o)
+            for key, container, ids in o.containers:
+                items = container.values() if isinstance(container, dict) else container
+                if len(ids) != len(container) or any(id(v) != i for v, i in zip(items, ids, strict=False)):
+                    self._refill(o, key, container)
+        for t in self._tensors:
+            if t.tensor._version != t.version:
+                if not _same(t.tensor, t.value):
+                    self._refuse(t.owner, t.key, t.buffer)
+                t.version = t.tensor._version  # the same value written in place
+
+    def check(self) -> None:
+        """Everything, exactly: the per-step check, every tracked tensor against its copy (also writes that bypass
+        version counters) and every module's saved state."""
+        self.check_step()
+        for t in self._tensors:
+            if not _same(t.tensor, t.value):
+                self._refuse(t.owner, t.key, t.buffer)
+        self.check_saved_all()
+
+    def check_saved(self, module: nn.Module) -> None:
+        """What ``module`` itself saves besides its parameters must equal its value at the fit's start (exact);
+        called by every ``state_dict()`` of the module (:func:`~lightning_dpts.training.ledger.hook_state_dict`)."""
+        start = self._saved.get(id(module))
+        if start is None:
+            return
+        now = saved_state(module)
+        for key, value in now.items():
+            if key not in start or not _same(value, start[key]):
+                o = next(o for o in self._objects if o.obj is module)
+                self._refuse(o, key, key in module._buffers)
+
+    def check_saved_all(self) -> None:
+        for o in self._objects:
+            if o.kind == "module":
+                self.check_saved(o.obj)
+
+    def changed(self) -> list[str]:
+        """The saved state (buffers, extra state, persistent metric states) that differs from the fit's start."""
+        names = []
+        for o in self._objects:
+            if o.kind != "module":
+                continue
+            start = self._saved[id(o.obj)]
+            names += [f"{o.name}.{k}" if o.name else k for k, v in saved_state(o.obj).items()
+                      if k not in start or not _same(v, start[k])]
+        return names
+
+    # -- slow paths (something moved) --------------------------------------------------------------------------
+    def _moved(self, entry: list[Any]) -> None:
+        holder, key, old, o = entry
+        new = holder.get(key, _MISSING)
+        buffer = holder is not vars(o.obj)
+        if new is _MISSING:  # removed: nothing is kept any more
+            self._reindex(o)
+            return
+        if self._tensorish(new) or self._tensorish(old):
+            start = self._starts.get((id(o), key, buffer))
+            if start is None or not _same(new, start):
+                self._refuse(o, key, buffer)
+            self._reindex(o)  # the same value under a new object: track the new one
+            return
+        entry[2] = new  # a number, string or object: not compared
+        if isinstance(new, (list, tuple, dict)):
+            self._reindex(o)
+
+    def _added(self, o: _Object) -> None:
+        d = vars(o.obj)
+        known = {(e[1], e[0] is not d) for e in o.entries}
+        for key, value in d.items():
+            if o.watches(key) and (key, False) not in known and self._tensorish(value):
+                self._refuse(o, key, False)
+        if o.kind == "module":
+            for key, buf in o.obj._buffers.items():
+                if buf is not None and (key, True) not in known:
+                    self._refuse(o, key, True, added=True)
+        self._reindex(o)
+
+    def _refill(self, o: _Object, key: str, container: Any) -> None:
+        start = self._starts.get((id(o), key, False))
+        if self._tensorish(container) and (start is None or not _same(container, start)):
+            self._refuse(o, key, False)
+        self._reindex(o)
+
+    def _refuse(self, o: _Object, key: str, buffer: bool, added: bool = False) -> NoReturn:
+        what = o.what(key, buffer) + (" (registered during the fit)" if added else "")
+        where = "callbacks" if o.kind == "callback" else "model"
+        subject = what if o.kind == "callback" else f"{self.module_name} {what}"
+        if o.kind == "module" and not o.metric and o.name:
+            subject += f" ({type(o.obj).__name__})"
+        raise ConfigurationError(
+            where, subject,
+            "changed during DP training. DP-SGD clips and noises gradients only: a tensor that a module or callback "
+            "keeps (a buffer, a metric state saved with the weights, a callback's best score, a plain tensor "
+            "attribute written in training_step or on_train_batch_end) is computed from the private windows "
+            "without noise; it is released raw in checkpoints or carried into the next step's (or window's) "
+            "gradient, and can tell neighbouring datasets apart (docs/privacy.md, 'State and checkpoints'). "
+            "Nothing that holds it was written: state_dict() and checkpoints refuse it too. Log such values with "
+            "self.log (logs are private), compute them before the fit from public data, or make them parameters; "
+            "a callback whose state depends only on the weights may declare dp_post_processing = True "
+            "(docs/training.md); state that stays constant during the fit is allowed",
+        )
+
+
+_MISSING = object()
+
+
+def guard_of(module: Any) -> StateGuard | None:
+    """The :class:`StateGuard` attached to a module, or ``None``."""
+    guard = getattr(module, GUARD_ATTRIBUTE, None)
+    return guard if isinstance(guard, StateGuard) else None
