@@ -19,8 +19,8 @@ Every file a job writes goes through this module:
 
 Each path is registered with whether the (epsilon, delta) guarantee covers it: :meth:`OutputDirectory.manifest`
 gives the ``"files"`` manifest that ``report.json`` carries (``"public: ..."`` or ``"private: ..."``; a private
-directory is listed as one entry, since the names of the files in it may hold a host name, a process id or a time). Everything
-computed from the private data without DP lives under :data:`PRIVATE_DIR`.
+directory is listed as one entry, since the names of the files in it may hold a host name, a process id or a time).
+Everything computed from the private data without DP lives under :data:`PRIVATE_DIR`.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from lightning_dpts.training.ledger import (
     conflicting_ledgers,
     end_fit,
     ledger_of,
+    merge,
 )
 
 __all__ = ["LedgerWiring"]
@@ -69,6 +70,7 @@ class LedgerWiring:
     resolve: Callable[[L.Trainer], float]
     _make_noise: Callable[[Entropy], NoiseSource]
     _buffer_guard: Any
+    _before_swaps: PrivacyLedger | None
 
     def begin(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PrivacyLedger:
         """Start this fit's ledger and noise (idempotent per fit; AccountantCallback calls it too).
@@ -91,7 +93,8 @@ class LedgerWiring:
                     "runs with another sigma, C, sampling or noise put together): the accountant composes identical "
                     "steps only. Train the parts with one configuration, or start from freshly initialised weights",
                 )
-            attached = ledger_of(pl_module)
+            # the layers the strategy swapped at setup hold their ledger on the originals (kept aside until the end)
+            attached = merge(x for x in (ledger_of(pl_module), self._before_swaps) if x is not None)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
         self.step_cap = None  # a reused strategy forgets its previous fit's cap (AccountantCallback sets this fit's)
@@ -147,6 +150,10 @@ class LedgerWiring:
             self._schedule = random.Random(25)
         self._begun = True
         return ledger
+
+    def remember_ledger(self, pl_module: L.LightningModule) -> None:
+        """At ``setup``, before the layer swaps: the model's ledger (a swapped layer's new module holds none)."""
+        self._before_swaps = ledger_of(pl_module)
 
     def end_ledger(self, pl_module: L.LightningModule) -> None:
         """At the end of a fit (after the layer swaps are undone): the module's layers, the original ones again,

@@ -159,18 +159,16 @@ def saved_state(module: nn.Module) -> dict[str, Any]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)
 class _Object:
-    """One watched module or callback: its name, the object, which of its attributes are watched, the attributes'
-    values at the last check, its number of attributes and buffers, and the list/dict attributes' contents."""
+    """One watched module or callback: its name, the object and which of its attributes are watched; ``last``: the
+    watched attributes' and buffers' values at the last check (identities)."""
 
     name: str
     obj: Any
     kind: str  # "module" or "callback"
     metric: bool
-    entries: list[list[Any]] = field(default_factory=list)  # [holder dict, key, value, self]
-    sizes: tuple[int, int] = (0, 0)  # len(vars(obj)), len(obj._buffers)
-    containers: list[tuple[str, Any, list[int]]] = field(default_factory=list)  # (key, container, element ids)
+    last: dict[tuple[str, bool], Any] = field(default_factory=dict)  # (key, is a buffer) -> value
 
     def watches(self, key: str) -> bool:
         if self.metric:
@@ -178,6 +176,13 @@ class _Object:
         if key.startswith("_dpts"):
             return False
         return self.kind == "callback" or key not in _internals()
+
+    def state(self) -> dict[tuple[str, bool], Any]:
+        """The watched attributes and the buffers, now."""
+        out = {(key, False): value for key, value in vars(self.obj).items() if self.watches(key)}
+        if self.kind == "module":
+            out.update({(key, True): buf for key, buf in self.obj._buffers.items() if buf is not None})
+        return out
 
     def what(self, key: str, buffer: bool) -> str:
         if buffer:
@@ -191,11 +196,11 @@ class _Object:
 
 @dataclass
 class _Tensor:
-    """One tracked tensor (a buffer, a tensor attribute or a tensor in a list/dict attribute): its version at the
-    last check and a copy from the fit's start."""
+    """One tracked tensor (a buffer, a tensor attribute or a tensor in a list/dict attribute), its version at the last
+    check and its value at the fit's start."""
 
     owner: _Object
-    key: str
+    key: str  # the attribute or buffer
     buffer: bool
     tensor: torch.Tensor
     version: int
@@ -217,63 +222,57 @@ class StateGuard(StateDictGuard):
         self.module_name = type(module).__name__
         self._weights = frozenset(p.untyped_storage().data_ptr() for p in module.parameters())
         skip = {id(c) for c in exempt}
-        self._objects: list[_Object] = []
-        for path, sub in module.named_modules():
-            self._objects.append(_Object(path, sub, "module", _is_metric(sub)))
+        self._objects: list[_Object] = [_Object(path, sub, "module", _is_metric(sub))
+                                        for path, sub in module.named_modules()]
         for cb in callbacks:
-            if (id(cb) in skip or post_processing(cb) or type(cb).__module__.split(".")[0] == "lightning_dpts"):
+            if id(cb) in skip or post_processing(cb) or type(cb).__module__.split(".")[0] == "lightning_dpts":
                 continue
             self._objects.append(_Object(type(cb).__name__, cb, "callback", False))
-        self._tensors: list[_Tensor] = []
-        self._starts: dict[tuple[int, str, bool], Any] = {}  # the fit-start copy of every tracked value
+        #: (object id, key, is a buffer) -> a copy of the value at the fit's start, for values that hold tensors
+        self._starts: dict[tuple[int, str, bool], Any] = {}
         self._saved: dict[int, dict[str, Any]] = {}  # module id -> copies of saved_state(module) at the start
         for o in self._objects:
             if o.kind == "module":
                 self._saved[id(o.obj)] = {k: _copy(v) for k, v in saved_state(o.obj).items()}
-            self._index(o, first=True)
-        self._flatten()
-
-    # -- building the per-step index ------------------------------------------------------------------------
-    def _index(self, o: _Object, first: bool = False) -> None:
-        """(Re)build ``o``'s entries from its current attributes and buffers."""
-        d = vars(o.obj)
-        o.entries = [[d, key, value, o] for key, value in d.items() if o.watches(key)]
-        buffers = getattr(o.obj, "_buffers", None) if o.kind == "module" else None
-        if buffers is not None:
-            o.entries += [[buffers, key, buf, o] for key, buf in buffers.items() if buf is not None]
-        o.sizes = (len(d), len(buffers) if buffers is not None else 0)
-        o.containers = []
-        for holder, key, value, _ in o.entries:
-            buffer = holder is not d
-            if first:
-                self._starts[(id(o), key, buffer)] = _copy(value) if self._tensorish(value) else None
-            if isinstance(value, torch.Tensor) and _weight(value, self._weights):
-                continue  # a parameter (or a view of one) kept as an attribute too: DP training releases it
-            if isinstance(value, torch.Tensor):
-                self._track(o, key, buffer, value)
-            elif isinstance(value, (list, tuple, dict)):
-                items = list(value.values()) if isinstance(value, dict) else list(value)
-                o.containers.append((key, value, [id(v) for v in items]))
-                for k, v in enumerate(items):
-                    if isinstance(v, torch.Tensor) and not _weight(v, self._weights):
-                        self._track(o, f"{key}[{k}]", False, v)
-
-    def _track(self, o: _Object, key: str, buffer: bool, tensor: torch.Tensor) -> None:
-        start = self._starts.get((id(o), key, buffer))
-        value = start if isinstance(start, torch.Tensor) else tensor.detach().clone()
-        self._tensors.append(_Tensor(o, key, buffer, tensor, tensor._version, value))
+            for (key, buffer), value in o.state().items():
+                if self._tensorish(value):
+                    self._starts[(id(o), key, buffer)] = _copy(value)
+        self._index()
 
     def _tensorish(self, value: Any) -> bool:
         return _tensorish(value, weights=self._weights)
 
-    def _flatten(self) -> None:
-        self._entries = [e for o in self._objects for e in o.entries]
-        self._tensors = [t for t in self._tensors if any(t.owner is o for o in self._objects)]
+    # -- the per-step index --------------------------------------------------------------------------------------
+    def _index(self) -> None:
+        """Flat lists for :meth:`check_step`: every watched attribute and buffer with its current value, the sizes
+        of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version."""
+        self._entries: list[tuple[dict, str, Any, _Object]] = []
+        self._sizes: list[tuple[Any, int, _Object]] = []
+        self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
+        self._tensors: list[_Tensor] = []
+        for o in self._objects:
+            o.last = o.state()
+            d = vars(o.obj)
+            self._sizes.append((d, len(d), o))
+            if o.kind == "module":
+                self._sizes.append((o.obj._buffers, len(o.obj._buffers), o))
+            for (key, buffer), value in o.last.items():
+                self._entries.append((o.obj._buffers if buffer else d, key, value, o))
+                if isinstance(value, (list, tuple, dict)):
+                    self._sizes.append((value, len(value), o))
+                    pairs = value.items() if isinstance(value, dict) else enumerate(value)
+                    for k, v in pairs:
+                        if v is None or isinstance(v, torch.Tensor):  # an element that is or may become state
+                            self._elements.append((value, k, v, o))
+                            self._track(o, key, buffer, v)
+                else:
+                    self._track(o, key, buffer, value)
 
-    def _reindex(self, o: _Object) -> None:
-        self._tensors = [t for t in self._tensors if t.owner is not o]
-        self._index(o)
-        self._flatten()
+    def _track(self, o: _Object, key: str, buffer: bool, value: Any) -> None:
+        if isinstance(value, torch.Tensor) and not _weight(value, self._weights):
+            start = self._starts.get((id(o), key, buffer))
+            copy_ = start if isinstance(start, torch.Tensor) else value.detach().clone()
+            self._tensors.append(_Tensor(o, key, buffer, value, value._version, copy_))
 
     # -- attaching ---------------------------------------------------------------------------------------------
     @classmethod
@@ -298,25 +297,29 @@ class StateGuard(StateDictGuard):
 
     # -- checks ------------------------------------------------------------------------------------------------
     def check_step(self) -> None:
-        """The per-step check (identities, version counters, sizes; an exact comparison only where one moved)."""
-        for entry in self._entries:
-            if entry[0].get(entry[1], _MISSING) is not entry[2]:
-                self._moved(entry)
-        for o in self._objects:
-            if len(vars(o.obj)) != o.sizes[0] or (o.kind == "module" and len(o.obj._buffers) != o.sizes[1]):
-                self._added(o)
-            for key, container, ids in o.containers:
-                items = container.values() if isinstance(container, dict) else container
-                if len(ids) != len(container) or any(id(v) != i for v, i in zip(items, ids, strict=False)):
-                    self._refill(o, key, container)
+        """The per-step check: identities, sizes and version counters; an exact comparison only where one moved."""
+        moved: list[_Object] = []
+        for holder, key, value, o in self._entries:
+            if holder.get(key, _MISSING) is not value:
+                moved.append(o)
+        for holder, size, o in self._sizes:
+            if len(holder) != size:
+                moved.append(o)
+        for holder, k, value, o in self._elements:
+            if holder[k] is not value:
+                moved.append(o)
         for t in self._tensors:
             if t.tensor._version != t.version:
                 if not _same(t.tensor, t.value):
                     self._refuse(t.owner, t.key, t.buffer)
                 t.version = t.tensor._version  # the same value written in place
+        if moved:
+            for o in dict.fromkeys(moved):
+                self._examine(o)
+            self._index()
 
     def check(self) -> None:
-        """Everything, exactly: the per-step check, every tracked tensor against its copy (also writes that bypass
+        """Everything, exactly: the per-step check, every tracked tensor against its start (also writes that bypass
         version counters) and every module's saved state."""
         self.check_step()
         for t in self._tensors:
@@ -324,17 +327,28 @@ class StateGuard(StateDictGuard):
                 self._refuse(t.owner, t.key, t.buffer)
         self.check_saved_all()
 
+    def _examine(self, o: _Object) -> None:
+        """Something of ``o`` moved: every watched value that holds a tensor and is not the object last seen (or is
+        a list/dict) must equal its value at the fit's start; values without tensors are not compared."""
+        for (key, buffer), value in o.state().items():
+            if o.last.get((key, buffer), _MISSING) is value and not isinstance(value, (list, tuple, dict)):
+                continue
+            if not self._tensorish(value):
+                continue
+            start = self._starts.get((id(o), key, buffer))
+            if start is None or not _same(value, start):
+                self._refuse(o, key, buffer, added=buffer and (key, True) not in o.last)
+
     def check_saved(self, module: nn.Module) -> None:
         """What ``module`` itself saves besides its parameters must equal its value at the fit's start (exact);
         called by every ``state_dict()`` of the module (:func:`~lightning_dpts.training.ledger.hook_state_dict`)."""
         start = self._saved.get(id(module))
         if start is None:
             return
-        now = saved_state(module)
-        for key, value in now.items():
+        for key, value in saved_state(module).items():
             if key not in start or not _same(value, start[key]):
                 o = next(o for o in self._objects if o.obj is module)
-                self._refuse(o, key, key in module._buffers)
+                self._refuse(o, key, key in module._buffers, added=key not in start)
 
     def check_saved_all(self) -> None:
         for o in self._objects:
@@ -351,42 +365,6 @@ class StateGuard(StateDictGuard):
             names += [f"{o.name}.{k}" if o.name else k for k, v in saved_state(o.obj).items()
                       if k not in start or not _same(v, start[k])]
         return names
-
-    # -- slow paths (something moved) --------------------------------------------------------------------------
-    def _moved(self, entry: list[Any]) -> None:
-        holder, key, old, o = entry
-        new = holder.get(key, _MISSING)
-        buffer = holder is not vars(o.obj)
-        if new is _MISSING:  # removed: nothing is kept any more
-            self._reindex(o)
-            return
-        if self._tensorish(new) or self._tensorish(old):
-            start = self._starts.get((id(o), key, buffer))
-            if start is None or not _same(new, start):
-                self._refuse(o, key, buffer)
-            self._reindex(o)  # the same value under a new object: track the new one
-            return
-        entry[2] = new  # a number, string or object: not compared
-        if isinstance(new, (list, tuple, dict)):
-            self._reindex(o)
-
-    def _added(self, o: _Object) -> None:
-        d = vars(o.obj)
-        known = {(e[1], e[0] is not d) for e in o.entries}
-        for key, value in d.items():
-            if o.watches(key) and (key, False) not in known and self._tensorish(value):
-                self._refuse(o, key, False)
-        if o.kind == "module":
-            for key, buf in o.obj._buffers.items():
-                if buf is not None and (key, True) not in known:
-                    self._refuse(o, key, True, added=True)
-        self._reindex(o)
-
-    def _refill(self, o: _Object, key: str, container: Any) -> None:
-        start = self._starts.get((id(o), key, False))
-        if self._tensorish(container) and (start is None or not _same(container, start)):
-            self._refuse(o, key, False)
-        self._reindex(o)
 
     def _refuse(self, o: _Object, key: str, buffer: bool, added: bool = False) -> NoReturn:
         what = o.what(key, buffer) + (" (registered during the fit)" if added else "")

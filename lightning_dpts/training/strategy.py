@@ -270,6 +270,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self.ledger = PrivacyLedger()
         self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
         self._restored: PrivacyLedger | None = None
+        self._before_swaps: PrivacyLedger | None = None  # the module's ledger at setup, before the layer swaps
         self._begun = False
         self._new_epoch = True
         self._batches_since_step = 0
@@ -383,6 +384,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             self._check_distributed(trainer)
         if self.surgery is not None:  # setup twice without teardown
             return
+        self.remember_ledger(pl_module)  # before the swaps: a swapped layer's replacement holds no ledger
         self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")

@@ -163,3 +163,38 @@ def test_l5_loading_before_importing_the_training_package_attaches_the_ledger(tm
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[5, 5]"
+
+
+class _Recurrent(L.LightningModule):
+    """Only an LSTM owns parameters: the strategy swaps it for DPFastLSTM during the fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential()
+        self.model.add_module("lstm", torch.nn.LSTM(2, 3, batch_first=True))
+
+    def training_step(self, batch, batch_idx):
+        out, _ = self.model.lstm(batch["x"])
+        return out.mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_swapped_layer_keeps_the_ledger_it_was_loaded_with(tmp_path):
+    def fit(module: L.LightningModule, steps: int) -> DPForecastStrategy:
+        strategy = DPForecastStrategy(SIGMA, 1.0)
+        t = trainer(max_steps=steps, callbacks=[strategy, AccountantCallback(50.0, DELTA, max_overhead=None)])
+        t.fit(module, datamodule=SpecDataModule(SPEC, [{"x": torch.ones(SPEC.batch_size, 4, 2)}] * 8))
+        return strategy
+
+    first = _Recurrent()
+    fit(first, 3)
+    torch.save(first.model.state_dict(), tmp_path / "lstm.pt")
+    second = _Recurrent()
+    second.model.load_state_dict(torch.load(tmp_path / "lstm.pt", weights_only=True))
+    assert ledger_of(second).steps == 3
+    strategy = fit(second, 2)
+    assert strategy.ledger.steps == 5 and ledger_of(second).steps == 5  # the original LSTM holds it again
+    assert type(second.model.lstm) is torch.nn.LSTM and read_ledger({"state_dict": second.state_dict()}).steps == 5
