@@ -66,6 +66,17 @@ def _internals() -> frozenset[str]:
     return _INTERNALS
 
 
+def _bookkeeping(callback: Any) -> bool:
+    """Lightning's own bookkeeping callbacks (exactly these classes, not subclasses): progress bars, summaries, the
+    learning-rate monitor, the timer and ``ModelCheckpoint`` without a ``monitor``. They keep paths, times and
+    counters, never a tensor computed from the data; not watching them keeps the per-step check small."""
+    from lightning.pytorch import callbacks as lc
+
+    kinds = (lc.TQDMProgressBar, lc.RichProgressBar, lc.ModelSummary, lc.RichModelSummary, lc.LearningRateMonitor,
+             lc.Timer, lc.ModelCheckpoint)
+    return type(callback) in kinds and getattr(callback, "monitor", None) is None
+
+
 def post_processing(callback: Any) -> bool:
     """Whether ``callback`` declares ``dp_post_processing = True``: its checkpointed state is a function of the
     model's parameters (the noisy iterates) and public settings only (docs/training.md)."""
@@ -225,7 +236,8 @@ class StateGuard(StateDictGuard):
         self._objects: list[_Object] = [_Object(path, sub, "module", _is_metric(sub))
                                         for path, sub in module.named_modules()]
         for cb in callbacks:
-            if id(cb) in skip or post_processing(cb) or type(cb).__module__.split(".")[0] == "lightning_dpts":
+            if (id(cb) in skip or post_processing(cb) or _bookkeeping(cb)
+                    or type(cb).__module__.split(".")[0] == "lightning_dpts"):
                 continue
             self._objects.append(_Object(type(cb).__name__, cb, "callback", False))
         #: (object id, key, is a buffer) -> a copy of the value at the fit's start, for values that hold tensors
@@ -242,11 +254,20 @@ class StateGuard(StateDictGuard):
     def _tensorish(self, value: Any) -> bool:
         return _tensorish(value, weights=self._weights)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        """A copy of a guarded module (``copy.deepcopy(module)`` by a callback during the fit) is not guarded: it is
+        not the model being trained, and the guard holds the callbacks (and through them the Trainer)."""
+        return None
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        """Pickling a guarded module (``torch.save(module)``) stores no guard (as for a copy)."""
+        return (_no_guard, ())
+
     # -- the per-step index --------------------------------------------------------------------------------------
     def _index(self) -> None:
         """Flat lists for :meth:`check_step`: every watched attribute and buffer with its current value, the sizes
         of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version."""
-        self._entries: list[tuple[dict, str, Any, _Object]] = []
+        self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
         self._sizes: list[tuple[Any, int, _Object]] = []
         self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
         self._tensors: list[_Tensor] = []
@@ -257,7 +278,7 @@ class StateGuard(StateDictGuard):
             if o.kind == "module":
                 self._sizes.append((o.obj._buffers, len(o.obj._buffers), o))
             for (key, buffer), value in o.last.items():
-                self._entries.append((o.obj._buffers if buffer else d, key, value, o))
+                self._entries.append(((o.obj._buffers if buffer else d).get, key, value, o))
                 if isinstance(value, (list, tuple, dict)):
                     self._sizes.append((value, len(value), o))
                     pairs = value.items() if isinstance(value, dict) else enumerate(value)
@@ -299,8 +320,8 @@ class StateGuard(StateDictGuard):
     def check_step(self) -> None:
         """The per-step check: identities, sizes and version counters; an exact comparison only where one moved."""
         moved: list[_Object] = []
-        for holder, key, value, o in self._entries:
-            if holder.get(key, _MISSING) is not value:
+        for get, key, value, o in self._entries:
+            if get(key, _MISSING) is not value:
                 moved.append(o)
         for holder, size, o in self._sizes:
             if len(holder) != size:
@@ -387,6 +408,10 @@ class StateGuard(StateDictGuard):
 
 
 _MISSING = object()
+
+
+def _no_guard() -> None:
+    return None
 
 
 def guard_of(module: Any) -> StateGuard | None:
