@@ -142,12 +142,17 @@ class _CarryBetweenWindowsLooped(_CarryBetweenWindows):
 def _sensitivity(monkeypatch: pytest.MonkeyPatch, module_class: type, steps: int, **strategy: object) -> float:
     """Lambda * ||theta(D) - theta(D')|| after ``steps`` steps with the same seeded noise and the state guard switched
     off: at most 2C = 2 for a model whose windows are independent (D': window 0 of the first batch changed)."""
-    from lightning_dpts.training.state_guard import StateGuard
+    import importlib
 
     thetas = []
     with monkeypatch.context() as patch:
-        patch.setattr(StateGuard, "check_step", lambda self: None)
-        patch.setattr(StateGuard, "check", lambda self: None)
+        try:
+            guard = importlib.import_module("lightning_dpts.training.state_guard").StateGuard
+        except ImportError:  # the code before issue 38 had no state guard to switch off
+            guard = None
+        if guard is not None:
+            patch.setattr(guard, "check_step", lambda self: None)
+            patch.setattr(guard, "check", lambda self: None)
         for changed in (None, 100.0):
             module = module_class()
             _fit(module, max_steps=steps, changed=changed, spot_check=0.0, check_independence=False, **strategy)
