@@ -411,6 +411,13 @@ def choose_recipe(
     )
 
 
+#: Why ``PrivateTraining.trainer_kwargs`` has no logger (issue 38).
+NO_LOGGER = ("what a module logs during DP training (its training loss) is computed on private batches without "
+             "noise, and Lightning's default logger would write it to ./lightning_logs; to keep logs, pass a logger "
+             "that writes to a private folder, e.g. logger=CSVLogger('private/logs') (DPForecastStrategy says where "
+             "logs go); epsilon is in the progress bar and the AccountantCallback's report")
+
+
 @dataclass
 class PrivateTraining:
     """What :func:`make_private_with_epsilon` configured: the two callbacks, the Trainer and datamodule arguments,
@@ -420,7 +427,9 @@ class PrivateTraining:
         strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
             for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
         accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
-        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant]}`` for ``lightning.Trainer``.
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant], "logger": False}`` for
+            ``lightning.Trainer``: no logger by default (:data:`NO_LOGGER`); add one that writes to a private folder
+            to keep the logs.
         datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
             :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
         settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
@@ -442,8 +451,11 @@ class PrivateTraining:
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> list[str]:
-        """Log lines: every setting, then its reason."""
-        return [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        """Log lines: every setting, then its reason (and the logger's, when there is none)."""
+        lines = [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        if self.trainer_kwargs.get("logger") is False:
+            lines.append(f"logger = False: {NO_LOGGER}")
+        return lines
 
     def keep(self, lengths: Sequence[int]) -> np.ndarray:
         """Boolean mask of the series to train on (length >= ``settings["min_series_length"]``); lengths only."""
@@ -580,6 +592,6 @@ def make_private_with_epsilon(
     accountant = AccountantCallback(epsilon=epsilon, delta=delta)
     return PrivateTraining(
         strategy=strategy, accountant=accountant,
-        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant]},
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant], "logger": False},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
         settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings)
