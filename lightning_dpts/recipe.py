@@ -89,7 +89,7 @@ class Recipe:
 
     Attributes:
         model: the model name (an entry of :data:`lightning_dpts.config.MODELS`).
-        season_length: m, from the frequency (GluonTS ``get_seasonality``).
+        season_length: m, given or from the frequency (:func:`~lightning_dpts.data.seasonality.season_lengths`).
         context_length: P, the past window the model reads (no lags beyond it: the whole L_C).
         min_series_length: series shorter than this (whole length, time steps) are left out; ``None``: none.
         num_series: N, series trained on (after the threshold).
@@ -231,12 +231,13 @@ def choose_recipe(
     min_series_length: int | None = None,
     past_length: int | None = None,
     groups: int = 1,
+    season_length: int | None = None,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
     Args:
         lengths: the length of every series (time steps); their number is N. No values.
-        freq: pandas frequency of the series (its season length m comes from GluonTS ``get_seasonality``).
+        freq: pandas frequency of the series (its season length m, unless ``season_length`` gives it).
         prediction_length: H, the horizon.
         epsilon, delta: the budget.
         level, size: the neighbouring relation (``"event"``/``"user"``, w).
@@ -248,6 +249,8 @@ def choose_recipe(
         groups: k >= 1, cyclic Poisson sampling in k groups (``dpts fit --bands k``: amplified BandMF, k = b): the
             batch is at most N/k series (an eligible series is sampled with probability N' k / N <= 1) and the
             noise proxy composes ceil(S/k) steps at rate N' k r / N.
+        season_length: m (``dpts fit --season-length``); ``None``: the primary season of ``freq``
+            (:func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24, monthly 12).
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -256,7 +259,7 @@ def choose_recipe(
         ConfigurationError: no series or no series long enough for one training window (``data``), or a budget
             that no noise multiplier <= 1e4 reaches for any candidate.
     """
-    from gluonts.time_feature import get_seasonality
+    from lightning_dpts.data.seasonality import season_lengths
 
     sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
     if sizes.size == 0:
@@ -264,7 +267,7 @@ def choose_recipe(
     if not (isinstance(prediction_length, int) and prediction_length >= 1):
         raise ConfigurationError("prediction_length", prediction_length, "must be an integer >= 1")
     horizon = prediction_length
-    season = int(get_seasonality(freq))
+    season = season_lengths(freq, season_length)[0]
     train = sizes - held_out_windows * horizon
     usable = np.sort(train[train >= horizon])
     if usable.size == 0:

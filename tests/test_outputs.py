@@ -85,13 +85,21 @@ def test_neighbouring_datasets_give_byte_identical_public_files(tiny_csv, tmp_pa
             assert what.startswith("private: ") == rel.startswith("private/"), rel
         assert {"private/evaluation.json", "private/forecasts.png"} <= set(files)
         assert files["private/logs/"].startswith("private: ") and list((run / "private" / "logs").rglob("metrics.csv"))
-        for key in ("metrics", "verdict", "levers", "evaluation", "seconds", "plots"):
+        for key in ("metrics", "verdict", "levers", "evaluation", "seconds", "plots", "best_baseline", "baselines"):
             assert key not in report, key
+        text = (run / "report.json").read_text()
+        for metric in ('"crps"', '"mase"', '"mae"', '"coverage"', '"crps_per_window"'):  # no score of any model
+            assert metric not in text, metric
+        assert report["seasons"]["season_lengths"] == [12]  # public: from the frequency, not the values
         assert report["epsilon_curve"]["steps"][-1] == report["steps"]
         assert report["epsilon_curve"]["epsilon"][-1] == report["epsilon"]
     # positive control: the private evaluation does tell the datasets apart (which is why it is private)
     evaluation = {n: json.loads((r / "private" / "evaluation.json").read_text()) for n, r in runs.items()}
     assert evaluation["d"]["metrics"]["seasonal_naive"] != evaluation["held_out"]["metrics"]["seasonal_naive"]
+    # the whole yardstick is in the private file: every baseline that ran, the best of them, the twin
+    private = evaluation["d"]
+    assert {"dp", "non_dp", "seasonal_naive"} <= set(private["metrics"]) and private["best_baseline"]["crps"]
+    assert set(private["baselines"]["run"]) <= set(private["metrics"])
 
 
 def test_no_private_outputs_writes_only_public_files(tiny_csv, tmp_path, capsys):
