@@ -96,7 +96,7 @@ class Recipe:
 
     Attributes:
         model: the model name (an entry of :data:`lightning_dpts.config.MODELS`).
-        season_length: m, from the frequency (GluonTS ``get_seasonality``).
+        season_length: m, given or from the frequency (:func:`~lightning_dpts.data.seasonality.season_lengths`).
         context_length: P, the past window the model reads (no lags beyond it: the whole L_C).
         min_series_length: series shorter than this (whole length, time steps) are left out; ``None``: none.
         num_series: N, series trained on (after the threshold).
@@ -262,7 +262,7 @@ def choose_recipe(
 
     Args:
         lengths: the length of every series (time steps); their number is N. No values.
-        freq: pandas frequency of the series (its season length m comes from GluonTS ``get_seasonality``).
+        freq: pandas frequency of the series (its season length m, unless ``season_length`` gives it).
         prediction_length: H, the horizon.
         epsilon, delta: the budget.
         level, size: the neighbouring relation (``"event"``/``"user"``, w).
@@ -445,6 +445,13 @@ def choose_recipe(
     )
 
 
+#: Why ``PrivateTraining.trainer_kwargs`` has no logger (issue 38).
+NO_LOGGER = ("what a module logs during DP training (its training loss) is computed on private batches without "
+             "noise, and Lightning's default logger would write it to ./lightning_logs; to keep logs, pass a logger "
+             "that writes to a private folder, e.g. logger=CSVLogger('private/logs') (DPForecastStrategy says where "
+             "logs go); epsilon is in the progress bar and the AccountantCallback's report")
+
+
 #: Share of the planned steps after which the recipe's model averages its iterates (the last half).
 AVERAGING_START = 0.5
 
@@ -469,8 +476,9 @@ class PrivateTraining:
         strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
             for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
         accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
-        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant, *averaging]}`` for
-            ``lightning.Trainer``.
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant, *averaging], "logger": False}``
+            for ``lightning.Trainer``: no logger by default (:data:`NO_LOGGER`); add one that writes to a private
+            folder to keep the logs.
         datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
             :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
         settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
@@ -496,8 +504,11 @@ class PrivateTraining:
     averaging: list[Any] = field(default_factory=list)
 
     def describe(self) -> list[str]:
-        """Log lines: every setting, then its reason."""
-        return [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        """Log lines: every setting, then its reason (and the logger's, when there is none)."""
+        lines = [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        if self.trainer_kwargs.get("logger") is False:
+            lines.append(f"logger = False: {NO_LOGGER}")
+        return lines
 
     def keep(self, lengths: Sequence[int]) -> np.ndarray:
         """Boolean mask of the series to train on (length >= ``settings["min_series_length"]``); lengths only."""
@@ -637,7 +648,8 @@ def make_private_with_epsilon(
     averaging = averaging_callbacks(None) if isinstance(module, CombinationLightningModule) else []
     return PrivateTraining(
         strategy=strategy, accountant=accountant,
-        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant, *averaging]},
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant, *averaging],
+                        "logger": False},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
         settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings,
         averaging=averaging)

@@ -96,8 +96,9 @@ def _slope(p: int) -> np.ndarray:
 
 def method_names(seasons: tuple[int, ...]) -> list[str]:
     """Candidate names in the order of :func:`method_maps`' rows (``snaive``/``smean`` once per season)."""
-    names = ["naive", "drift", "drift_recent", *[f"ses_{a:g}" for a in SES_ALPHAS], *[f"holt_{a:g}_{b:g}" for a, b in HOLT],
-             *[f"damped_{a:g}_{b:g}_{f:g}" for a, b, f in DAMPED], *[f"theta_{a:g}" for a in THETA_ALPHAS]]
+    names = ["naive", "drift", "drift_recent", *[f"ses_{a:g}" for a in SES_ALPHAS],
+             *[f"holt_{a:g}_{b:g}" for a, b in HOLT], *[f"damped_{a:g}_{b:g}_{f:g}" for a, b, f in DAMPED],
+             *[f"theta_{a:g}" for a in THETA_ALPHAS]]
     for m in seasons:
         if m > 1:
             names += [f"snaive_{m}", f"smean_{m}", f"sdrift_{m}", f"sdrift1_{m}"]

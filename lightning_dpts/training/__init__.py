@@ -9,6 +9,8 @@
 * :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
 * :class:`IterateAveraging` and :func:`step_schedule` - tail averaging of the noisy iterates (post-processing) and
   a learning-rate schedule of the step number only.
+* :class:`StructuredOpacusAccountant` - the structured accountant for Opacus (``PrivacyEngine(accountant="structured")``
+  after :func:`register_structured_accountant`).
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback
@@ -22,6 +24,7 @@ from lightning_dpts.training.correlated_noise import (
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.held_out import HeldOutEvaluation
 from lightning_dpts.training.ledger import PrivacyLedger, attach_ledger, install_load_hook, ledger_of, read_ledger
+from lightning_dpts.training.opacus_accountant import StructuredOpacusAccountant, register_structured_accountant
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted, clip_and_noise
 from lightning_dpts.training.surgery import (
     DPCompatibleMultiheadAttention,
@@ -43,6 +46,7 @@ __all__ = [
     "PerWindowClipper",
     "PrivacyBudgetExhausted",
     "PrivacyLedger",
+    "StructuredOpacusAccountant",
     "Surgery",
     "attach_ledger",
     "banded_sqrt_coefficients",
@@ -53,6 +57,7 @@ __all__ = [
     "make_private_compatible",
     "optimize_coefficients",
     "read_ledger",
+    "register_structured_accountant",
     "step_schedule",
 ]
 
