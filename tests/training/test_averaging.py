@@ -5,6 +5,7 @@ in which the averaged model is saved and loaded keeps the privacy ledger's count
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import lightning as L
 import pytest
@@ -32,7 +33,10 @@ def _batches() -> list[dict[str, torch.Tensor]]:
 
 
 class _Recorder(Callback):
-    """The parameters after every optimizer step (a copy), to check the average against."""
+    """The parameters after every optimizer step (a copy), to check the average against (a function of the noisy
+    weights: post-processing, declared to the state guard like IterateAveraging)."""
+
+    dp_post_processing: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.iterates: list[torch.Tensor] = []
