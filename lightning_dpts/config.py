@@ -30,9 +30,9 @@ __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS"
 LOGGER_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
     "csv": (), "tensorboard": (("tensorboard", "tensorboardX"),), "mlflow": (("mlflow",), ("sqlalchemy",))}
 LOGGERS: tuple[str, ...] = tuple(LOGGER_PACKAGES)
-MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
-#: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
-#: (the recipe's constants are tuned for ``seasonal_linear``): context = horizon, as before the recipe.
+MODELS: tuple[str, ...] = ("combination", "seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
+#: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's two
+#: (``combination``, ``seasonal_linear``; its constants are tuned for them): context = horizon, as before the recipe.
 LEGACY_DEFAULTS: dict[str, Any] = {"epochs": 100, "batch_size": 64, "max_grad_norm": 1.0, "learning_rate": 5e-3}
 #: FitConfig fields the recipe fills when they are not given (lightning_dpts.recipe).
 RECIPE_FIELDS: tuple[str, ...] = ("model", "context_length", "epochs", "batch_size", "max_grad_norm",
@@ -40,7 +40,7 @@ RECIPE_FIELDS: tuple[str, ...] = ("model", "context_length", "epochs", "batch_si
 #: Fields whose names are checked against the privacy layer's lists (sampling levels, relation level).
 _SCHEME_FIELDS = ("top_level", "bottom_level", "level")
 _RECIPE = " (default: the recipe's, docs/recipe.md; 100 epochs, batch 64, C 1, learning rate 5e-3 for a --model " \
-    "other than seasonal_linear)"
+    "other than combination and seasonal_linear)"
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,15 @@ class FitConfig:
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
         prediction_length: forecast horizon [time steps].
         model: one of :data:`MODELS`; ``None`` (default): the recipe's (:mod:`lightning_dpts.recipe`,
-            ``seasonal_linear``). Every option marked *recipe* below is chosen by
+            ``combination``). Every option marked *recipe* below is chosen by
             :func:`~lightning_dpts.recipe.choose_recipe` from public metadata (number and lengths of series,
-            frequency, horizon, budget, relation) when it is ``None`` and the model is the recipe's; with
-            another model they default to :data:`LEGACY_DEFAULTS` (context = horizon). A given value always wins.
-        context_length: model context [time steps] (*recipe*: 2 seasons, or 2 horizons without a season,
-            capped so that a window stays within a quarter of the shortest training part; Theorem 4.4's
-            r = (L_C + L_F)/T).
+            frequency, horizon, budget, relation) when it is ``None`` and the model is one of the recipe's
+            (``combination``, ``seasonal_linear``); with another model they default to :data:`LEGACY_DEFAULTS`
+            (context = horizon). A given value always wins.
+        context_length: model context [time steps] (*recipe*: for ``combination`` 5 primary seasons, or 4
+            horizons without a season, and 2 second seasons (hourly: two weeks); for ``seasonal_linear`` 2 seasons
+            or 2 horizons; capped so that a window stays within a quarter of the shortest training part;
+            Theorem 4.4's r = (L_C + L_F)/T).
         min_series_length: leave out series shorter than this [time steps] (*recipe*: drops at most a fifth of
             the series, only when that raises the effective dataset size N/r by 1.5x; lengths are public).
             ``1`` keeps every series.
@@ -206,8 +208,9 @@ class FitConfig:
     freq: str | None = _opt(None, "str", "pandas frequency (default: inferred from the time stamps)", optional=True)
     prediction_length: int = _opt(12, "int", "forecast horizon (default 12)", low=1, high=100_000, metavar="H")
     context_length: int | None = _opt(None, "int", "model context (default: the recipe's; the horizon for a --model "
-                                      "other than seasonal_linear)", low=1, high=100_000, optional=True)
-    model: str | None = _opt(None, "str", "model (default: the recipe's, seasonal_linear; docs/recipe.md)",
+                                      "other than combination and seasonal_linear)", low=1, high=100_000,
+                                      optional=True)
+    model: str | None = _opt(None, "str", "model (default: the recipe's, combination; docs/recipe.md)",
                              optional=True, choices=MODELS)
     season_length: int | None = _opt(None, "int", "primary season M of the model, seasonal naive and MASE (default: "
                                      "from the frequency: daily 7, hourly 24 then 168, monthly 12, weekly 1)",

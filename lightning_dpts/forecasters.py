@@ -16,12 +16,24 @@ def make_estimator(config: FitConfig, freq: str) -> Any:
 
     Options still unset (``None``, e.g. a config not passed through
     :func:`~lightning_dpts.geometry.resolve_config`) take :data:`LEGACY_DEFAULTS`, or the recipe's constants for
-    ``seasonal_linear``.
+    ``combination`` (the default) and ``seasonal_linear``.
     """
     h = config.prediction_length
     ctx = config.context_length or h
     lr = config.learning_rate if config.learning_rate is not None else LEGACY_DEFAULTS["learning_rate"]
-    if config.model in (None, "seasonal_linear"):  # None: the recipe's model
+    if config.model in (None, "combination"):  # None: the recipe's model
+        from lightning_dpts.models import CombinationEstimator
+        from lightning_dpts.recipe import LEARNING_RATE, RECIPE_MODEL
+
+        lr = config.learning_rate if config.learning_rate is not None else LEARNING_RATE
+        season = config.season_length
+        if config.context_length is None:  # a config not resolved by the recipe: its wanted window, uncapped
+            from lightning_dpts.data.seasonality import season_lengths
+            from lightning_dpts.recipe import wanted_past_window
+
+            ctx = wanted_past_window(RECIPE_MODEL, season_lengths(freq, season), h)
+        return CombinationEstimator(prediction_length=h, context_length=ctx, freq=freq, season_length=season, lr=lr)
+    if config.model == "seasonal_linear":
         from lightning_dpts.models import SeasonalLinearEstimator
         from lightning_dpts.recipe import LEARNING_RATE
 

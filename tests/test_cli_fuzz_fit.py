@@ -28,7 +28,7 @@ BOUNDARY = {
     "--batch-size": ["0", "-1", "10000001"],
     "--instances-per-series": ["0", "-1", "1000001"],
     "--size": ["0", "-1", "1000001"],
-    "--max-lag": ["0", "-1", "100001", "5"],  # 5 is in range but the default model (seasonal_linear) reads no lags
+    "--max-lag": ["0", "-1", "100001", "5"],  # 5 is in range but the default model (combination) reads no lags
     "--min-series-length": ["0", "-1", "1000000001"],
     "--epsilon": ["0", "-0", "-1", "100.001"],
     "--delta": ["0", "1", "0.2", "1e-16", "-1e-7"],

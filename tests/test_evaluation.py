@@ -354,7 +354,7 @@ def test_daily_data_gets_season_7_in_the_model_the_baselines_and_the_report(tmp_
                                                                   "(lightning_dpts.data.seasonality)"}
     assert "season 7 (MASE scales by 7)" in printed
     assert private["evaluation"]["season_length"] == 7 and private["evaluation"]["protocol"] == "rolling"
-    assert model["estimator"]["kwargs"]["season_length"] == 7  # the model reads the weekly cycle too
+    assert model["constructor_arguments"]["model_kwargs"]["seasons"] == [7]  # the model reads the weekly cycle too
     # seasonal naive with intervals reads the weekly cycle: its MASE (scaled by the weekly seasonal error) is ~1,
     # a forecast ignoring the week would be far worse
     assert private["metrics"]["seasonal_naive"]["mase"] < 1.5

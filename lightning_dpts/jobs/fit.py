@@ -310,8 +310,10 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
                      "the last epoch (dpts fit --resume continues it)")
     keeper = make_run_ledger_callback(out, given, resume)
     bar = progress_bar_wanted(config.verbose)  # a progress bar only on a terminal; a log gets a line per tenth
+    averaging = _averaging(config)
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger,
-                        callbacks=[strategy, accountant, keeper, *([] if bar else [step_lines(write=progress)])],
+                        callbacks=[strategy, accountant, keeper, *averaging,
+                                   *([] if bar else [step_lines(write=progress)])],
                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
                         enable_progress_bar=bar)
     progress("training with DP-SGD (stops before the privacy budget is exceeded) ..." if config.bands is None else
@@ -324,6 +326,8 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         # (the accountant finds the budget spent, or allows no step in no epoch left) without training
         accountant.on_train_start(trainer, module)
         accountant.on_train_end(trainer, module)
+        for callback in averaging:  # the restored mean of the iterates (post-processing), as at the end of training
+            callback.apply(module)
     run_dir.register("dp-model.ckpt", "public: the DP model's Lightning checkpoint (weights and optimizer state "
                      "are functions of the noisy gradients only; the privacy ledger travels with them)")
     with atomic_path(out / "dp-model.ckpt") as tmp:
@@ -334,6 +338,14 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         "id_column": config.id_column, "timestamp_column": config.timestamp_column, "value_column": config.value_column}
     export_model(estimator, module, out, freq=freq, checkpoint="dp-model.ckpt", extra={"columns": columns})
     return int(trainer.global_step)
+
+
+def _averaging(config: FitConfig) -> list[Any]:
+    """The recipe model's tail averaging of the iterates (post-processing of the noisy iterates, no privacy cost;
+    :class:`~lightning_dpts.training.IterateAveraging`), for the DP fit and its non-DP twin alike."""
+    from lightning_dpts.recipe import averaging_callbacks
+
+    return averaging_callbacks(config.model)
 
 
 def make_logger(kind: str, private_dir: Path) -> Any:
@@ -383,7 +395,8 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
         plain_estimator = make_estimator(config, data.freq)
         plain = plain_estimator.create_lightning_module()
         plain_trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                                  enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+                                  enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                                  callbacks=_averaging(config))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
             from lightning_dpts.geometry import build_datamodule
