@@ -13,10 +13,13 @@ Your model and Trainer stay as they are; lightning-dpts adds:
   the verdict ``dpts fit`` prints. These numbers are computed from the private data without DP: they are for the
   data owner, not for publication.
 
-Three models, each measured to beat seasonal naive at epsilon = 1, delta = 1e-7 on every seed (0-4, 4 held-out
+``--model combination`` (default): the recipe's model, what ``dpts fit`` trains: a learned combination of
+classical forecasts (lightning_dpts.models.combination), with the recipe's tail averaging of its noisy iterates
+(docs/recipe.md has its measurements against seasonal naive with intervals, AutoETS and AutoTheta).
+Three more models, each measured to beat seasonal naive at epsilon = 1, delta = 1e-7 on every seed (0-4, 4 held-out
 windows) on the bundled data and on M4 weekly (docs/utility.md, "Measurements: the Python path"):
-``--model seasonal-linear`` (default: the recipe's ten-weight model, seasonal naive plus a zero-initialised linear
-correction, what ``dpts fit`` trains; bundled 0.0076 vs seasonal naive 0.0180, M4 weekly 0.0437 vs 0.0512),
+``--model seasonal-linear`` (the earlier recipe model, seasonal naive plus a zero-initialised linear
+correction; bundled 0.0076 vs seasonal naive 0.0180, M4 weekly 0.0437 vs 0.0512),
 ``--model dlinear`` (GluonTS DLinear wrapped by ``seasonal_residual``: its distribution's location is seasonal
 naive; 0.0157 and 0.0498, a thin margin on M4 weekly: 0.048-0.051 per seed, and it lost on half-size M4 subsets)
 and ``--model gru`` (a small GRU wrapped by ``seasonal_residual``; 0.0129 and 0.0462).
@@ -42,7 +45,7 @@ from torch import nn
 
 from lightning_dpts.data import BUNDLED_DATASETS, StructuredSubsamplingDataModule, load_dataset
 from lightning_dpts.models import seasonal_residual
-from lightning_dpts.recipe import make_private_with_epsilon
+from lightning_dpts.recipe import choose_recipe, make_private_with_epsilon
 from lightning_dpts.training import HeldOutEvaluation
 
 
@@ -81,7 +84,7 @@ def main() -> None:
     parser.add_argument("--id-column", default="item_id")
     parser.add_argument("--timestamp-column", default="timestamp")
     parser.add_argument("--value-column", default="target")
-    parser.add_argument("--model", choices=("seasonal-linear", "dlinear", "gru"), default="seasonal-linear")
+    parser.add_argument("--model", choices=("combination", "seasonal-linear", "dlinear", "gru"), default="combination")
     parser.add_argument("--test-windows", type=int, default=4, help="held-out rolling windows per series")
     parser.add_argument("--non-dp", action="store_true",
                         help="also train the same model without DP and score it (doubles the time; private numbers)")
@@ -95,10 +98,11 @@ def main() -> None:
     horizon = args.prediction_length
     lengths = table.groupby("item_id", sort=False).size()  # public metadata: lengths only, no values
 
-    # the recipe's past window for a model that reads no lags
-    past = make_private_with_epsilon(lengths.to_numpy(), epsilon=args.epsilon, delta=args.delta, freq=freq,
-                                     prediction_length=horizon, held_out_windows=args.test_windows
-                                     ).settings["past_length"]
+    # the recipe's past window for a model that reads no lags: the combination's, or the two-season window the other
+    # three were measured with
+    past = choose_recipe(lengths.to_numpy(), freq=freq, prediction_length=horizon, epsilon=args.epsilon,
+                         delta=args.delta, held_out_windows=args.test_windows,
+                         model="combination" if args.model == "combination" else "seasonal_linear").context_length
     predictor = None
     if args.model == "gru":  # a small GRU around seasonal naive: seasonal naive plus its zero-initialised correction
         module = seasonal_residual(GRUCorrection(horizon), prediction_length=horizon, context_length=past, freq=freq)
@@ -109,7 +113,12 @@ def main() -> None:
             estimator = DLinearEstimator(prediction_length=horizon, context_length=past, hidden_dimension=20,
                                          lr=5e-3)
             module = seasonal_residual(estimator.create_lightning_module(), freq=freq)
-        else:  # the recipe's own ten-weight model (what dpts fit trains), in your Trainer
+        elif args.model == "combination":  # the recipe's model (what dpts fit trains), in your Trainer
+            from lightning_dpts.models import CombinationEstimator
+
+            estimator = CombinationEstimator(prediction_length=horizon, context_length=past, freq=freq)
+            module = estimator.create_lightning_module()
+        else:  # the earlier recipe model, ten weights
             from gluonts.time_feature import get_seasonality
 
             from lightning_dpts.models import SeasonalLinearEstimator

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.evaluation import PROTOCOLS
 
 __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
            "add_config_arguments", "add_option", "option_flags"]
@@ -29,9 +30,9 @@ __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS"
 LOGGER_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
     "csv": (), "tensorboard": (("tensorboard", "tensorboardX"),), "mlflow": (("mlflow",), ("sqlalchemy",))}
 LOGGERS: tuple[str, ...] = tuple(LOGGER_PACKAGES)
-MODELS: tuple[str, ...] = ("seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
-#: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's
-#: (the recipe's constants are tuned for ``seasonal_linear``): context = horizon, as before the recipe.
+MODELS: tuple[str, ...] = ("combination", "seasonal_linear", "simple_feedforward", "deepar", "dlinear", "patch_tst")
+#: Defaults of the options the recipe chooses, used when ``--model`` names a model other than the recipe's two
+#: (``combination``, ``seasonal_linear``; its constants are tuned for them): context = horizon, as before the recipe.
 LEGACY_DEFAULTS: dict[str, Any] = {"epochs": 100, "batch_size": 64, "max_grad_norm": 1.0, "learning_rate": 5e-3}
 #: FitConfig fields the recipe fills when they are not given (lightning_dpts.recipe).
 RECIPE_FIELDS: tuple[str, ...] = ("model", "context_length", "epochs", "batch_size", "max_grad_norm",
@@ -39,7 +40,7 @@ RECIPE_FIELDS: tuple[str, ...] = ("model", "context_length", "epochs", "batch_si
 #: Fields whose names are checked against the privacy layer's lists (sampling levels, relation level).
 _SCHEME_FIELDS = ("top_level", "bottom_level", "level")
 _RECIPE = " (default: the recipe's, docs/recipe.md; 100 epochs, batch 64, C 1, learning rate 5e-3 for a --model " \
-    "other than seasonal_linear)"
+    "other than combination and seasonal_linear)"
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,15 @@ class FitConfig:
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
         prediction_length: forecast horizon [time steps].
         model: one of :data:`MODELS`; ``None`` (default): the recipe's (:mod:`lightning_dpts.recipe`,
-            ``seasonal_linear``). Every option marked *recipe* below is chosen by
+            ``combination``). Every option marked *recipe* below is chosen by
             :func:`~lightning_dpts.recipe.choose_recipe` from public metadata (number and lengths of series,
-            frequency, horizon, budget, relation) when it is ``None`` and the model is the recipe's; with
-            another model they default to :data:`LEGACY_DEFAULTS` (context = horizon). A given value always wins.
-        context_length: model context [time steps] (*recipe*: 2 seasons, or 2 horizons without a season,
-            capped so that a window stays within a quarter of the shortest training part; Theorem 4.4's
-            r = (L_C + L_F)/T).
+            frequency, horizon, budget, relation) when it is ``None`` and the model is one of the recipe's
+            (``combination``, ``seasonal_linear``); with another model they default to :data:`LEGACY_DEFAULTS`
+            (context = horizon). A given value always wins.
+        context_length: model context [time steps] (*recipe*: for ``combination`` 5 primary seasons, or 4
+            horizons without a season, and 2 second seasons (hourly: two weeks); for ``seasonal_linear`` 2 seasons
+            or 2 horizons; capped so that a window stays within a quarter of the shortest training part;
+            Theorem 4.4's r = (L_C + L_F)/T).
         min_series_length: leave out series shorter than this [time steps] (*recipe*: drops at most a fifth of
             the series, only when that raises the effective dataset size N/r by 1.5x; lengths are public).
             ``1`` keeps every series.
@@ -117,8 +120,21 @@ class FitConfig:
             daily or hourly data reach back up to ~3 years; every lag lengthens the past window the accountant
             must count (Theorem 4.4's r = (L_C + L_F)/T), so a window longer than the shortest series destroys
             the amplification by subsampling. ``None`` keeps GluonTS's defaults (a warning states the cost).
-        non_dp: also train the model without DP for the same number of steps (a utility reference).
-        autoets: also score AutoETS (needs the optional ``statsforecast`` package).
+        season_length: m, the primary season of the model (``seasonal_linear`` and the recipe's past window),
+            seasonal naive and MASE [time steps]; ``None`` (default): from the frequency
+            (:func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24 then 168, monthly 12,
+            weekly 1). Public metadata; stated in ``report.json``. Must be shorter than the shortest series'
+            training part (and than the past window of a model that reads it).
+        non_dp: also train the model without DP for the same number of steps (the non-DP twin, part of the
+            yardstick: it tells whether the model or the budget limits the accuracy).
+        autoets: refuse to run when the statsforecast baselines cannot run (without it, they are skipped with a
+            note when the package is missing).
+        baselines: score AutoETS and AutoTheta (statsforecast, the optional extra ``lightning-dpts[baselines]``)
+            next to seasonal naive with calibrated intervals (:mod:`lightning_dpts.baselines`); ``False``
+            (``--no-baselines``) skips them (they cost about a second per held-out window of a long series).
+        evaluation: ``"rolling"`` (default): score ``test_windows`` rolling windows per series; ``"last"``: hold
+            out and score only the last ``prediction_length`` steps of every series (the M4 protocol; the
+            training part is then one window longer).
         private_plots: write ``private/forecasts.png``, which shows private data (history, held-out truth,
             forecasts of the first test windows); ``False`` (``--no-private-plots``) skips it. ``epsilon.png`` has
             no data (it is computed from the accountant).
@@ -192,9 +208,13 @@ class FitConfig:
     freq: str | None = _opt(None, "str", "pandas frequency (default: inferred from the time stamps)", optional=True)
     prediction_length: int = _opt(12, "int", "forecast horizon (default 12)", low=1, high=100_000, metavar="H")
     context_length: int | None = _opt(None, "int", "model context (default: the recipe's; the horizon for a --model "
-                                      "other than seasonal_linear)", low=1, high=100_000, optional=True)
-    model: str | None = _opt(None, "str", "model (default: the recipe's, seasonal_linear; docs/recipe.md)",
+                                      "other than combination and seasonal_linear)", low=1, high=100_000,
+                                      optional=True)
+    model: str | None = _opt(None, "str", "model (default: the recipe's, combination; docs/recipe.md)",
                              optional=True, choices=MODELS)
+    season_length: int | None = _opt(None, "int", "primary season M of the model, seasonal naive and MASE (default: "
+                                     "from the frequency: daily 7, hourly 24 then 168, monthly 12, weekly 1)",
+                                     low=1, high=100_000, optional=True, metavar="M")
     epsilon: float = _opt(1.0, "float", "privacy budget epsilon (default 1)", low=0.0, high=100.0, open_low=True,
                           metavar="E")
     delta: float = _opt(1e-7, "float", "privacy budget delta (default 1e-7)", low=1e-15, high=0.1, metavar="D")
@@ -225,7 +245,13 @@ class FitConfig:
                                low=1, high=100_000, optional=True, metavar="LAG")
     non_dp: bool = _opt(True, "bool", "skip training the same model without DP (on by default)", flag="--no-non-dp",
                         negate=True)
-    autoets: bool = _opt(False, "bool", "also score AutoETS (needs the optional statsforecast package)")
+    autoets: bool = _opt(False, "bool", "refuse to run without the AutoETS and AutoTheta baselines (they run by "
+                         "default when the optional statsforecast package is installed, and are skipped otherwise)")
+    baselines: bool = _opt(True, "bool", "skip the AutoETS and AutoTheta baselines (statsforecast; seasonal naive "
+                           "with intervals is always scored)", flag="--no-baselines", negate=True)
+    evaluation: str = _opt("rolling", "str", "evaluation protocol: rolling (default; several rolling test windows "
+                           "per series) or last (the single last window: the last H points of every series, M4's)",
+                           choices=PROTOCOLS)
     private_plots: bool = _opt(True, "bool", "do not write private/forecasts.png, which shows private data (history, "
                                "truth, forecasts)", flag="--no-private-plots", negate=True)
     private_outputs: bool = _opt(True, "bool", "write nothing computed from the private data without DP (no private/ "
@@ -409,12 +435,20 @@ class FitConfig:
 
             if not Path(self.data).is_file():
                 raise ConfigurationError("data", str(self.data), "no such file")
+        if self.evaluation not in PROTOCOLS:
+            raise ConfigurationError("evaluation", self.evaluation, f"must be one of {', '.join(PROTOCOLS)}")
+        if self.evaluation == "last" and self.test_windows not in (None, 1):
+            raise ConfigurationError("test_windows", self.test_windows, "must be 1 or unset with evaluation 'last' "
+                                     "(the single last window of every series)")
         if self.autoets:
-            import importlib.util
+            from lightning_dpts.baselines import STATSFORECAST_HINT, statsforecast_available
 
-            if importlib.util.find_spec("statsforecast") is None:
-                raise ConfigurationError("autoets", True, "needs the optional package statsforecast "
-                                         "(pip install 'lightning-dpts[baselines]' or pip install statsforecast)")
+            if not self.baselines:
+                raise ConfigurationError("autoets", True, "asks for the AutoETS and AutoTheta baselines, which "
+                                         "--no-baselines skips; omit one of them")
+            if not statsforecast_available():
+                raise ConfigurationError("autoets", True, f"needs the optional package statsforecast "
+                                         f"({STATSFORECAST_HINT})")
 
     def _validate_clipping(self) -> None:
         """The public value range (clip_low, clip_high) and the count epsilon (:mod:`lightning_dpts.evaluation`)."""

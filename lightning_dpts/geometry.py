@@ -26,19 +26,20 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str,
 
     Returns:
         ``(resolved config, recipe or None, names of the fields the recipe chose)``. The recipe is computed
-        only when the model is unset or ``seasonal_linear``; explicit values are kept.
+        only when the model is unset or one of the recipe's models; explicit values are kept.
     """
     from dataclasses import replace
 
-    from lightning_dpts.recipe import RECIPE_MODEL, choose_recipe
+    from lightning_dpts.recipe import RECIPE_MODEL, RECIPE_MODELS, choose_recipe
 
-    if config.model not in (None, RECIPE_MODEL):
+    if config.model not in (None, *RECIPE_MODELS):
         fill = {k: v for k, v in LEGACY_DEFAULTS.items() if getattr(config, k) is None}
         return replace(config, **fill), None, []
     recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
                            delta=config.delta, level=config.level, size=config.size,
                            held_out_windows=held_out_windows, min_series_length=config.min_series_length,
-                           groups=config.bands if config.bands is not None and not config.monte_carlo else 1)
+                           groups=config.bands if config.bands is not None and not config.monte_carlo else 1,
+                           season_length=config.season_length, model=config.model or RECIPE_MODEL)
     choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
               "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
               "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}

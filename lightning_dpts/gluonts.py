@@ -2,7 +2,8 @@
 
 GluonTS users train with ``estimator.train(dataset)`` and get a ``Predictor``. :class:`PrivateEstimator` keeps that
 habit for differentially private training. It wraps a supported GluonTS torch estimator (DeepAR,
-SimpleFeedForward, DLinear, PatchTST, or this package's SeasonalLinear) and, in :meth:`PrivateEstimator.train`:
+SimpleFeedForward, DLinear, PatchTST, or this package's Combination - the recommended one - and SeasonalLinear) and,
+in :meth:`PrivateEstimator.train`:
 
 1. reads the dataset's **public metadata** (series lengths and frequency, never a value) and the model's past
    window (context plus every lag), and applies the recipe of ``dpts fit``
@@ -47,6 +48,7 @@ SUPPORTED_ESTIMATORS: tuple[tuple[str, str], ...] = (
     ("gluonts.torch.model.simple_feedforward", "SimpleFeedForwardEstimator"),
     ("gluonts.torch.model.d_linear", "DLinearEstimator"),
     ("gluonts.torch.model.patch_tst", "PatchTSTEstimator"),
+    ("lightning_dpts.models.combination", "CombinationEstimator"),
     ("lightning_dpts.models.seasonal_linear", "SeasonalLinearEstimator"),
 )
 
@@ -331,7 +333,7 @@ class PrivateEstimator(Estimator):
             callbacks = [*callbacks, best]
             arguments.setdefault("num_sanity_val_steps", 0)
         trainer = L.Trainer(**arguments, max_epochs=plan.settings["epochs"],
-                            callbacks=[plan.strategy, plan.accountant, *callbacks])
+                            callbacks=[plan.strategy, plan.accountant, *plan.averaging, *callbacks])
         trainer.fit(module, datamodule=dm)
         spent = plan.accountant.report
         report = PrivacyReportSummary(

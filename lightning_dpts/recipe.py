@@ -11,11 +11,16 @@ the actual noise multiplier on the datamodule's sampling spec with the PLD accou
 
 The choices (docs/recipe.md has the measurements behind the constants):
 
-* **model**: ``seasonal_linear`` (:mod:`lightning_dpts.models.seasonal_linear`): ten weights, starting at seasonal
-  naive; DP noise grows with the number of parameters, the signal does not.
-* **past window** P = 2m for season length m > 1 (seasonal naive's value plus a season-over-season drift), else
-  2H; capped so that one window P + H is at most :data:`MAX_WINDOW_FRACTION` of the shortest kept training
-  part (Theorem 4.4's bottom-level rate r = (P + H) / T; above ~1/4 window subsampling amplifies little).
+* **model**: ``combination`` (:mod:`lightning_dpts.models.combination`): a learned combination of classical
+  forecasts with a few dozen weights, starting at a classical combination; DP noise grows with the number of
+  parameters, the signal does not. ``seasonal_linear`` (ten weights, starting at seasonal naive) takes the same
+  recipe with its own past window.
+* **past window** for ``combination``: P = 5 m_1 for a primary season m_1 > 1 (enough seasons for the classical
+  decomposition), else 4H, and at least 2 m_2 for a second season m_2 (hourly data: two weeks); for
+  ``seasonal_linear`` P = 2m (m > 1), else 2H. Either is capped so that one window P + H is at most
+  :data:`MAX_WINDOW_FRACTION` of the shortest kept training part (Theorem 4.4's bottom-level rate
+  r = (P + H) / T; above ~1/4 window subsampling amplifies little): a second season the cap does not leave room
+  for is not used.
   The model reads no lag beyond P, so P is the whole L_C the accountant counts (docs/privacy.md, rule 3).
 * **short series**: the shortest training series decides the bound (Appendix I.1). Leaving out the shortest
   series raises T for all others; the recipe leaves out at most :data:`MAX_DROPPED_FRACTION` of the series,
@@ -58,7 +63,9 @@ __all__ = [
 ]
 
 #: The recipe's model.
-RECIPE_MODEL = "seasonal_linear"
+RECIPE_MODEL = "combination"
+#: The models the recipe configures (another ``--model`` keeps the options' earlier defaults).
+RECIPE_MODELS: tuple[str, ...] = ("combination", "seasonal_linear")
 #: Largest share of series the short-series threshold may leave out.
 MAX_DROPPED_FRACTION = 0.2
 #: Leave series out only if N/r grows at least this much.
@@ -73,10 +80,10 @@ MIN_STEPS = 200
 STEP_CANDIDATES: tuple[int, ...] = (200, 300, 400, 600, 800, 1000, 1500, 2000)
 #: Below this signal-to-noise proxy (per sqrt(parameter)) the recipe warns that the budget is too small.
 MIN_SNR = 5.0
-#: Clipping norm C of seasonal_linear (clips most windows' CRPS gradients, which are O(1) in scaled units; the
-#: best geometric mean of the validation ratios over C in {1, 0.3, 0.1}, docs/recipe.md).
+#: Clipping norm C of the recipe's models (clips most windows' CRPS gradients, which are O(1) in scaled units;
+#: for seasonal_linear the best geometric mean of the validation ratios over C in {1, 0.3, 0.1}, docs/recipe.md).
 MAX_GRAD_NORM = 0.1
-#: Adam learning rate of seasonal_linear.
+#: Adam learning rate of the recipe's models.
 LEARNING_RATE = 1e-2
 #: Trainable parameters of seasonal_linear (for the per-parameter signal-to-noise proxy).
 NUM_PARAMETERS = 10
@@ -89,7 +96,7 @@ class Recipe:
 
     Attributes:
         model: the model name (an entry of :data:`lightning_dpts.config.MODELS`).
-        season_length: m, from the frequency (GluonTS ``get_seasonality``).
+        season_length: m, given or from the frequency (:func:`~lightning_dpts.data.seasonality.season_lengths`).
         context_length: P, the past window the model reads (no lags beyond it: the whole L_C).
         min_series_length: series shorter than this (whole length, time steps) are left out; ``None``: none.
         num_series: N, series trained on (after the threshold).
@@ -214,8 +221,25 @@ def _windows_containing(level: str, size: int, window: int, starts: int) -> int:
     return max(1, min(k, starts))
 
 
-def _past_window(season: int, horizon: int) -> int:
-    return max(2, season + 1, 2 * season if season > 1 else 2 * horizon)
+def wanted_past_window(model: str, seasons: tuple[int, ...], horizon: int) -> int:
+    """The past window the recipe wants for ``model`` before the cap (module docstring)."""
+    season = seasons[0]
+    if model == "seasonal_linear":
+        return max(2, season + 1, 2 * season if season > 1 else 2 * horizon)
+    wanted = 5 * season if season > 1 else 4 * horizon
+    if len(seasons) > 1:
+        wanted = max(wanted, 2 * seasons[1])
+    return max(3, season + 1, wanted)
+
+
+def model_parameters(model: str, seasons: tuple[int, ...], context_length: int) -> int:
+    """Trainable parameters of the recipe's ``model`` for these seasons and past window (public metadata)."""
+    if model == "seasonal_linear":
+        return NUM_PARAMETERS
+    from lightning_dpts.models.classical import method_names
+    from lightning_dpts.models.combination import num_parameters, usable_seasons
+
+    return num_parameters(len(method_names(usable_seasons(seasons, context_length))))
 
 
 def choose_recipe(
@@ -231,12 +255,14 @@ def choose_recipe(
     min_series_length: int | None = None,
     past_length: int | None = None,
     groups: int = 1,
+    season_length: int | None = None,
+    model: str = RECIPE_MODEL,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
     Args:
         lengths: the length of every series (time steps); their number is N. No values.
-        freq: pandas frequency of the series (its season length m comes from GluonTS ``get_seasonality``).
+        freq: pandas frequency of the series (its season length m, unless ``season_length`` gives it).
         prediction_length: H, the horizon.
         epsilon, delta: the budget.
         level, size: the neighbouring relation (``"event"``/``"user"``, w).
@@ -248,6 +274,9 @@ def choose_recipe(
         groups: k >= 1, cyclic Poisson sampling in k groups (``dpts fit --bands k``: amplified BandMF, k = b): the
             batch is at most N/k series (an eligible series is sampled with probability N' k / N <= 1) and the
             noise proxy composes ceil(S/k) steps at rate N' k r / N.
+        season_length: m (``dpts fit --season-length``); ``None``: the primary season of ``freq``
+            (:func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24 and 168, monthly 12).
+        model: one of :data:`RECIPE_MODELS` (its past window and parameter count; default the recipe's own).
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -256,8 +285,10 @@ def choose_recipe(
         ConfigurationError: no series or no series long enough for one training window (``data``), or a budget
             that no noise multiplier <= 1e4 reaches for any candidate.
     """
-    from gluonts.time_feature import get_seasonality
+    from lightning_dpts.data.seasonality import season_lengths
 
+    if model not in RECIPE_MODELS:
+        raise ConfigurationError("model", model, f"must be one of {', '.join(RECIPE_MODELS)} for the recipe")
     sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
     if sizes.size == 0:
         raise ConfigurationError("data", 0, "has no series")
@@ -266,7 +297,8 @@ def choose_recipe(
     from lightning_dpts.data.datamodule import too_short as short_mask
 
     horizon = prediction_length
-    season = int(get_seasonality(freq))
+    seasons = season_lengths(freq, season_length)
+    season = seasons[0]
     train = sizes - held_out_windows * horizon
     usable = np.sort(train[~short_mask(sizes, horizon, held_out_windows)])  # the datamodule's rule
     if usable.size == 0:
@@ -279,9 +311,12 @@ def choose_recipe(
     fixed_past = past_length is not None
     if fixed_past and not (isinstance(past_length, int) and past_length >= 1):
         raise ConfigurationError("past_length", past_length, "must be an integer >= 1")
-    past = int(past_length) if fixed_past else _past_window(season, horizon)
-    reasons["model"] = (f"{RECIPE_MODEL}: ten weights starting at seasonal naive (season {season}); DP noise grows "
-                        "with the number of parameters, and a compact model is what a budget of this size can train")
+    past = int(past_length) if fixed_past else wanted_past_window(model, seasons, horizon)
+    reasons["model"] = (
+        f"{model}: ten weights starting at seasonal naive (season {season}); " if model == "seasonal_linear" else
+        f"{model}: a learned combination of classical forecasts (seasons {', '.join(map(str, seasons))}), starting "
+        "at a classical combination; ") + ("DP noise grows with the number of parameters, and a compact model is "
+                                           "what a budget of this size can train")
 
     def effective(threshold_train: int, window: int) -> tuple[int, float, float]:
         n = int((usable >= threshold_train).sum())
@@ -333,14 +368,14 @@ def choose_recipe(
     # past window: as wanted, shortened until one window is at most MAX_WINDOW_FRACTION of the starts
     starts = threshold_train - horizon + 1
     wanted = past
-    floor = max(2, season + 1)
+    floor = max(2 if model == "seasonal_linear" else 3, season + 1)
     while not fixed_past and past > floor and past + horizon > MAX_WINDOW_FRACTION * starts:
         past -= 1
     num_series, rate, eff = effective(threshold_train, past + horizon)
     reasons["context_length"] = (f"past window {past}: what the given model reads (context plus every lag), kept; "
                                  f"Theorem 4.4's r = {rate:.3g}") if fixed_past else (
-        f"past window {past} = " + (f"2 x season {season}" if past == wanted and season > 1 else
-                                    f"2 x horizon {horizon}" if past == wanted else
+        f"past window {past} = " + (f"the wanted {wanted} (seasons {', '.join(map(str, seasons))}, horizon "
+                                    f"{horizon})" if past == wanted else
                                     f"shortened from {wanted} so that a window ({past}+{horizon}) stays within "
                                     f"{MAX_WINDOW_FRACTION:.0%} of the {starts} window starts of the shortest "
                                     "training part")
@@ -365,6 +400,7 @@ def choose_recipe(
         batches = [largest]
     elif batches[-1] < largest and largest * MIN_STEPS <= MAX_WINDOW_GRADIENTS:
         batches.append(largest)
+    num_parameters = model_parameters(model, seasons, past)
     for batch in batches:
         per_epoch = num_series // batch
         for wanted_steps in STEP_CANDIDATES:
@@ -376,7 +412,7 @@ def choose_recipe(
                                          epsilon, delta)
             if not math.isfinite(sigma):
                 continue
-            snr = batch * math.sqrt(steps) / (sigma * math.sqrt(NUM_PARAMETERS))
+            snr = batch * math.sqrt(steps) / (sigma * math.sqrt(num_parameters))
             candidates.append((snr, -batch * steps, batch, epochs, steps, sigma))
     if not candidates:
         raise ConfigurationError("epsilon", epsilon, f"is reachable by no batch size and step count the recipe "
@@ -393,9 +429,10 @@ def choose_recipe(
            if groups > 1 else ""))
     reasons["noise_multiplier"] = (f"~{sigma:.3g} for epsilon={epsilon:g}, delta={delta:g} by the Renyi-DP proxy; the "
                                    "run calibrates the exact value with the PLD accountant")
-    reasons["max_grad_norm"] = (f"C = {MAX_GRAD_NORM:g} and learning rate {LEARNING_RATE:g}: {RECIPE_MODEL}'s "
+    reasons["max_grad_norm"] = (f"C = {MAX_GRAD_NORM:g} and learning rate {LEARNING_RATE:g}: {model}'s "
                                 "CRPS gradients in scaled units are O(1), so C clips most windows (Adam's step "
-                                "does not depend on C); chosen on validation windows (docs/recipe.md)")
+                                "does not depend on C); chosen on validation windows for seasonal_linear "
+                                "(docs/recipe.md)")
     regime = "large" if eff >= 1e4 else "medium" if eff >= 1e3 else "small"
     if snr < MIN_SNR:
         warn.append(
@@ -403,12 +440,34 @@ def choose_recipe(
             f"{eff:.4g}), so the private model may not beat seasonal naive. More series, longer series, a shorter "
             "horizon or a larger epsilon would help")
     return Recipe(
-        model=RECIPE_MODEL, season_length=season, context_length=past, min_series_length=min_series_length,
+        model=model, season_length=season, context_length=past, min_series_length=min_series_length,
         num_series=num_series, dropped_series=dropped, min_training_length=threshold_train,
         bottom_level_rate=rate, effective_dataset_size=eff, batch_size=batch, epochs=epochs, steps=steps,
         noise_multiplier_estimate=sigma, max_grad_norm=MAX_GRAD_NORM, learning_rate=LEARNING_RATE,
         signal_to_noise=snr, regime=regime, warnings=tuple(warn), reasons=reasons,
     )
+
+
+#: Why ``PrivateTraining.trainer_kwargs`` has no logger (issue 38).
+NO_LOGGER = ("what a module logs during DP training (its training loss) is computed on private batches without "
+             "noise, and Lightning's default logger would write it to ./lightning_logs; to keep logs, pass a logger "
+             "that writes to a private folder, e.g. logger=CSVLogger('private/logs') (DPForecastStrategy says where "
+             "logs go); epsilon is in the progress bar and the AccountantCallback's report")
+
+
+#: Share of the planned steps after which the recipe's model averages its iterates (the last half).
+AVERAGING_START = 0.5
+
+
+def averaging_callbacks(model: str | None) -> list[Any]:
+    """``[IterateAveraging(AVERAGING_START)]`` for the recipe's model (``None``: the default), else ``[]``: tail
+    averaging of the noisy iterates, post-processing without privacy cost, measured better on validation windows
+    (docs/recipe.md)."""
+    if model not in (None, RECIPE_MODEL):
+        return []
+    from lightning_dpts.training.averaging import IterateAveraging
+
+    return [IterateAveraging(AVERAGING_START)]
 
 
 @dataclass
@@ -420,7 +479,9 @@ class PrivateTraining:
         strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
             for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
         accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
-        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant]}`` for ``lightning.Trainer``.
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant, *averaging], "logger": False}``
+            for ``lightning.Trainer``: no logger by default (:data:`NO_LOGGER`); add one that writes to a private
+            folder to keep the logs.
         datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
             :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
         settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
@@ -429,6 +490,9 @@ class PrivateTraining:
         explicit: the names of the settings the caller gave (they win over the recipe).
         recipe: the underlying :class:`Recipe`.
         warnings: statements to show before training (the recipe's, e.g. a budget too small for the data).
+        averaging: for the recipe's model (a
+            :class:`~lightning_dpts.models.combination.CombinationLightningModule`), ``[IterateAveraging(0.5)]``:
+            the module ends training at the mean of its last half of noisy iterates (post-processing); else ``[]``.
     """
 
     strategy: Any
@@ -440,11 +504,15 @@ class PrivateTraining:
     explicit: tuple[str, ...]
     recipe: Recipe
     warnings: tuple[str, ...] = ()
+    averaging: list[Any] = field(default_factory=list)
     prediction_length: int = 1  # the horizon the recipe was chosen for (keep() reads it)
 
     def describe(self) -> list[str]:
-        """Log lines: every setting, then its reason."""
-        return [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        """Log lines: every setting, then its reason (and the logger's, when there is none)."""
+        lines = [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        if self.trainer_kwargs.get("logger") is False:
+            lines.append(f"logger = False: {NO_LOGGER}")
+        return lines
 
     def keep(self, lengths: Sequence[int]) -> np.ndarray:
         """Boolean mask of the series to train on, from their lengths only: length >= ``settings[
@@ -560,7 +628,7 @@ def make_private_with_epsilon(
         "epochs": recipe.reasons["batch_size"], "steps": recipe.reasons["batch_size"],
         "noise_multiplier_estimate": recipe.reasons["noise_multiplier"],
         "past_length": recipe.reasons["context_length"], "min_series_length": recipe.reasons["short_series"],
-        "learning_rate": "the recipe's Adam learning rate for seasonal_linear; set it on your module's optimiser "
+        "learning_rate": "the recipe's Adam learning rate for its models; set it on your module's optimiser "
                          "(not applied here)"}
     if batch_size is not None:
         settings["batch_size"] = int(batch_size)
@@ -587,9 +655,13 @@ def make_private_with_epsilon(
     strategy = DPForecastStrategy(max_grad_norm=settings["max_grad_norm"], target_epsilon=epsilon,
                                   target_delta=delta, epochs=settings["epochs"], seed=seed, secure_mode=secure_mode)
     accountant = AccountantCallback(epsilon=epsilon, delta=delta)
+    from lightning_dpts.models.combination import CombinationLightningModule
+
+    averaging = averaging_callbacks(None) if isinstance(module, CombinationLightningModule) else []
     return PrivateTraining(
         strategy=strategy, accountant=accountant,
-        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant]},
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant, *averaging],
+                        "logger": False},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
         settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings,
-        prediction_length=horizon)
+        averaging=averaging, prediction_length=horizon)

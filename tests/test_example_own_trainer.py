@@ -20,4 +20,4 @@ def test_example_ends_with_the_json_comparison():
                          capture_output=True, text=True, timeout=600, check=True).stdout
     last = json.loads(out.strip().splitlines()[-1])
     assert {"private_crps", "seasonal_naive_crps", "non_dp_crps", "beats_seasonal_naive"} <= set(last)
-    assert last["epsilon_spent"] <= 1.0 and last["model"] == "seasonal-linear"
+    assert last["epsilon_spent"] <= 1.0 and last["model"] == "combination"

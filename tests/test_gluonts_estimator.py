@@ -168,6 +168,29 @@ def test_example_prints_both_scores():
     assert "seasonal naive" in out
 
 
+def test_the_recommended_estimator_trains_with_averaging_and_serializes(series, tmp_path):
+    from gluonts.model.predictor import Predictor
+
+    from lightning_dpts.models import CombinationEstimator
+    from lightning_dpts.training import IterateAveraging, ledger_of
+
+    estimator = CombinationEstimator(prediction_length=H, context_length=36, freq="M")
+    private = PrivateEstimator(estimator, epsilon=1.0, delta=1e-7, epochs=2, batch_size=64, seed=3,
+                               trainer_kwargs={"accelerator": "cpu", "enable_progress_bar": False})
+    out = _quiet(private.train_model, _training(series))
+    averaging = [c for c in out.trainer.callbacks if isinstance(c, IterateAveraging)]
+    assert len(averaging) == 1 and averaging[0].count >= 1  # the recipe's model ends at its averaged iterates
+    assert ledger_of(out.trained_net).steps == out.privacy_report.steps == out.trainer.global_step
+    entries = ListDataset(series[:2], freq="M")
+    before = [f.quantile(0.5) for f in _quiet(out.predictor.predict, entries)]
+    out.predictor.serialize(tmp_path)
+    loaded = _quiet(Predictor.deserialize, tmp_path)
+    after = [f.quantile(0.5) for f in _quiet(loaded.predict, entries)]
+    for a, b in zip(before, after, strict=True):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
 def test_public_validation_picks_the_best_epoch_and_predictor_works_with_evaluate_model(series):
     """Issue 43: validation series declared public are scored every epoch, the best epoch's weights are returned
     (epsilon unchanged: post-processing with public data), and the predictor works with GluonTS' evaluate_model."""

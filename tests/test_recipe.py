@@ -45,20 +45,41 @@ def test_fit_resolves_the_same_recipe_for_different_values(tmp_path):
     assert configs[0] == configs[1]
 
 
-def test_monthly_past_window_is_two_seasons_and_counts_in_the_rate():
+def test_monthly_past_window_is_five_seasons_capped_and_counts_in_the_rate():
     r = choose_recipe([300] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
-    assert r.model == "seasonal_linear" and r.season_length == 12 and r.context_length == 24
     starts = (300 - 12) - 12 + 1
-    assert r.bottom_level_rate == pytest.approx((24 + 12) / starts)
+    assert r.model == "combination" and r.season_length == 12
+    assert r.context_length == int(MAX_WINDOW_FRACTION * starts) - 12 < 60  # 5 seasons, capped at a quarter
+    assert r.bottom_level_rate == pytest.approx((r.context_length + 12) / starts)
     assert r.effective_dataset_size == pytest.approx(100 / r.bottom_level_rate)
     assert r.dropped_series == 0 and r.min_series_length is None
+    long = choose_recipe([900] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
+    assert long.context_length == 60
+    linear = choose_recipe([300] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7,
+                           model="seasonal_linear")
+    assert linear.model == "seasonal_linear" and linear.context_length == 24  # its own: 2 seasons
+    with pytest.raises(ConfigurationError, match="model"):
+        choose_recipe([300] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7, model="deepar")
+
+
+@pytest.mark.parametrize(("freq", "length", "horizon", "season", "wanted"), [
+    ("W", 900, 13, 1, 52),  # no season: 4 horizons
+    ("D", 1500, 14, 7, 35),  # 5 weeks
+    ("h", 8000, 48, 24, 336),  # long hourly series: two weeks, the second season
+    ("h", 1000, 48, 24, 178),  # M4-hourly-like lengths: capped below two weeks (a quarter of the starts)
+])
+def test_the_past_window_fits_the_seasons(freq, length, horizon, season, wanted):
+    r = choose_recipe([length] * 200, freq=freq, prediction_length=horizon, epsilon=4.0, delta=1e-7)
+    assert r.season_length == season and r.context_length == wanted
+    starts = (length - horizon) - horizon + 1
+    assert r.context_length + horizon <= MAX_WINDOW_FRACTION * starts
 
 
 def test_past_window_shrinks_for_short_series():
     r = choose_recipe([90] * 60, freq="W", prediction_length=13, epsilon=1.0, delta=1e-7)
     starts = (90 - 13) - 13 + 1
-    assert r.context_length + 13 <= MAX_WINDOW_FRACTION * starts or r.context_length == 2
-    assert r.context_length < 26  # 2 x horizon did not fit
+    assert r.context_length + 13 <= MAX_WINDOW_FRACTION * starts or r.context_length == 3
+    assert r.context_length < 52  # 4 x horizon did not fit
 
 
 def test_short_series_threshold_drops_at_most_a_fifth():
@@ -100,7 +121,7 @@ def test_fit_applies_the_recipe_and_explicit_options_win(tiny_csv, tmp_path):
     assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epsilon", "8", "--batch-size", "8",
                  "--epochs", "2", "--no-non-dp", "--no-private-plots", "--output-dir", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["model"] == "seasonal_linear"
+    assert report["model"] == "combination"
     recipe = report["recipe"]
     assert "batch_size" not in recipe["chosen_by_recipe"] and "model" in recipe["chosen_by_recipe"]
     assert "epochs" not in recipe["chosen_by_recipe"] and report["steps"] == 2 * (24 // 8)
@@ -157,3 +178,16 @@ def test_plan_keep_and_the_datamodule_agree_on_what_is_too_short(short_length):
     from lightning_dpts.data.datamodule import too_short
 
     assert not (kept & too_short(lengths, 12, 4)).any()
+
+
+def test_the_recipe_model_gets_iterate_averaging_and_others_do_not():
+    from lightning_dpts.models import CombinationEstimator
+    from lightning_dpts.recipe import make_private_with_epsilon
+    from lightning_dpts.training import IterateAveraging
+
+    module = CombinationEstimator(prediction_length=12, context_length=60, freq="M").create_lightning_module()
+    plan = make_private_with_epsilon([600] * 100, module, epsilon=1.0, delta=1e-7, freq="M")
+    assert len(plan.averaging) == 1 and isinstance(plan.averaging[0], IterateAveraging)
+    assert plan.averaging[0] in plan.trainer_kwargs["callbacks"] and plan.settings["past_length"] == 60
+    other = make_private_with_epsilon([600] * 100, epsilon=1.0, delta=1e-7, freq="M", prediction_length=12)
+    assert other.averaging == [] and len(other.trainer_kwargs["callbacks"]) == 2

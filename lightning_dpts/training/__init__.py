@@ -7,11 +7,14 @@
 * :func:`make_private_compatible` - the layer surgery (LSTM/GRU/RNN, multi-head attention) behind the strategy.
 * :class:`PrivacyLedger` - the noisy steps a model took, carried by the module and every checkpoint.
 * :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
+* :class:`IterateAveraging` and :func:`step_schedule` - tail averaging of the noisy iterates (post-processing) and
+  a learning-rate schedule of the step number only.
 * :class:`StructuredOpacusAccountant` - the structured accountant for Opacus (``PrivacyEngine(accountant="structured")``
   after :func:`register_structured_accountant`).
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback
+from lightning_dpts.training.averaging import IterateAveraging, step_schedule
 from lightning_dpts.training.correlated_noise import (
     BandMFNoise,
     banded_sqrt_coefficients,
@@ -38,6 +41,7 @@ __all__ = [
     "DPFastLSTM",
     "DPForecastStrategy",
     "HeldOutEvaluation",
+    "IterateAveraging",
     "NonFiniteGradientError",
     "PerWindowClipper",
     "PrivacyBudgetExhausted",
@@ -54,6 +58,7 @@ __all__ = [
     "optimize_coefficients",
     "read_ledger",
     "register_structured_accountant",
+    "step_schedule",
 ]
 
 install_load_hook()  # load_from_checkpoint attaches a checkpoint's privacy ledger to the loaded module

@@ -21,10 +21,11 @@ Two ways to compute the same thing:
 
 Each window's gradient is clipped to C with Opacus' factor and summed; the strategy then adds the same noise and
 divides by the same Lambda as on the fast path (:func:`~lightning_dpts.training.engine.add_noise_and_average`).
-State that ``training_step`` keeps between calls outside its arguments is refused where it can be seen
-(:func:`no_state_kept`: a tensor attribute of the module written during the per-window pass); a buffer written by
-one window's call is refused by the buffer guard, and running statistics of batch normalisation at setup
-(:mod:`~lightning_dpts.training.surgery`). Not seen: state in objects outside the module (a global, a closure).
+State that ``training_step`` keeps between calls outside its arguments (a tensor attribute or a buffer written by one
+window's call, which the next one's could read) is refused after the call that wrote it, before the next window's
+call (the fit's :class:`~lightning_dpts.training.state_guard.StateGuard`); state outside tensors (a Python number,
+a global) is not seen. Running statistics of batch normalisation are refused at setup
+(:mod:`~lightning_dpts.training.surgery`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _addmv, _row_sq, clip_factors
+from lightning_dpts.training.ledger import GUARD_ATTRIBUTE
 
-__all__ = ["IsolatedGradients", "no_state_kept", "training_loss"]
+__all__ = ["IsolatedGradients", "training_loss"]
 
 #: at most this many gradient coordinates (windows x parameters) are materialised at once by the vectorised path
 _CHUNK_ELEMENTS = 1 << 24
@@ -70,60 +73,6 @@ def silenced(module: nn.Module) -> Iterator[None]:
     finally:
         del module.log
         del module.log_dict
-
-
-#: attributes of modules that are the module's own machinery, not state a ``training_step`` keeps (torch's
-#: registries; Opacus' per-sample records, which the clipper clears and which are off during these passes)
-_MACHINERY = frozenset({"_parameters", "_buffers", "_modules", "activations", "max_batch_len"})
-
-
-def _kept_tensors(module: nn.Module) -> dict[str, tuple[tuple[int, int], ...]]:
-    """``{"Class.attr": ((id, version), ...)}`` of the tensors each submodule holds in a plain attribute, directly or
-    one level inside a list, tuple or dict (parameters and buffers are not attributes here)."""
-    out: dict[str, tuple[tuple[int, int], ...]] = {}
-    for prefix, sub in module.named_modules():
-        for name, value in vars(sub).items():
-            if name in _MACHINERY:
-                continue
-            items = (value,) if isinstance(value, torch.Tensor) else tuple(value) if isinstance(
-                value, (list, tuple)) else tuple(value.values()) if isinstance(value, dict) else ()
-            tensors = tuple((id(t), t._version) for t in items if isinstance(t, torch.Tensor))
-            if tensors:
-                out[f"{prefix + '.' if prefix else ''}{name}"] = tensors
-    return out
-
-
-@contextlib.contextmanager
-def no_state_kept(module: nn.Module) -> Iterator[None]:
-    """Refuse a ``training_step`` that keeps tensors on the module across the per-window calls (issue 38).
-
-    Such state is read by the next window's call (then window i's gradient depends on window j, which the isolated
-    mode exists to rule out), and under ``vmap`` it is a tensor that escaped the vectorised function, which PyTorch
-    reports with an internal error on its next use. Checked around each per-window pass: a tensor attribute of any
-    submodule (directly, or one level inside a list, tuple or dict) that is new, rebound or changed in place is a
-    :class:`~lightning_dpts.errors.ConfigurationError` naming it, also when the pass itself failed.
-    """
-    before = _kept_tensors(module)
-    failure: BaseException | None = None
-    try:
-        yield
-    except Exception as err:  # noqa: BLE001 - a state change explains it better (re-raised otherwise)
-        failure = err
-    after = _kept_tensors(module)
-    changed = sorted(name for name, tensors in after.items() if before.get(name) != tensors)
-    if changed:
-        from lightning_dpts.errors import ConfigurationError
-
-        raise ConfigurationError(
-            "model", f"{type(module).__name__}.{changed[0]}",
-            f"training_step keeps tensors on the module between calls ({', '.join(changed[:5])} written while each "
-            "window's gradient was computed alone): the next window's call can read what an earlier window wrote, "
-            "so its gradient is no longer its own, and under torch.func.vmap the tensor escapes the vectorised call "
-            "(PyTorch then fails with an internal error). Keep no tensor on the module between training_step calls "
-            "(a constant: register it as a buffer before training; a value for logging: self.log it)",
-        ) from failure
-    if failure is not None:
-        raise failure
 
 
 class _Step(nn.Module):
@@ -211,8 +160,16 @@ class IsolatedGradients:
         with self._context():
             return self._loop_gradient(self.window(batch, i))
 
+    def _check_state(self) -> None:
+        """The fit's state guard after a call of ``training_step``: a tensor it kept (a buffer, an attribute) is
+        refused before the next window's call could read it."""
+        guard = self.module.__dict__.get(GUARD_ATTRIBUTE)
+        if guard is not None:
+            guard.check_step()
+
     def _loop_gradient(self, one: Any) -> list[torch.Tensor]:
         loss = training_loss(self.step(one, *self.step_args))
+        self._check_state()
         if loss is None or not loss.requires_grad:
             return [torch.zeros_like(p) for p in self.params]
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
@@ -235,6 +192,7 @@ class IsolatedGradients:
         values = [p.detach() for p in self.params]
         windows = [leaves[k][lo:hi].clone() for k in per_window]
         out = vmap(grad(loss), in_dims=(None, 0), randomness="different")(values, windows)
+        self._check_state()
         return [g.detach() for g in out]
 
     def clipped_sums(self, batch: Any, max_grad_norm: float) -> list[torch.Tensor]:
@@ -249,7 +207,7 @@ class IsolatedGradients:
             return sums
         numel = max(1, sum(p.numel() for p in self.params))
         chunk = max(1, min(b, _CHUNK_ELEMENTS // numel))
-        with self._context(), no_state_kept(self.module):
+        with self._context():
             lo = 0
             while lo < b:
                 hi = min(b, lo + chunk)
@@ -279,6 +237,8 @@ class IsolatedGradients:
             start = time.perf_counter()
             try:
                 out = self._vmapped(leaves, spec, per_window, lo, hi)
+            except ConfigurationError:  # state kept between calls (the state guard): refused, not retried
+                raise
             except Exception:  # noqa: BLE001 - any vmap failure: the loop computes the same gradients
                 self.vectorised = False
             else:

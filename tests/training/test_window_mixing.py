@@ -537,6 +537,7 @@ class CarriesState(Forecaster):
 @pytest.mark.parametrize("branching", [False, True], ids=["vmap", "loop"])
 def test_state_kept_between_calls_in_isolation_is_refused_naming_it(branching):
     """Before issue 38: under ``vmap`` PyTorch's internal error ("your tensor may have escaped from inside a
-    function being vmapped"); in the loop a silent leak from one window's call into the next one's."""
-    with pytest.raises(ConfigurationError, match=r"CarriesState\.memory.*keeps tensors on the module between calls"):
+    function being vmapped"); in the loop a silent leak from one window's call into the next one's. The state guard
+    (:mod:`lightning_dpts.training.state_guard`) refuses it after the call that wrote it, naming the attribute."""
+    with pytest.raises(ConfigurationError, match=r"CarriesState attribute 'memory'.*changed during DP training"):
         _fit(CarriesState(branching), [make_batch(0), make_batch(1)], per_window="isolated")

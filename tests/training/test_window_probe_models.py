@@ -52,6 +52,12 @@ class LSTMForecaster(L.LightningModule):
 
 
 def _module(name: str) -> L.LightningModule:
+    if name == "combination":
+        from lightning_dpts.models import CombinationEstimator
+
+        torch.manual_seed(0)
+        return CombinationEstimator(prediction_length=H_SL, context_length=CTX_SL, freq="M", season_length=4,
+                                    lr=0.05).create_lightning_module()
     if name == "seasonal_linear":
         from lightning_dpts.models import SeasonalLinearEstimator
 
@@ -79,14 +85,14 @@ def _fit(name: str, missing: bool, **kwargs) -> tuple[L.LightningModule, DPForec
 
 
 @pytest.mark.parametrize("missing", [False, True])
-@pytest.mark.parametrize("name", [*MODEL_NAMES, "seasonal_linear", "lstm"])
+@pytest.mark.parametrize("name", [*MODEL_NAMES, "combination", "seasonal_linear", "lstm"])
 def test_supported_models_are_not_refused_and_stay_on_the_fast_path(name, missing):
     module, strategy = _fit(name, missing, spot_check=1.0)  # auto: probe at step 1 and one of steps 2-3
     assert not strategy.isolated
     assert module.trainer.global_step == 4
 
 
-@pytest.mark.parametrize("name", ["simple_feedforward", "deepar", "lstm"])
+@pytest.mark.parametrize("name", ["simple_feedforward", "deepar", "lstm", "combination"])
 def test_the_isolated_mode_releases_the_fast_paths_update(name):
     thetas = []
     for mode in ("fast", "isolated"):
