@@ -4,7 +4,7 @@ Usage::
 
     nice python benchmarks/spot_check_refusals.py [--fits 100] [--steps 400] [--data us_employment m4_weekly]
 
-Runs ``dpts fit``'s default training (the recipe's ``seasonal_linear``, its datamodule, sigma calibrated for epsilon
+Runs ``dpts fit``'s default training (the recipe's model, its datamodule, sigma calibrated for epsilon
 = 1 at delta = 1e-7, the same callbacks; no evaluation, nothing written) ``--fits`` times per dataset in one
 process, one after the other, with ``spot_check=1.0`` so that every step checks one window; the bundled
 ``us_employment`` and ``/work/shared/data/m4_weekly.csv.gz`` (359 weekly series, horizon 13). A healthy model must
@@ -61,7 +61,7 @@ def fit_once(data: str, steps: int) -> dict:
             refused = str(err)
     ratios = [(float(g) / float(t), float(g64) / float(a)) for g, t, g64, a in
               (m.groups() for m in (_REEXAMINED.search(str(w.message)) for w in caught) if m)]
-    return {"steps": strategy.steps, "refused": refused, "recomputed": strategy.spot_check_recomputed,
+    return {"model": config.model, "steps": strategy.steps, "refused": refused, "recomputed": strategy.spot_check_recomputed,
             "isolated": strategy.isolated, "ratios": ratios}
 
 
@@ -90,7 +90,7 @@ def main() -> None:
                 print(f"  {data}: {k + 1} fits, {sum(bool(r['refused']) for r in results)} refused, "
                       f"{sum(r['recomputed'] for r in results)} steps recomputed", flush=True)
         ratios = [r for res in results for r in res["ratios"]]
-        print(f"{data}: {len(results)} fits, {sum(r['steps'] for r in results)} steps checked, "
+        print(f"{data} ({results[0]['model']}): {len(results)} fits, {sum(r['steps'] for r in results)} steps checked, "
               f"{sum(bool(r['refused']) for r in results)} refused, {sum(r['recomputed'] for r in results)} steps "
               f"re-examined as round-off and recomputed alone, {sum(r['isolated'] for r in results)} fits isolated; "
               + (f"largest float32 gap / tolerance {max(a for a, _ in ratios):.3g}, largest float64 gap / allowance "
