@@ -61,8 +61,8 @@ def fit_once(data: str, steps: int) -> dict:
             refused = str(err)
     ratios = [(float(g) / float(t), float(g64) / float(a)) for g, t, g64, a in
               (m.groups() for m in (_REEXAMINED.search(str(w.message)) for w in caught) if m)]
-    return {"model": config.model, "steps": strategy.steps, "refused": refused, "recomputed": strategy.spot_check_recomputed,
-            "isolated": strategy.isolated, "ratios": ratios}
+    return {"model": config.model, "steps": strategy.steps, "refused": refused,
+            "recomputed": strategy.spot_check_recomputed, "isolated": strategy.isolated, "ratios": ratios}
 
 
 def main() -> None:
