@@ -69,7 +69,7 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for kind in (["checked", "off"] if repeat % 2 == 0 else ["off", "checked"]):
                     StateGuard.check_step = original if kind == "checked" else (lambda self: None)  # type: ignore
-                    extra = [DPForecastStrategy(1.0, 1.0, seed=0)]
+                    extra = [DPForecastStrategy(1.0, 1.0, seed=0, require_accountant=False)]
                     times[kind] += time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, extra)[0]
         finally:
             StateGuard.check_step = original  # type: ignore[method-assign]

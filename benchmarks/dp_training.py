@@ -429,7 +429,8 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
     def callbacks_for(kind: str) -> list[Callback]:
         callbacks: list[Callback] = []
         if kind.startswith("dp"):
-            callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0, **STRATEGY_KINDS.get(kind, {})))
+            callbacks.append(DPForecastStrategy(1.0, 1.0, seed=0, require_accountant=False,
+                                                 **STRATEGY_KINDS.get(kind, {})))
         if kind == "dp_acc":
             callbacks.append(_TimedAccountant(8.0, args.accountant_delta))
         if kind == "dp_acc_bg":  # the epsilon table computed by a thread alongside training (before issue 26's fix)

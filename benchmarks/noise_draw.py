@@ -71,7 +71,8 @@ def main() -> None:
                     for kind in kinds[repeat % 3:] + kinds[: repeat % 3]:
                         # the rule's input, forced: on CPU the strategy draws in the background iff _spare_core()
                         strategy._spare_core = (lambda: True) if kind == "background" else (lambda: False)
-                        extra = [] if kind == "plain" else [DPForecastStrategy(1.0, 1.0, seed=0)]
+                        extra = [] if kind == "plain" else [
+                            DPForecastStrategy(1.0, 1.0, seed=0, require_accountant=False)]
                         times[kind] += time_steps(copy.deepcopy(base), dm, args.steps, args.warmup, extra)[0]
                     times["draw"] += time_draws(numel, 20)
                 med = {k: 1e3 * statistics.median(v) for k, v in times.items()}

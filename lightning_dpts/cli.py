@@ -17,9 +17,14 @@ import json
 import sys
 from collections.abc import Sequence
 
-from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.errors import ConfigurationError, TrainingRefused
 
-__all__ = ["main", "build_parser"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_REFUSED_DURING_TRAINING", "main", "build_parser"]
+
+#: ``dpts fit``: a check refused training after it began (docs/cli.md, exit codes; 2 is input refused before any work)
+EXIT_REFUSED_DURING_TRAINING = 3
+#: ``dpts fit`` stopped by Ctrl-C (128 + SIGINT, the shell's convention); the message says how to resume
+EXIT_INTERRUPTED = 130
 
 # Python parameter name (as raised in ConfigurationError) -> command-line option, for the options that are not
 # FitConfig fields (those derive from their declarations: lightning_dpts.config.option_flags).
@@ -464,6 +469,12 @@ def _run_fit(args: argparse.Namespace) -> int:
             run_fit(config, progress=console.say)
     except ConfigurationError:
         raise
+    except KeyboardInterrupt as err:  # Ctrl-C: say what was kept and how to continue
+        from lightning_dpts.jobs.fit import FitInterrupted
+
+        text = err.message() if isinstance(err, FitInterrupted) else _interrupted_outside_training(out)
+        print(f"dpts: {text}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as err:
         import os
 
@@ -476,6 +487,20 @@ def _run_fit(args: argparse.Namespace) -> int:
     print(f"results written to {out}/: covered by the guarantee or public: report.json (lists every file), "
           f"epsilon.png, dp-model.ckpt, model.json, predictor/, ledger.json and checkpoints/ (for --resume){private}")
     return 0
+
+
+def _interrupted_outside_training(out: str) -> str:
+    """What a Ctrl-C outside training (loading, evaluation, writing) leaves: a resumable run or nothing to resume."""
+    from pathlib import Path
+
+    from lightning_dpts.resume import LAST_CHECKPOINT, RUN_LEDGER
+
+    run = Path(out)
+    if (run / RUN_LEDGER).is_file() and (run / LAST_CHECKPOINT).is_file():
+        return (f"interrupted: {run / RUN_LEDGER} counts the noisy steps taken and {run / LAST_CHECKPOINT} holds the "
+                f"model; continue with: dpts fit --resume {run}")
+    return (f"interrupted before training: nothing to resume (start the run again; with --overwrite if {run} is not "
+            "empty)")
 
 
 def _check_input_files(args: argparse.Namespace) -> None:
@@ -527,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             names.update(AUDIT_OPTION_NAMES)
         option = names.get(err.parameter, err.parameter)
+        if isinstance(err, TrainingRefused):  # after training began: its own status, not 2 (input refused)
+            parser.exit(EXIT_REFUSED_DURING_TRAINING,
+                        f"dpts: error: training refused after {err.steps} noisy steps, before the next one's update: "
+                        f"{option}: {err.requirement} (got {err.value!r}); nothing of this run was kept\n")
         parser.exit(2, f"dpts: error: {option}: {err.requirement} (got {err.value!r})\n")
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2  # pragma: no cover

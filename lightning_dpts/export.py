@@ -194,16 +194,37 @@ def load_predictor(path: str | Path) -> Any:
 
 
 def _model_description(path: str | Path) -> dict[str, Any]:
+    """``model.json`` of a run (``{}`` where there is none). A file that cannot be read as a JSON object (truncated,
+    damaged, not written by ``dpts fit``) raises :class:`ConfigurationError` (``model``)."""
     predictor_dir = _predictor_dir(path)
     for candidate in (predictor_dir.parent / MODEL_FILE, predictor_dir / MODEL_FILE):
         if candidate.is_file():
-            data = json.loads(candidate.read_text())
-            return data if isinstance(data, dict) else {}
+            try:
+                data = json.loads(candidate.read_text())
+            except (OSError, ValueError) as err:  # JSONDecodeError, UnicodeDecodeError
+                raise ConfigurationError(
+                    "model", str(path), f"{candidate} cannot be read as JSON ({type(err).__name__}: {str(err)[:120]}): "
+                    "the file is damaged or was not written by dpts fit; restore it or run dpts fit again") from None
+            if not isinstance(data, dict):
+                raise ConfigurationError("model", str(path), f"{candidate} is not a JSON object as dpts fit writes "
+                                         "it; restore it or run dpts fit again")
+            return data
     return {}
 
 
 def model_frequency(path: str | Path) -> str | None:
-    return _model_description(path).get("freq")
+    """The frequency the model was trained at (``model.json``), ``None`` where it is not recorded."""
+    freq = _model_description(path).get("freq")
+    if freq is None:
+        return None
+    from lightning_dpts.data.sources import period_freq
+
+    try:
+        period_freq(freq, "model")
+    except ConfigurationError:
+        raise ConfigurationError("model", str(path), f"its {MODEL_FILE} records freq={freq!r}, which is not a pandas "
+                                 "frequency: the file is damaged; restore it or run dpts fit again") from None
+    return str(freq)
 
 
 def model_columns(path: str | Path) -> dict[str, str] | None:

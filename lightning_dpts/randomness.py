@@ -175,8 +175,8 @@ class GaussianNoise:
         stream: stream key under ``entropy`` (keeps noise independent from the sampling streams).
 
     :meth:`prepare` starts the next draw in a background thread (the noise does not depend on the data, so DP
-    training draws it while the step's forward and backward pass run). The object has no ``state_dict``: a resumed
-    run builds a new one from fresh entropy, so no noise is replayed.
+    training draws it while the step's forward and backward pass run); :meth:`close` ends that thread. The object
+    has no ``state_dict``: a resumed run builds a new one from fresh entropy, so no noise is replayed.
     """
 
     def __init__(
@@ -190,6 +190,8 @@ class GaussianNoise:
         self.seeded = entropy.seeded
         self._generator = None if secure else torch_generator(entropy, *stream)
         self._pending: _Draw | None = None
+        self._worker: Any = None  # the thread that prepares draws (started by prepare, ended by close)
+        self._worker_pid = 0  # the process that started it
 
     def _draw(self, numel: int, std: float, dtype: torch.dtype) -> torch.Tensor:
         import torch
@@ -231,35 +233,37 @@ class GaussianNoise:
         import torch
 
         if self._pending is None and numel > 0 and std > 0:
-            self._pending = _Draw(self._draw, int(numel), float(std), torch.float32 if dtype is None else dtype)
+            if self._worker is None or self._worker_pid != os.getpid():  # (a forked child has no copy of the thread)
+                self._worker, self._worker_pid = _start_worker(), os.getpid()
+            self._pending = _Draw(self._worker, self._draw, int(numel), float(std),
+                                  torch.float32 if dtype is None else dtype)
+
+    def close(self) -> None:
+        """End the background thread (waits for a pending draw, which is dropped, never handed out). Idempotent;
+        :meth:`sample` still works afterwards (in the caller's thread) and :meth:`prepare` starts a new thread. DP
+        training calls it at train end and on an exception; at interpreter exit every worker is ended anyway."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception:  # noqa: BLE001 - a failed draw is dropped with the rest
+                pass
+        worker, self._worker = self._worker, None
+        if worker is not None and self._worker_pid == os.getpid():
+            worker.shutdown(wait=True)
 
     def __reduce__(self) -> Any:
         raise TypeError("lightning_dpts.randomness.GaussianNoise must not be pickled (it would write the secret)")
 
 
-_EXECUTOR: Any = None
+def _start_worker() -> Any:
+    """One worker thread that prepares one :class:`GaussianNoise`'s draws (:meth:`GaussianNoise.prepare`), ended by
+    :meth:`GaussianNoise.close` (and, for one never closed, by ``concurrent.futures`` at interpreter exit, before
+    any daemon thread is frozen). :meth:`GaussianNoise.sample` waits for the object's pending draw before touching its
+    generator, so no generator is ever used by two threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
 
-
-def _executor() -> Any:
-    """One worker thread for every :class:`GaussianNoise` of the process that prepares draws (created on first use).
-
-    Each task uses only its own object's generator, and :meth:`GaussianNoise.sample` waits for that object's
-    pending task before touching the generator, so no generator is ever used by two threads at once.
-    """
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise")
-    return _EXECUTOR
-
-
-def _forget_executor_in_child() -> None:  # a forked child (DataLoader worker) has no copy of the worker thread
-    global _EXECUTOR
-    _EXECUTOR = None
-
-
-os.register_at_fork(after_in_child=_forget_executor_in_child)
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpts-noise")
 
 
 class _Draw:
@@ -267,9 +271,9 @@ class _Draw:
 
     __slots__ = ("std", "_future")
 
-    def __init__(self, draw: Any, numel: int, std: float, dtype: Any) -> None:
+    def __init__(self, worker: Any, draw: Any, numel: int, std: float, dtype: Any) -> None:
         self.std = std
-        self._future = _executor().submit(draw, numel, std, dtype)
+        self._future = worker.submit(draw, numel, std, dtype)
 
     def result(self) -> Any:
         """The drawn vector (waits for it); an exception of the draw is raised here."""

@@ -294,11 +294,13 @@ def choose_recipe(
         raise ConfigurationError("data", 0, "has no series")
     if not (isinstance(prediction_length, int) and prediction_length >= 1):
         raise ConfigurationError("prediction_length", prediction_length, "must be an integer >= 1")
+    from lightning_dpts.data.datamodule import too_short as short_mask
+
     horizon = prediction_length
     seasons = season_lengths(freq, season_length)
     season = seasons[0]
     train = sizes - held_out_windows * horizon
-    usable = np.sort(train[train >= horizon])
+    usable = np.sort(train[~short_mask(sizes, horizon, held_out_windows)])  # the datamodule's rule
     if usable.size == 0:
         raise ConfigurationError("data", f"{sizes.size} series of at most {int(sizes.max())} steps",
                                  f"no series has a training part of >= prediction_length={horizon} steps after the "
@@ -356,8 +358,9 @@ def choose_recipe(
             f"training series decides the bound (Appendix I.1), and dropping them raises N/r from {base_eff:.4g} to "
             f"{eff:.4g} (at past window {past}); lengths are public (the relations change values, not lengths)")
     elif too_short:
-        reasons["short_series"] = (f"{too_short} series are too short for one training window: no threshold; "
-                                   "they are refused, or dropped with --drop-short-series")
+        reasons["short_series"] = (f"{too_short} series are too short for one training window after the held-out "
+                                   "windows: no threshold; plan.keep() leaves them out (dpts fit refuses them, or "
+                                   "drops them with --drop-short-series)")
     else:
         reasons["short_series"] = (f"keep all {sizes.size} series (leaving out up to {MAX_DROPPED_FRACTION:.0%} of the "
                                    f"shortest would not raise N/r by {MIN_DROP_GAIN}x)")
@@ -502,6 +505,7 @@ class PrivateTraining:
     recipe: Recipe
     warnings: tuple[str, ...] = ()
     averaging: list[Any] = field(default_factory=list)
+    prediction_length: int = 1  # the horizon the recipe was chosen for (keep() reads it)
 
     def describe(self) -> list[str]:
         """Log lines: every setting, then its reason (and the logger's, when there is none)."""
@@ -511,9 +515,17 @@ class PrivateTraining:
         return lines
 
     def keep(self, lengths: Sequence[int]) -> np.ndarray:
-        """Boolean mask of the series to train on (length >= ``settings["min_series_length"]``); lengths only."""
+        """Boolean mask of the series to train on, from their lengths only: length >= ``settings[
+        "min_series_length"]`` and not too short for one training window after the held-out windows
+        (:func:`~lightning_dpts.data.datamodule.too_short`, the rule the datamodule applies with
+        ``datamodule_kwargs``), so that the datamodule built from the kept series accepts all of them."""
+        from lightning_dpts.data.datamodule import too_short
+
+        sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
         threshold = self.settings["min_series_length"] or 1
-        return np.asarray([int(n) for n in lengths]) >= threshold
+        kwargs = self.datamodule_kwargs
+        held_out = int(kwargs.get("test_windows", 0)) + int(kwargs.get("val_windows", 0))
+        return (sizes >= threshold) & ~too_short(sizes, self.prediction_length, held_out)
 
 
 def _public_metadata(data: Any) -> tuple[list[int], str | None, int | None, int | None, int | None]:
@@ -652,4 +664,4 @@ def make_private_with_epsilon(
                         "logger": False},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
         settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings,
-        averaging=averaging)
+        averaging=averaging, prediction_length=horizon)

@@ -199,8 +199,17 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
     config_text = _config_text(config)  # written after every noisy step: serialised once here
 
     class RunLedgerCallback(L.Callback):
-        """Rewrites ``ledger.json`` after every noisy step, saves ``last.ckpt`` at every epoch's end, and on a resume
-        charges the steps the run directory took beyond the checkpoint before the accountant plans."""
+        """Rewrites ``ledger.json`` after every noisy step, saves ``last.ckpt`` at every epoch's end and when Ctrl-C
+        stops the fit, and on a resume charges the steps the run directory took beyond the checkpoint before the
+        accountant plans.
+
+        Attributes: ``started`` (training began: the strategy's and the accountant's train-start checks passed),
+        ``interrupted`` (Ctrl-C stopped the fit), ``saved`` (``ledger.json`` and ``last.ckpt`` were written for a
+        resume after it)."""
+
+        started = False
+        interrupted = False
+        saved = False
 
         def _strategy(self, trainer: L.Trainer) -> Any:
             from lightning_dpts.training import DPForecastStrategy
@@ -217,6 +226,23 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             self._write(trainer)  # after the accountant's: the fit's ledger has begun (charged on a resume)
+            self.started = True
+
+        def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+            """Ctrl-C: write what ``--resume`` needs, the ledger first (it never counts fewer steps than the
+            checkpoint). Lightning calls this after the strategy's own clean-up, before it exits the process."""
+            if not isinstance(exception, KeyboardInterrupt):
+                return
+            self.interrupted = True
+            if not self.started:
+                return
+            try:
+                self._write(trainer)
+                with atomic_path(run_dir / LAST_CHECKPOINT) as tmp:
+                    trainer.save_checkpoint(str(tmp))
+            except Exception:  # noqa: BLE001 - the interrupt goes on; the message then says nothing was saved
+                return
+            self.saved = True
 
         def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             self._write(trainer)

@@ -149,3 +149,78 @@ def test_predict_to_an_unwritable_output_exits_2(fitted, tiny_csv, output, tmp_p
     (tmp_path / "file.csv").write_text("not a directory")
     _refused(["predict", "--model", str(fitted), "--data", str(tiny_csv), "--output",
               output.format(tmp=tmp_path)], "--output", capsys)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issue 38: tracebacks that became clear errors, and the exit code of a refusal after training began
+# ---------------------------------------------------------------------------------------------------------
+def _refused_without_traceback(argv: list[str], option: str, capsys, status: int = 2) -> str:
+    """``main(argv)`` exits ``status`` naming ``option``, without a traceback (no timing: the work is bounded by
+    what the refusal skips)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == status, err
+    assert option in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("freq", ["XYZ", "1.5M", "M-FOO", " "])
+def test_predict_with_a_frequency_pandas_does_not_know_exits_2(fitted, tiny_csv, freq, tmp_path, capsys):
+    """Before issue 38: pandas' ValueError traceback from ``to_offset``."""
+    _refused_without_traceback(["predict", "--model", str(fitted), "--data", str(tiny_csv), "--freq", freq,
+                                "--output", str(tmp_path / "f.csv")], "--freq", capsys)
+    assert not (tmp_path / "f.csv").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "binary", "a list", "bad freq"])
+def test_predict_with_a_damaged_model_json_exits_2(fitted, tiny_csv, damage, tmp_path, capsys):
+    """Before issue 38: a ``JSONDecodeError`` traceback for a truncated ``model.json``."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(fitted, model)
+    path = model / "model.json"
+    text = path.read_text()
+    if damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "empty":
+        path.write_text("")
+    elif damage == "binary":
+        path.write_bytes(bytes(range(256)))
+    elif damage == "a list":
+        path.write_text("[1, 2]")
+    else:
+        path.write_text(json.dumps({**json.loads(text), "freq": "XYZ"}))
+    err = _refused_without_traceback(["predict", "--model", str(model), "--data", str(tiny_csv), "--output",
+                                      str(tmp_path / "f.csv")], "--model", capsys)
+    assert "model.json" in err
+    assert not (tmp_path / "f.csv").exists()
+
+
+def test_fit_refused_after_training_began_exits_3_and_keeps_nothing(tiny_csv, tmp_path, capsys, monkeypatch):
+    """A check that refuses a step once training has begun (here the spot check, made to find a mix at the second
+    step) exits 3, not 2 (which docs/cli.md keeps for input refused before any work): before issue 38 it exited 2."""
+    from lightning_dpts.errors import ConfigurationError
+    from lightning_dpts.training import DPForecastStrategy
+
+    def refuse_second(self, pl_module):
+        if self._fit_steps >= 1:
+            raise ConfigurationError("model", type(pl_module).__name__, "forward mixes the windows (test)")
+
+    monkeypatch.setattr(DPForecastStrategy, "_spot_check", refuse_second)
+    monkeypatch.setattr(DPForecastStrategy, "__init__", _with_spot_check(DPForecastStrategy.__init__))
+    out = tmp_path / "run"
+    err = _refused_without_traceback(
+        ["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--model", "simple_feedforward", "--epsilon",
+         "2.0", "--delta", "1e-6", "--epochs", "2", "--batch-size", "8", "--no-non-dp", "--output-dir", str(out)],
+        "--model", capsys, status=3)
+    assert "training refused after 1 noisy steps" in err and "forward mixes the windows (test)" in err
+    assert not out.exists() or not any(p.is_file() and p.name != ".lock" for p in out.rglob("*"))
+
+
+def _with_spot_check(init):
+    def wrapped(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "spot_check": 1.0})
+    return wrapped

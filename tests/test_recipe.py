@@ -152,6 +152,34 @@ def test_a_given_threshold_is_used_and_the_rest_chosen_for_it():
     assert r.min_training_length == 93 - 13 and r.context_length + 13 <= MAX_WINDOW_FRACTION * (93 - 26 + 1)
 
 
+@pytest.mark.parametrize("short_length", [50, 59, 60], ids=["held-out-plus", "one-step-short", "just-long-enough"])
+def test_plan_keep_and_the_datamodule_agree_on_what_is_too_short(short_length):
+    """The README's Python path on real monthly data with one short series: before issue 38 ``plan.keep()`` kept a
+    series whose training part is shorter than the horizon after the 4 held-out windows, and the datamodule then
+    refused it with a ConfigurationError. One rule (``too_short``) now decides for both."""
+    from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
+    from lightning_dpts.models import SeasonalLinearEstimator
+    from lightning_dpts.recipe import make_private_with_epsilon
+
+    table = load_dataset("us_employment")
+    first = table[table.item_id == table.item_id.iloc[0]]
+    table = pd.concat([table, first.tail(short_length).assign(item_id="short")], ignore_index=True)
+    lengths = table.groupby("item_id").size()
+    estimator = SeasonalLinearEstimator(prediction_length=12, context_length=24, season_length=12)
+    module = estimator.create_lightning_module()
+    plan = make_private_with_epsilon(lengths.to_numpy(), module, epsilon=1.0, delta=1e-7, freq="M",
+                                     prediction_length=12, held_out_windows=4)
+    kept = plan.keep(lengths)
+    if short_length < 60:  # 4 x 12 held out + 12 for one training window (at 60 the recipe's threshold decides)
+        assert not kept[list(lengths.index).index("short")]
+    dm = StructuredSubsamplingDataModule(table[table.item_id.isin(lengths.index[kept])], freq="M", model=module,
+                                         **plan.datamodule_kwargs)
+    assert dm.sampling_spec.num_series == int(kept.sum()) and not dm.dropped_series
+    from lightning_dpts.data.datamodule import too_short
+
+    assert not (kept & too_short(lengths, 12, 4)).any()
+
+
 def test_the_recipe_model_gets_iterate_averaging_and_others_do_not():
     from lightning_dpts.models import CombinationEstimator
     from lightning_dpts.recipe import make_private_with_epsilon

@@ -30,7 +30,7 @@ from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
 from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
 
-__all__ = ["EvaluationWindow", "StructuredSubsamplingDataModule"]
+__all__ = ["EvaluationWindow", "StructuredSubsamplingDataModule", "too_short"]
 
 _TARGET_KEYS = ("past_target", "past_observed_values", "future_target", "future_observed_values")
 _PRODUCIBLE = set(_TARGET_KEYS) | {
@@ -62,6 +62,19 @@ class EvaluationWindow:
     forecast_start: pd.Period | None
     history: np.ndarray
     target: np.ndarray
+
+
+def too_short(lengths: Any, prediction_length: int, held_out_windows: int) -> np.ndarray:
+    """Which series are too short to train on: a boolean mask over ``lengths`` (time steps, public metadata).
+
+    A series is too short when its training part, what is left after the ``held_out_windows`` windows of
+    ``prediction_length`` steps held out at its end (test and validation windows), is shorter than
+    ``prediction_length``: no training window fits in it. The one rule that
+    :class:`StructuredSubsamplingDataModule` refuses (or drops, ``drop_short_series=True``) by, and that the recipe's
+    :meth:`~lightning_dpts.recipe.PrivateTraining.keep` leaves out by (issue 38: they disagreed).
+    """
+    sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
+    return sizes - int(held_out_windows) * int(prediction_length) < int(prediction_length)
 
 
 def _require_int(name: str, value: object, minimum: int) -> int:
@@ -313,7 +326,9 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
 
     def _drop_short(self, collection: SeriesCollection, drop: bool) -> SeriesCollection:
         held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        short = [i for i, t in enumerate(collection.targets) if len(t) - held_out < self.prediction_length]
+        mask = too_short([len(t) for t in collection.targets], self.prediction_length,
+                         self.test_windows + self.val_windows)
+        short = [int(i) for i in np.flatnonzero(mask)]
         if not short:
             return collection
         if not drop:

@@ -40,15 +40,36 @@ import numpy as np
 import pandas as pd
 
 from lightning_dpts.config import FitConfig
-from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.errors import ConfigurationError, TrainingRefused
 from lightning_dpts.outputs import PRIVATE_DIR
 
-__all__ = ["FitConfig", "run_fit"]
+__all__ = ["FitConfig", "FitInterrupted", "run_fit"]
 
 #: Pattern of the datamodule's seeded-run warning, silenced where ``run_fit`` already gave it once.
 _SEEDED_WARNING = ".*explicit seed"
 #: The datamodule's lag warning; ``run_fit`` states the same cause with the accountant's numbers instead.
 _LAG_WARNING = "StructuredSubsamplingDataModule: the model's lags"
+
+
+class FitInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``dpts fit``'s training; what a resume needs was written if ``saved``.
+
+    Attributes:
+        run_dir: the run directory. steps: noisy steps taken (all counted in ``ledger.json``). saved: ``ledger.json``
+        and ``checkpoints/last.ckpt`` hold the interrupted state (``dpts fit --resume run_dir`` continues it).
+    """
+
+    def __init__(self, run_dir: Path, steps: int, saved: bool) -> None:
+        self.run_dir, self.steps, self.saved = Path(run_dir), int(steps), bool(saved)
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        if not self.saved:
+            return ("interrupted before training began: nothing to resume (start the run again; with --overwrite if "
+                    f"{self.run_dir} is not empty)")
+        return (f"interrupted after {self.steps} noisy steps: {self.run_dir / 'ledger.json'} counts them and "
+                f"{self.run_dir / 'checkpoints' / 'last.ckpt'} holds the model; continue with: dpts fit --resume "
+                f"{self.run_dir}")
 
 
 @dataclass
@@ -320,7 +341,16 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
              f"training with BandMF (bands={config.bands}, "
              + ("b-min-sep sampling" if config.monte_carlo else f"cyclic Poisson sampling in {config.bands} groups")
              + f", {trainer.max_epochs} epochs) ...")
-    trainer.fit(module, datamodule=dm, ckpt_path=None if resume is None else str(resume.checkpoint))
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=None if resume is None else str(resume.checkpoint))
+    except ConfigurationError as err:
+        if not keeper.started:  # refused by a check before training began: input refused, exit 2
+            raise
+        raise TrainingRefused.after(err, strategy.ledger.steps) from err
+    except SystemExit as exc:  # Lightning ends a fit stopped by Ctrl-C with sys.exit(1), after the callbacks' clean-up
+        if not keeper.interrupted:
+            raise
+        raise FitInterrupted(out, strategy.ledger.steps, keeper.saved) from exc
     if resume is not None and accountant.report is None:
         # the checkpoint had already finished the run's epochs, so Lightning skipped training: account the steps taken
         # (the accountant finds the budget spent, or allows no step in no epoch left) without training

@@ -46,7 +46,7 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
         The table written.
     """
     from lightning_dpts.columns import DEFAULT_ID_COLUMN, DEFAULT_TIMESTAMP_COLUMN, DEFAULT_VALUE_COLUMN
-    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.data.sources import period_freq, to_collection
     from lightning_dpts.export import model_columns
     from lightning_dpts.loading import load_long_table
     from lightning_dpts.metrics import DEFAULT_QUANTILES
@@ -57,6 +57,8 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
         renamed_parameter("predict_to_csv(time_column=...)", "timestamp_column")
         timestamp_column = timestamp_column or time_column
     levels = check_quantiles(DEFAULT_QUANTILES if quantiles is None else quantiles)
+    if freq is not None:
+        period_freq(freq, "freq")  # before any work: a name pandas does not know is refused, naming --freq
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigurationError("seed", seed, "must be an integer >= 0")
     output = Path(output)
@@ -67,8 +69,7 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     timestamp_column = timestamp_column or run.get("timestamp_column", DEFAULT_TIMESTAMP_COLUMN)
     value_column = value_column or run.get("value_column", DEFAULT_VALUE_COLUMN)
     model_freq = model_frequency(model)
-    if freq is not None and model_freq is not None and pd.tseries.frequencies.to_offset(freq) != \
-            pd.tseries.frequencies.to_offset(model_freq):
+    if freq is not None and model_freq is not None and period_freq(freq) != period_freq(model_freq):
         raise ConfigurationError("freq", freq, f"must be the model's frequency {model_freq!r}")
     try:
         table, used_freq = load_long_table(data, id_column, timestamp_column, value_column, freq or model_freq)

@@ -45,10 +45,12 @@ Lightning writes checkpoints from rank 0 only.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import math
 import threading
 import time
+import weakref
 from typing import Any
 
 import lightning as L
@@ -170,10 +172,18 @@ class AccountantCallback(StepAccountant):
             defer_tensorboard_hparams(trainer.loggers)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """A fit refused before ``on_train_start`` logged: write the held-back session as it is."""
+        """A fit refused before ``on_train_start`` logged: write the held-back session as it is. The table's thread
+        has ended (:meth:`EpsilonTable.stop` waits for it), whatever ended the fit."""
         from lightning_dpts.hparams import release_tensorboard_hparams
 
+        if self.table is not None:
+            self.table.stop()
         release_tensorboard_hparams(trainer.loggers)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """An error or Ctrl-C ended the fit: the table's thread ends before the exception goes on."""
+        if self.table is not None:
+            self.table.stop()
 
     @property
     def steps(self) -> int:
@@ -614,7 +624,7 @@ class AccountantCallback(StepAccountant):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.table is not None:
-            self.table.stop()  # kept (grid_points) for inspection; the thread ends after its current count
+            self.table.stop()  # kept (grid_points) for inspection; waits for the thread (ends after its current count)
         if self.monte_carlo is not None:
             acc, eps = self.monte_carlo, float(self.monte_carlo_epsilon or 0.0)
             steps = self.steps
@@ -742,7 +752,12 @@ class EpsilonTable:
             self._curve: Any = accountant.risk_curve(self.last, delta, rtol=rtol, start=start)
         else:
             self._curve = ((c, e, None) for c, e in accountant.epsilon_curve(self.last, delta, rtol=rtol, start=start))
+        # a daemon thread, so that a process never waits for a table it no longer needs; it is stopped and joined at
+        # train end, on an exception, and at interpreter exit (_stop_live_tables): a daemon thread still inside
+        # scipy's C++ FFT when the interpreter finalises is ended by pthread_exit through C++ frames, and the
+        # process aborts after it finished ("terminate called without an active exception", exit 134; issue 38)
         self._thread = threading.Thread(target=self._run, name="dpts-epsilon-table", daemon=True)
+        _LIVE_TABLES.add(self)
         self._thread.start()
 
     def _run(self) -> None:
@@ -800,6 +815,27 @@ class EpsilonTable:
             self.last = min(self.last, self._limit)
 
     def stop(self) -> None:
-        """Ask the thread to stop after its current count (training ended before the plan)."""
+        """Stop the thread after its current count and wait for it to end (training ended before the plan, an
+        exception, interpreter exit). The points computed so far are kept."""
         with self._cond:
             self._stop = True
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        _LIVE_TABLES.discard(self)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the table's thread is still running."""
+        return self._thread.is_alive()
+
+
+#: every EpsilonTable whose thread may still run (weakly held: a table no one holds is not kept alive)
+_LIVE_TABLES: weakref.WeakSet[EpsilonTable] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_tables() -> None:
+    """At interpreter exit, before daemon threads are frozen: stop and join every table's thread (see
+    :class:`EpsilonTable`)."""
+    for table in list(_LIVE_TABLES):
+        table.stop()

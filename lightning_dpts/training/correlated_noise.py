@@ -215,6 +215,10 @@ class BandMFNoise:
         stays in :meth:`sample`)."""
         self._gaussian.prepare(numel, 1.0, dtype)
 
+    def close(self) -> None:
+        """End the background thread (:meth:`GaussianNoise.close`)."""
+        self._gaussian.close()
+
     def __reduce__(self) -> Any:
         raise TypeError("lightning_dpts BandMFNoise must not be pickled (it would write the secret noise history)")
 

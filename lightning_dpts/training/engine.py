@@ -164,6 +164,19 @@ class _Record:
         self.calls: list[list[Any]] = []
 
 
+def _across_windows(layer: str, seen: int, windows: int) -> ConfigurationError:
+    """A layer that saw ``seen`` rows along its first dimension where the batch has ``windows`` windows (issue 38:
+    ``nn.MultiheadAttention`` given the windows as its sequence axis raised an ``IndexError`` here)."""
+    return ConfigurationError(
+        "model", f"the layer of parameter {layer}",
+        f"saw {seen} row(s) along its first (batch) dimension where the batch has {windows} windows: it runs across "
+        "the windows of the batch (e.g. nn.MultiheadAttention or a reshape given the windows as the sequence axis), "
+        "so the windows mix and no per-window gradient exists on the fast path. Keep the windows on the first "
+        "dimension of every layer, or train with DPForecastStrategy(per_window='isolated'), which computes each "
+        "window's gradient with that window alone",
+    )
+
+
 def _own_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters(recurse=False))
 
@@ -675,6 +688,11 @@ class PerWindowClipper:
         """Factor from the recorded output gradients to per-window loss gradients (Opacus semantics)."""
         return float(batch_size) if self.loss_reduction == "mean" else 1.0
 
+    def _record_name(self, record: _Record) -> str:
+        """The layer of a record, named by its first parameter (e.g. ``'att.in_proj.weight'``)."""
+        first = record.weights[0][0] if record.weights else (record.biases[0] if record.biases else None)
+        return repr(self._names.get(id(first), "?")) if first is not None else "?"
+
     def per_window_gradients(
         self, params: list[nn.Parameter], windows: list[int] | None = None
     ) -> list[torch.Tensor | None]:
@@ -690,6 +708,8 @@ class PerWindowClipper:
             blocks, g = pair
             scale = self._scale(g.shape[1])
             if windows is not None:
+                if windows and max(windows) >= g.shape[1]:
+                    raise _across_windows(self._record_name(record), g.shape[1], max(windows) + 1)
                 blocks, g = [a[:, windows] for a in blocks], g[:, windows]
             g = g * scale
             for w, k in record.weights:
@@ -700,6 +720,8 @@ class PerWindowClipper:
         for p in params:
             gs = found.get(id(p), getattr(p, "grad_sample", None) if id(p) not in self.native else None)
             if gs is not None and windows is not None and id(p) not in found:
+                if windows and max(windows) >= gs.shape[0]:
+                    raise _across_windows(repr(self._names.get(id(p), "?")), gs.shape[0], max(windows) + 1)
                 gs = gs[windows]
             out.append(None if gs is None else gs.reshape(gs.shape[0], *p.shape))
         return out
@@ -793,10 +815,12 @@ class PerWindowClipper:
         sizes = {g.shape[0] for _, _, g in simple} | {g.shape[1] for _, _, g in stacked}
         sizes |= {g.shape[0] for g in samples.values()}
         if len(sizes) > 1:
-            raise RuntimeError(
-                f"per-window gradients disagree on the batch size {sorted(sizes)}: every layer must see the "
-                "windows of the batch along its first dimension"
-            )
+            seen = {self._record_name(r): g.shape[0] for r, _, g in simple}
+            seen.update({self._record_name(r): g.shape[1] for r, _, g in stacked})
+            seen.update({repr(self._names.get(key, "?")): g.shape[0] for key, g in samples.items()})
+            most = max(sizes)
+            odd = next((name for name, size in seen.items() if size != most), "?")
+            raise _across_windows(odd, min(sizes), most)
         for record, _, _ in (*simple, *stacked):
             for w, _ in record.weights:
                 touched[id(w)] = w

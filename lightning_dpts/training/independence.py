@@ -9,7 +9,9 @@ window's own gradient only if ``training_step`` keeps windows apart. :class:`Ind
   stay within the float tolerance; at the fit's first step and at one random step in each of [2, 4), [4, 8), ...
   (:meth:`IndependenceChecks._probe_after`);
 * the spot check (:meth:`IndependenceChecks._spot_check`): one window drawn at random, recomputed alone
-  (:mod:`~lightning_dpts.training.isolated`), must have the clipped gradient the batched pass attributes to it.
+  (:mod:`~lightning_dpts.training.isolated`), must have the clipped gradient the batched pass attributes to it; a
+  gap beyond the float tolerance is re-examined in float64 (:meth:`IndependenceChecks._reexamine`) and refused only
+  if it is a mix there too, else the step is computed from each window alone.
 
 A mix found before the fit's first noisy step with ``per_window="auto"`` switches the fit to isolated per-window
 gradients (:meth:`IndependenceChecks._isolate`); otherwise it is a :class:`~lightning_dpts.errors.ConfigurationError`.
@@ -29,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.training.engine import PerWindowClipper, _row_sq, clip_factors
+from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _row_sq, clip_factors
 from lightning_dpts.training.isolated import IsolatedGradients, silenced, training_loss
 from lightning_dpts.training.ledger import PrivacyLedger
 from lightning_dpts.training.probe_batches import (
@@ -48,9 +50,10 @@ __all__ = ["IndependenceChecks"]
 
 #: Reruns of one window under fresh seeds that decide whether ``training_step`` is random on one window.
 STOCHASTIC_RERUNS = 4
-#: A spot-check gap up to this many times the window's own float32 round-off (its gradient alone in float32 against
-#: float64, clipped) is round-off, not a mix: the batched pass sums the same terms in another order.
-ROUND_OFF_FACTOR = 8.0
+#: Slack between the float64 round-off that a window's measured float32 round-off predicts (times eps64 / eps32 =
+#: 2^-29) and the float64 gap the spot check's re-examination accepts as round-off (:meth:`IndependenceChecks.
+#: _reexamine`): rounding errors of one computation in two precisions are not exactly proportional.
+ROUND_OFF_MARGIN = 1024.0
 
 
 class IndependenceChecks:
@@ -75,9 +78,12 @@ class IndependenceChecks:
     _warned_reduction: bool  # the spot check found the fast path's gradients scaled by the batch size
     _choices: random.Random  # which steps and windows the spot check takes: not a privacy draw
     _schedule: random.Random  # the probe's steps (not a privacy draw either)
+    _isolated_sums: list[torch.Tensor] | None  # this step's clipped sums from each window alone (then used)
+    spot_check_recomputed: int  # steps of this fit whose spot-check gap was round-off (recomputed alone)
 
     _isolated_gradients: Callable[[L.LightningModule], IsolatedGradients]  # the strategy's (built on first use)
     _clear: Callable[[], None]  # the strategy's: drop per-window state left from a previous pass
+    _describe_windows: Callable[[L.Trainer, list[int]], str]  # the strategy's: name the series of windows
 
     def _probe_after(self, step: int) -> int:
         """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it."""
@@ -214,37 +220,56 @@ class IndependenceChecks:
             for p in self._params:
                 p.grad = None
 
-    def _round_off(self, pl_module: L.LightningModule, batch: Any, j: int, iso: IsolatedGradients,
-                   alone: list[torch.Tensor]) -> float:
-        """The l2 distance between window ``j``'s gradient computed alone in the module's precision (``alone``) and
-        the same gradient in float64: the round-off of this window's computation, which grows with its conditioning
-        (terms that cancel), not only with the gradient's norm. 0 where the module cannot run in float64 (then
-        no allowance is made). The step's recorded per-window state is untouched (the isolated pass bypasses the
-        clipper); the parameters' gradients are set aside while the parameters are widened."""
+    def _wide_gradients(self, pl_module: L.LightningModule, batch: Any, j: int, iso: IsolatedGradients
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Window ``j``'s gradient in float64: (as one batched pass over ``batch`` attributes it, computed with window
+        ``j`` alone), one tensor per parameter; ``None`` where the module runs in float64 already or cannot run in it.
+
+        The batched pass records into the clipper like the step's own pass did, so the step's records are gone
+        afterwards (the caller then computes the step from each window alone, or refuses it). The parameters'
+        gradients are set aside, torch's random stream is forked (the spot check runs only on a deterministic
+        ``training_step``), and every tensor gets its own storage back (:func:`in_float64`)."""
+        assert self._clipper is not None
+        if not self._params or self._params[0].dtype == torch.float64:
+            return None
         saved = [p.grad for p in self._params]
         devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
+        enabled = self._clipper.enabled
         try:
             for p in self._params:
                 p.grad = None
-            with torch.random.fork_rng(devices=devices), \
-                    in_float64(pl_module, copy_batch(batch), enabled=True) as (wide, dtype):
-                if dtype != torch.float64 or all(a.dtype == torch.float64 for a in alone):
-                    return 0.0
-                exact = iso.gradient(wide, j)
-        except Exception:  # noqa: BLE001 - no float64 run: no allowance, the float32 tolerance decides
-            return 0.0
+            with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings(), \
+                    silenced(pl_module), in_float64(pl_module, copy_batch(batch), enabled=True) as (wide, dtype):
+                warnings.simplefilter("ignore")
+                if dtype != torch.float64:
+                    return None
+                self._clear()
+                self._clipper.enable()
+                loss = training_loss(iso.step(copy_batch(wide), *iso.step_args))
+                if loss is None or not loss.requires_grad:
+                    return None
+                loss.backward()
+                batched = self._clipper.per_window_gradients(self._params, [j])
+                self._clear()
+                alone = iso.gradient(wide, j)
+        except Exception:  # noqa: BLE001 - no float64 run: the caller cannot tell a mix from round-off
+            return None
         finally:
+            self._clear()
+            if not enabled:
+                self._clipper.disable()
             for p, g in zip(self._params, saved, strict=True):
                 p.grad = g
-        return float(sum(float((a.double() - e.double()).square().sum()) for a, e in zip(alone, exact, strict=True))
-                     ** 0.5)
+        return ([torch.zeros_like(a) if g is None else g[0].detach() for a, g in zip(alone, batched, strict=True)],
+                alone)
 
     def _spot_check(self, pl_module: L.LightningModule) -> None:
         """One window, drawn at random, recomputed alone: its clipped gradient must equal the batched one.
 
         Runs before the step's noisy gradient is formed, so a refusal leaves no update from this step. Skipped for
         a ``training_step`` whose result on one window is random (checked once per fit: a rerun under a fresh seed
-        differs, of up to ``STOCHASTIC_RERUNS``).
+        differs, of up to ``STOCHASTIC_RERUNS``). A gap beyond the float tolerance (:func:`window_tolerance`) is
+        not refused on that evidence: :meth:`_reexamine` decides between a mix and round-off.
         """
         assert self._clipper is not None
         batch, self._spot_batch = self._spot_batch, None
@@ -289,15 +314,13 @@ class IndependenceChecks:
         clipped = both * factors[:, None]
         scale = float(torch.linalg.vector_norm(clipped, dim=1).max())
         gap = float(torch.linalg.vector_norm(clipped[0] - clipped[1]))
-        if gap <= window_tolerance(both.dtype, both.shape[1], scale):
+        tolerance = window_tolerance(both.dtype, both.shape[1], scale)
+        if gap <= tolerance:
             return
-        round_off = float(factors[0]) * self._round_off(pl_module, batch, j, iso, alone)
-        if gap <= ROUND_OFF_FACTOR * round_off:
-            return  # within what this window's own float32 round-off reaches: not evidence of a mix
         for k in (float(size), 1.0 / size):  # the batched one is k times the window's own: a loss_reduction slip
             scaled = both[0] * k
-            tolerance = window_tolerance(both.dtype, both.shape[1], float(torch.linalg.vector_norm(scaled)))
-            if size > 1 and float(torch.linalg.vector_norm(both[1] - scaled)) <= tolerance:
+            slip = window_tolerance(both.dtype, both.shape[1], float(torch.linalg.vector_norm(scaled)))
+            if size > 1 and float(torch.linalg.vector_norm(both[1] - scaled)) <= slip:
                 if not self._warned_reduction:
                     self._warned_reduction = True
                     rank_zero_warn(
@@ -308,19 +331,82 @@ class IndependenceChecks:
                         "scaled gradient; pass the loss_reduction that matches"
                     )
                 return
-        c_alone, c_batched = float(factors[0]), float(factors[1])
-        found = largest_change([(g * c_batched).unsqueeze(0) if g is not None else torch.zeros_like(a).unsqueeze(0)
-                                 for a, g in zip(alone, recorded, strict=True)],
-                                [(a * c_alone).unsqueeze(0) for a in alone], both.dtype, self._param_names())
-        if found is None:
+        self._reexamine(pl_module, batch, j, iso, clipped, gap, tolerance)
+
+    def _reexamine(self, pl_module: L.LightningModule, batch: Any, j: int, iso: IsolatedGradients,
+                   clipped: torch.Tensor, gap: float, tolerance: float) -> None:
+        """A spot-check gap beyond the float tolerance: a window mix, or round-off? Refuses only a confirmed mix.
+
+        ``clipped``: window ``j``'s clipped gradient ``[2, #params]`` (computed alone, then as the batched pass
+        attributes it) in the module's precision, ``gap`` the distance between the two. Both are computed again in
+        float64 (:meth:`_wide_gradients`). A mix is a change in exact arithmetic: it is the same in every precision.
+        Round-off shrinks with the precision's eps, also where a window's computation is ill-conditioned (terms
+        that cancel: the float32 error is then far above eps times the gradient, and the batched and the
+        single-window kernels round differently, e.g. vectorised against scalar code), because the conditioning
+        is a property of the computation, the same in both precisions. So the float64 gap is compared with
+
+            window_tolerance(float64) + ROUND_OFF_MARGIN * (eps64 / eps) * max(e_alone, e_batched),
+
+        e_* the measured error of each float32 computation against its float64 twin (clipped): the float64 round-off
+        that this window's own conditioning predicts, with ``ROUND_OFF_MARGIN`` of slack. A mix passes it only if it
+        is below 2^-19 of the float32 round-off. Beyond it: :class:`ConfigurationError`. Within it: round-off; this
+        step's update is computed from each window alone (:meth:`IsolatedGradients.clipped_sums`, sound whatever
+        the forward does) and a warning says so (:attr:`spot_check_recomputed` counts these steps in the fit).
+
+        Where no float64 run is possible (the module runs in float64 already, or fails in it), a mix cannot be told
+        from round-off: this step and the rest of the fit compute each window's gradient alone, with a warning.
+        """
+        assert self._clipper is not None
+        step = f"spot check at noisy step {self.ledger.steps + 1} (this fit's step {self._fit_steps + 1})"
+        seen = (f"window {j}'s clipped gradient computed with the whole batch of {num_windows(batch)} windows "
+                f"differs from the one computed with window {j} alone by {gap:.3g} in l2 norm (C = "
+                f"{self.max_grad_norm:g}, tolerance {tolerance:.3g} in {str(clipped.dtype).removeprefix('torch.')})")
+        wide = self._wide_gradients(pl_module, batch, j, iso)
+        # from here on the clipper holds no records of this step: its update comes from each window alone, or none
+        if wide is None:
+            self.isolated = True
+            self._clipper.disable()
+            self._recompute_step(pl_module, batch, iso)
+            rank_zero_warn(
+                f"DPForecastStrategy: {step}: {seen}, and {type(pl_module).__name__} cannot run in a wider precision "
+                "to tell a mix from round-off. This step and the rest of this fit compute each window's gradient with "
+                "that window alone (per_window='isolated')."
+            )
             return
-        change, tolerance, _, param, _ = found
-        raise ConfigurationError(
-            "model", type(pl_module).__name__,
-            f"forward mixes the windows of a batch: spot check at noisy step {self.ledger.steps + 1} (this fit's step "
-            f"{self._fit_steps + 1}): window {j}'s clipped gradient computed with the whole batch of {size} windows "
-            f"differs from the one computed with window {j} alone by {change:.3g} in l2 norm (C = "
-            f"{self.max_grad_norm:g}, tolerance {tolerance:.3g}, the window's own round-off {round_off:.3g}; most "
-            f"in parameter {param!r}). The step is refused before its update (docs/privacy.md, rule 8). "
-            f"{self._refusal_advice()}",
+        batched64, alone64 = wide
+        flat = torch.stack([torch.cat([g.reshape(-1) for g in alone64]),
+                            torch.cat([g.reshape(-1) for g in batched64])]).cpu()
+        factors = clip_factors(_row_sq(flat), self.max_grad_norm)
+        exact = flat * factors[:, None]
+        gap64 = float(torch.linalg.vector_norm(exact[0] - exact[1]))
+        error = float((clipped.double().cpu() - exact).norm(dim=1).max())  # the float32 round-off, measured
+        scale = float(torch.linalg.vector_norm(exact, dim=1).max())
+        ratio = torch.finfo(torch.float64).eps / torch.finfo(clipped.dtype).eps
+        allowed = window_tolerance(torch.float64, flat.shape[1], scale) + ROUND_OFF_MARGIN * ratio * error
+        if gap64 > allowed:
+            found = largest_change([(g * factors[1]).unsqueeze(0) for g in batched64],
+                                   [(a * factors[0]).unsqueeze(0) for a in alone64], torch.float64,
+                                   self._param_names())
+            param = found[3] if found is not None else "?"
+            raise ConfigurationError(
+                "model", type(pl_module).__name__,
+                f"forward mixes the windows of a batch: {step}: {seen}; recomputed in float64 the gap is {gap64:.3g}, "
+                f"beyond the {allowed:.3g} that round-off reaches there (the float32 computations' own error is "
+                f"{error:.3g}; most in parameter {param!r}). The step is refused before its update (docs/privacy.md, "
+                f"rule 8). {self._refusal_advice()}",
+            )
+        self._recompute_step(pl_module, batch, iso)
+        self.spot_check_recomputed += 1
+        rank_zero_warn(
+            f"DPForecastStrategy: {step}: {seen}; recomputed in float64 the gap is {gap64:.3g}, within the "
+            f"{allowed:.3g} that round-off reaches (the float32 computations' own error is {error:.3g}): round-off of "
+            "an ill-conditioned window, not a mix. This step's update was computed with each window alone "
+            "(per_window='isolated'); the fit continues on the fast path."
         )
+
+    def _recompute_step(self, pl_module: L.LightningModule, batch: Any, iso: IsolatedGradients) -> None:
+        """This step's clipped sums from each window alone (the batch as it arrived), used for its update."""
+        try:
+            self._isolated_sums = iso.clipped_sums(batch, self.max_grad_norm)
+        except NonFiniteGradientError as err:
+            raise NonFiniteGradientError(self._describe_windows(pl_module.trainer, err.windows), err.windows) from err

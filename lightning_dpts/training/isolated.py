@@ -61,7 +61,11 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
 
 @contextlib.contextmanager
 def silenced(module: nn.Module) -> Iterator[None]:
-    """``module.log`` and ``module.log_dict`` do nothing inside (per-window and probe calls of ``training_step``)."""
+    """``module.log`` and ``module.log_dict`` do nothing inside (per-window and probe calls of ``training_step``);
+    nested uses leave the outer one in place."""
+    if vars(module).get("log") is _no_log:
+        yield
+        return
     module.log = _no_log  # type: ignore[method-assign]
     module.log_dict = _no_log  # type: ignore[method-assign]
     try:

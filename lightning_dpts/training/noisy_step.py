@@ -211,7 +211,7 @@ class NoisyStep:
             return self._distributed_step(trainer, step, refused)
         assert self.noise is not None
         try:
-            if self.isolated:
+            if self.isolated or self._isolated_sums is not None:  # (a spot check recomputed this step alone)
                 return add_noise_and_average(self._take_isolated_sums(), self._params, self.noise_std,
                                              self.expected_batch_size, self.noise)
             return self._clipper.noisy_gradients(
@@ -243,7 +243,7 @@ class NoisyStep:
         sums: list[torch.Tensor | None] = [None] * len(self._params)
         if failed is None:
             try:
-                sums = (self._take_isolated_sums() if self.isolated
+                sums = (self._take_isolated_sums() if self.isolated or self._isolated_sums is not None
                         else list(self._clipper.clipped_sums(self._params, self.max_grad_norm)))
             except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
                 failed = err

@@ -2,9 +2,9 @@
 
 :class:`~lightning_dpts.training.AccountantCallback` finds the one
 :class:`~lightning_dpts.training.DPForecastStrategy` among the Trainer's callbacks (it imports the strategy);
-the strategy only needs to know whether a callback that accounts its steps is present (to refuse continuing a
-non-empty privacy ledger without one), and asks for a :class:`StepAccountant` instead of importing the
-accountant's module.
+the strategy only needs to know whether a callback that accounts its steps is present (to refuse a fit without one,
+unless ``require_accountant=False``, and continuing a non-empty privacy ledger without one), and asks for a
+:class:`StepAccountant` instead of importing the accountant's module.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ from lightning_dpts.training.guards import (
     check_trainable,
     check_trainer,
     detach_ddp_averaging,
+    has_accountant,
     say_where_logs_go,
     spec_or_none,
 )
@@ -102,8 +103,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     """Differentially private training of an unchanged LightningModule (DP-SGD, Algorithm 2).
 
     Add it to ``Trainer(callbacks=[...])`` together with a datamodule that has a ``sampling_spec`` (e.g.
-    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`) and, usually, an
-    :class:`~lightning_dpts.training.AccountantCallback`.
+    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`) and an
+    :class:`~lightning_dpts.training.AccountantCallback` (required unless ``require_accountant=False``).
 
     At ``setup("fit")`` it swaps layers Opacus cannot handle (``nn.LSTM``/``GRU``/``RNN``,
     ``nn.MultiheadAttention``) for DP-compatible equivalents with the weights copied
@@ -170,7 +171,10 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         spot_check: on the fast path, the probability (in [0, 1]; 0.1 by default, about 5% of a non-DP step
             measured, docs/training.md) that a step checks one window drawn at random (a non-private draw): its
             clipped gradient computed with that window alone must equal, within the float tolerance, the one the
-            batched pass attributes to it; else the step is refused before its update. 1.0 checks every step
+            batched pass attributes to it; a larger gap is re-examined in float64 and the step refused before its
+            update only if the mix is there too, else computed from each window alone (a warning; counted in
+            ``spot_check_recomputed``; :meth:`~lightning_dpts.training.independence.IndependenceChecks._reexamine`).
+            1.0 checks every step
             (0.4-0.7 of a non-DP step at Lambda = 64-256 for the GluonTS feed-forward models). Skipped, with a
             message, for a ``training_step`` whose result is random (dropout): two calls on one window then differ
             already. 0 switches it off.
@@ -197,6 +201,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         coefficients: (c_0, ..., c_{b-1}), the non-zero entries of C's first column (non-negative, c_0 > 0;
             e.g. from :func:`~lightning_dpts.training.correlated_noise.optimize_coefficients`); overrides the
             default for ``bands``.
+        require_accountant: ``True`` (default): a fit without an
+            :class:`~lightning_dpts.training.AccountantCallback` in the Trainer is refused at setup, before any step
+            (a :class:`~lightning_dpts.errors.ConfigurationError` naming the fix). ``False``: for those who account
+            the steps themselves from :attr:`ledger` (which counts every noisy step, travels with the weights and
+            still refuses a continuation without an accountant); nothing then computes or enforces epsilon.
     """
 
     def __repr__(self) -> str:
@@ -226,8 +235,12 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         noise: str = "gaussian",
         bands: int | None = None,
         coefficients: Sequence[float] | None = None,
+        require_accountant: bool = True,
     ) -> None:
         super().__init__()
+        if not isinstance(require_accountant, bool):
+            raise ConfigurationError("require_accountant", require_accountant, "must be True or False")
+        self.require_accountant = require_accountant
         self.coefficients: tuple[float, ...] | None = check_noise(noise, bands, coefficients)
         self.bands = 1 if self.coefficients is None else len(self.coefficients)
         #: the noise object (:mod:`lightning_dpts.privacy.mechanisms`): dispatch on its capabilities, not its name
@@ -258,6 +271,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
         self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
         self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
+        #: steps of the current fit whose spot check found a gap that float64 showed to be round-off (each was
+        #: recomputed with every window alone; docs/training.md)
+        self.spot_check_recomputed = 0
         self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
         self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
         self._given_batch_size = expected_batch_size
@@ -377,6 +393,14 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         if stage != "fit":
             return
         check_trainer(trainer)
+        if self.require_accountant and not has_accountant(trainer):
+            raise ConfigurationError(
+                "callbacks", "DPForecastStrategy without an AccountantCallback",
+                "DP training needs an AccountantCallback(epsilon=..., delta=...) in the same Trainer(callbacks=[...]): "
+                "without it no epsilon is computed, logged or enforced and training does not stop at a budget. Add "
+                "one with your budget; if you account the steps yourself from strategy.ledger (which counts every "
+                "noisy step either way), pass DPForecastStrategy(..., require_accountant=False)",
+            )
         self.resolve(trainer)
         self._rank, self._world_size = rank_and_world_size(trainer)
         say_where_logs_go(trainer)
@@ -396,6 +420,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._begun = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.spot_check_recomputed = 0
         check_optimizer(trainer, pl_module)
         self._refresh_trainable(pl_module)
         check_optimizer_params(trainer, self._hooked_ids)
@@ -548,9 +573,13 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._undo(pl_module)
 
     def _undo(self, pl_module: L.LightningModule) -> None:
-        """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
+        """Remove the Opacus hooks and per-sample state, put the original layers back, and end the noise's background
+        thread (idempotent; at train end and on an exception, so no thread of the fit outlives it)."""
         begun = self._begun
         self._clear()
+        close = getattr(self.noise, "close", None)
+        if close is not None:
+            close()
         if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
             self._buffer_guard.release(pl_module)
             self._buffer_guard = None

@@ -164,7 +164,17 @@ class FakeDataModule(L.LightningDataModule):
 
 
 def trainer(**kwargs: Any) -> L.Trainer:
-    """A quiet CPU Trainer."""
+    """A quiet CPU Trainer. A test that trains a DPForecastStrategy without an AccountantCallback tests the strategy
+    alone: the strategy opts out of the accountant requirement here (``require_accountant=False``, as a user who
+    accounts from the ledger would; the ledger still counts every step)."""
+    from lightning_dpts.training import DPForecastStrategy
+    from lightning_dpts.training.roles import StepAccountant
+
+    callbacks = kwargs.get("callbacks") or []
+    if not any(isinstance(c, StepAccountant) for c in callbacks):
+        for c in callbacks:
+            if isinstance(c, DPForecastStrategy):
+                c.require_accountant = False
     opts: dict[str, Any] = dict(
         accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0,

@@ -207,3 +207,38 @@ def test_noise_multiplier_from_target_epsilon():
     assert accountant.max_steps >= 12 and t.global_step == accountant.max_steps
     assert accountant.report.epsilon <= 8.0
     assert math.isfinite(strategy.noise_std)
+
+
+def test_a_strategy_without_an_accountant_is_refused_before_the_first_step():
+    """Before issue 38 it trained silently with no epsilon at all."""
+    import lightning as L
+
+    module = make_module("simple_feedforward")
+    before = [p.detach().clone() for p in module.parameters()]
+    strategy = DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    t = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=[strategy])
+    with pytest.raises(ConfigurationError, match="needs an AccountantCallback.*require_accountant=False"):
+        t.fit(module, datamodule=FakeDataModule(module))
+    assert strategy.steps == 0 and t.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+
+
+def test_the_explicit_opt_out_trains_and_the_ledger_still_counts():
+    import lightning as L
+
+    from lightning_dpts.training.ledger import ledger_of
+
+    module = make_module("simple_feedforward")
+    strategy = DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=1.0, seed=0, require_accountant=False)
+    L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=[strategy]).fit(module, datamodule=FakeDataModule(module))
+    assert strategy.steps == 3 and ledger_of(module).steps == 3
+    # a continuation of that ledger still needs an accountant (the opt-out does not lift it)
+    again = DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=1.0, seed=0, require_accountant=False)
+    with pytest.raises(ConfigurationError, match="already holds 3 noisy steps"):
+        L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, callbacks=[again]).fit(
+            module, datamodule=FakeDataModule(module))
+    with pytest.raises(ConfigurationError, match="require_accountant"):
+        DPForecastStrategy(noise_multiplier=1.0, require_accountant="no")
