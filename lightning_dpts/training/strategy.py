@@ -251,6 +251,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._isolated_sums: list[torch.Tensor] | None = None
         self._fit_steps = 0  # noisy steps taken in this fit
         self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
+        self.probes = 0  #: probes run in this fit (see check_independence)
+        self.probe_seconds = 0.0  #: wall time the probes of this fit took, in seconds
+        self._probe_variant: tuple[bool, bool] | None = None  # the probe variant that ran in this fit
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
         self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
         self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
