@@ -88,7 +88,8 @@ class IndependenceChecks:
 
     def _probe_after(self, step: int) -> int:
         """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it. A fit of
-        T steps probes 1 + floor(log2 T) times (8 times in 200 steps, 11 in 1,000)."""
+        T steps probes at most 1 + floor(log2 T) times (exactly for T = 2^k - 1; 8 times in 255 steps, 10 in
+        1,023)."""
         k = step.bit_length()
         return self._schedule.randrange(1 << k, 1 << (k + 1))
 
@@ -124,9 +125,14 @@ class IndependenceChecks:
         if size is None:
             return
         start = time.perf_counter()
+        saved_grads = [p.grad for p in self._params]  # set aside (restored outside the float64 context)
         try:
+            for p in self._params:
+                p.grad = None
             self._probe(pl_module, batch, size)
         finally:
+            for p, g in zip(self._params, saved_grads, strict=True):
+                p.grad = g
             self.probes += 1
             self.probe_seconds += time.perf_counter() - start
 
@@ -212,19 +218,14 @@ class IndependenceChecks:
         """Two passes over the synthetic ``probe`` of ``size`` windows, window 0 changed in the second; the largest
         change of windows 1 to ``compared - 1`` (:func:`largest_window_change`), ``None``, or ``_NO_LOSS`` when
         ``training_step`` gives no loss to differentiate. Each pass gets its own copy of the batch (a
-        ``training_step`` may write into its input); the parameters' gradients are set aside meanwhile."""
-        saved_grads = [p.grad for p in self._params]
-        try:
-            base = self._probe_pass(pl_module, copy_batch(probe), compared, copy=compared < size)
-            if base is None:
-                return _NO_LOSS
-            moved = self._probe_pass(pl_module, perturb_first_window(probe, size), compared, copy=compared < size)
-            if moved is None:
-                return _NO_LOSS
-            return largest_window_change(base, moved, self._params, self._param_names(), dtype)
-        finally:
-            for p, g in zip(self._params, saved_grads, strict=True):
-                p.grad = g
+        ``training_step`` may write into its input)."""
+        base = self._probe_pass(pl_module, copy_batch(probe), compared, copy=compared < size)
+        if base is None:
+            return _NO_LOSS
+        moved = self._probe_pass(pl_module, perturb_first_window(probe, size), compared, copy=compared < size)
+        if moved is None:
+            return _NO_LOSS
+        return largest_window_change(base, moved, self._params, self._param_names(), dtype)
 
     def _isolate(self, pl_module: L.LightningModule, reason: str) -> None:
         """``per_window="auto"`` before the fit's first noisy step: compute each window's gradient alone from now on."""
