@@ -9,11 +9,11 @@ A ``dpts fit`` run keeps two public files for this (counts and settings only, ne
   this run directory ever took, including steps taken after the last checkpoint (lost at an interruption) and the
   steps of an earlier continuation from an older checkpoint. It is written ahead of the steps
   (:data:`RESERVED_STEPS`): before a step whose count the file does not cover touches the data, the file is
-  rewritten to cover it and the next ``RESERVED_STEPS - 1`` steps of the same epoch (``"counts": "reserved"``), so a
-  process killed at any point (``kill -9`` between any two instructions) leaves a file that over-counts by fewer than
-  ``RESERVED_STEPS`` steps and never under-counts; the exact counts are written at the end of training and when
-  training stops on an exception (``"counts": "exact"``). One write per ``RESERVED_STEPS`` steps and per epoch
-  instead of one per step.
+  rewritten to cover it and the next steps of the same epoch and fit, ``RESERVED_STEPS`` in all at most
+  (``"counts": "reserved"``), so a process killed at any point (``kill -9`` between any two instructions) leaves a
+  file that over-counts by fewer than ``RESERVED_STEPS`` steps (and no more than the rest of the epoch) and never
+  under-counts; the exact counts are written at the end of training and when training stops on an exception
+  (``"counts": "exact"``). One write per ``RESERVED_STEPS`` steps and per epoch instead of one per step.
 
 Resuming (:func:`check_resume`, :func:`make_run_ledger_callback`) continues ``last.ckpt`` with the stored
 configuration and accounts ``max(ledger.json, checkpoint)`` noisy steps before any new one (docs/privacy.md rule
@@ -245,11 +245,17 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
         def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                                  batch_idx: int) -> None:
             # before this batch reaches training_step (the strategy's hooks ran: it lists after the strategy), the
-            # file covers the counts the ledger will have after this step: else reserve this step and the next
-            # RESERVED_STEPS - 1 of this epoch (a new epoch is always a new reservation)
+            # file covers the counts the ledger will have after this step: else reserve this step and the next ones
+            # of this epoch and fit, RESERVED_STEPS at most (a new epoch is always a new reservation)
             steps, epochs = self._strategy(trainer).counts_after_next_step()
             if self.reserved is None or steps > self.reserved[0] or epochs > self.reserved[1]:
-                self.reserved = (steps - 1 + RESERVED_STEPS, epochs)
+                ahead = RESERVED_STEPS
+                per_epoch = trainer.num_training_batches
+                if isinstance(per_epoch, int) or (isinstance(per_epoch, float) and math.isfinite(per_epoch)):
+                    ahead = min(ahead, int(per_epoch) - batch_idx)
+                if trainer.max_steps is not None and trainer.max_steps >= 0:
+                    ahead = min(ahead, trainer.max_steps - trainer.global_step)
+                self.reserved = (steps - 1 + max(ahead, 1), epochs)
                 self._write(trainer, self.reserved)
 
         def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
