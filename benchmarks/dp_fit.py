@@ -28,12 +28,13 @@ then the median over rounds (with the range). ``probe`` = the strategy's ``probe
 against the default noise.
 
 Peak memory: a fresh subprocess per fit (plain and DP alternating, ``--memory-repeats`` times, ``--memory-steps``
-steps) reads ``getrusage(RUSAGE_SELF).ru_maxrss`` (Linux: KiB) just before ``trainer.fit`` (imports, model and data
-built) and after it. Reported: the peak of the whole process and the increment during the fit, DP over plain.
-Why this measure: tracemalloc sees Python's allocator only, not torch's CPU tensors; torch keeps no statistics of
-its CPU allocations; the profiler's memory events cover the profiled thread and step. ru_maxrss counts every page
-the process touched, in every thread (the noise thread, the epsilon-table thread), over the whole fit, and a fresh
-process gives each fit the same start. It also counts pages the allocator keeps after a free, alike for both.
+steps, :func:`memory_child`) reads the kernel's peak resident set: of the whole process (``ru_maxrss``: imports and
+data loading included) and of the fit alone (``VmHWM`` after the fit, its peak reset just before ``trainer.fit``,
+less the resident set then), DP over plain. Why this measure: tracemalloc sees Python's allocator only, not torch's
+CPU tensors; torch keeps no statistics of its CPU allocations; the profiler's memory events cover the profiled
+thread and step. The resident set counts every page the process touched, in every thread (the noise thread, the
+epsilon-table thread), over the whole fit, and a fresh process gives each fit the same start. It also counts pages
+the allocator keeps after a free, alike for both kinds.
 
 The load average is printed before and after each configuration: timings on a shared machine move with it.
 """
@@ -102,6 +103,7 @@ class _StepTimer(Callback):
     def __init__(self) -> None:
         self.times: list[float] = []
         self._t = 0.0
+        self.first_start = self.last_end = 0.0  # perf_counter at the first step's start and the last step's end
 
     def first(self) -> Callback:
         timer = self
@@ -109,11 +111,14 @@ class _StepTimer(Callback):
         class _Start(Callback):
             def on_train_batch_start(self, *args) -> None:
                 timer._t = time.perf_counter()
+                if not timer.times:
+                    timer.first_start = timer._t
 
         return _Start()
 
     def on_train_batch_end(self, *args) -> None:
-        self.times.append(time.perf_counter() - self._t)
+        self.last_end = time.perf_counter()
+        self.times.append(self.last_end - self._t)
 
 
 def dp_callbacks(kind: str, sigma: float) -> list[Callback]:
@@ -135,11 +140,12 @@ def fit_once(module: L.LightningModule, size: int, steps: int, kind: str, sigma:
                         callbacks=[timer.first(), *extra, timer])
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
-    total = time.perf_counter() - start
+    end = time.perf_counter()
     strategy = extra[0] if extra else None
     if trainer.global_step != steps:
         raise RuntimeError(f"{kind}: {trainer.global_step} of {steps} steps (budget too small?)")
-    return {"total": total, "steps": timer.times, "probe": getattr(strategy, "probe_seconds", 0.0),
+    return {"total": end - start, "steps": timer.times, "start": timer.first_start - start,
+            "end": end - timer.last_end, "probe": getattr(strategy, "probe_seconds", 0.0),
             "probes": getattr(strategy, "probes", 0), "isolated": getattr(strategy, "isolated", False)}
 
 
@@ -178,20 +184,43 @@ def time_config(name: str, size: int, args: argparse.Namespace) -> dict:
             "step": [s / d for s, d in zip(med["dp_secure"], med["dp"], strict=True)]}
     out["seconds"] = {k: statistics.median(r["total"] for r in v) for k, v in runs.items()}
     out["step_ms"] = {k: 1e3 * statistics.median(v) for k, v in med.items()}
+    out["start_end"] = {k: (statistics.median(r["start"] for r in v), statistics.median(r["end"] for r in v))
+                        for k, v in runs.items()}
     return out
 
 
+def _status_kib(field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (peak) of this process from /proc/self/status, in KiB."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
 def memory_child(name: str, size: int, steps: int, kind: str, sigma: float) -> dict:
-    """In a fresh process: ru_maxrss before and after one fit (KiB)."""
+    """In a fresh process: the peak resident set of the whole process, and its rise during one fit (KiB).
+
+    Before the fit (model and data built) freed memory is handed back (``gc.collect``, glibc's ``malloc_trim``) and
+    the kernel's peak is reset to the current resident set (``/proc/self/clear_refs`` 5, Linux >= 4.0), so that the
+    peak read after the fit (``VmHWM``) is the fit's own."""
+    import ctypes
+    import gc
+
     module = build(name)
     dm = datamodule(module, size)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    before = _status_kib("VmRSS")
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=dp_callbacks(kind, sigma))
     trainer.fit(module, datamodule=dm)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"before": before, "after": after}
+    peak = _status_kib("VmHWM")
+    return {"before": before, "after": peak, "process": max(whole, peak)}
 
 
 def memory_config(name: str, size: int, args: argparse.Namespace, sigma: float) -> dict:
@@ -205,7 +234,7 @@ def memory_config(name: str, size: int, args: argparse.Namespace, sigma: float) 
             peaks[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = {}
     for kind, values in peaks.items():
-        out[kind] = {"peak": statistics.median(v["after"] for v in values) / 1024,
+        out[kind] = {"peak": statistics.median(v["process"] for v in values) / 1024,
                      "during": statistics.median(v["after"] - v["before"] for v in values) / 1024}
     return out
 
@@ -232,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'model':8s} {'Lambda':>6s} {'steps':>5s} {'plain s':>8s} {'DP s':>7s} {'total DP/plain':>20s} "
           f"{'step DP/plain':>20s} {'probe':>7s} {'peak DP/plain':>22s} {'during fit':>24s} "
           f"{'secure/dp total':>20s} {'secure/dp step':>20s}")
+    print("# peak: of the whole process (MiB, DP/plain and ratio); during fit: its rise during trainer.fit")
     for item in args.configs.split(","):
         name, size = item.split(":")[0], int(item.split(":")[1])
         load = _load()
@@ -251,7 +281,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{timing['seconds']['dp']:7.2f} {_ratio_line(dp['total']):>20s} {_ratio_line(dp['step']):>20s} "
               f"{100 * statistics.median(dp['probe_share']):6.1f}% {peak:>22s} {during:>24s} {secure_total:>20s} "
               f"{secure_step:>20s}", flush=True)
-        print(f"#   step ms: {', '.join(f'{k} {v:.2f}' for k, v in timing['step_ms'].items())}; probes per DP fit "
+        ends = ", ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in timing["start_end"].items())
+        print(f"#   step ms: {', '.join(f'{k} {v:.2f}' for k, v in timing['step_ms'].items())}; before the first "
+              f"step / after the last, s: {ends}; probes per DP fit "
               f"{dp['probes']}{' (isolated!)' if dp['isolated'] else ''}; sigma {timing['sigma']:.3g}; load "
               f"{load} -> {_load()}", flush=True)
 

@@ -1,8 +1,9 @@
-"""``secure_mode`` noise (issue 44): straight from the OS CSPRNG, computed in float64 and rounded once.
+"""``secure_mode`` noise (issue 44): from a CSPRNG the OS seeds, computed in float64 and rounded once.
 
-False-failure rates: the draws come from ``os.urandom`` and cannot be seeded, so the statistical checks below fail
-by chance with the probabilities stated at each (their total is below 1e-5). The check of the arithmetic replaces
-the OS bytes by known ones and compares with an independent element-by-element computation (``math``).
+False-failure rates: the draws come from OpenSSL's CSPRNG (or ``os.urandom``) and cannot be seeded, so the
+statistical checks below fail by chance with the probabilities stated at each (their total is below 1e-5). The
+check of the arithmetic replaces the OS bytes by known ones and compares with an independent element-by-element
+computation (``math``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def test_the_secure_draw_is_float64_box_muller_rounded_once(monkeypatch):
         calls.append(k)
         return rng.integers(0, 2**63, size=k // 8, dtype=np.int64).tobytes()
 
-    monkeypatch.setattr(randomness.os, "urandom", fake_urandom)
+    monkeypatch.setattr(randomness, "_csprng_bytes", fake_urandom)
     n = 1001
     before = rng.bit_generator.state
     z = secure_standard_normal(n)
@@ -98,3 +99,17 @@ def test_two_secure_fits_share_no_noise_and_nothing_can_replay_it():
     for noise in noises:
         statistic = float((noise / SIGMA).square().sum())
         assert stats.chi2.ppf(5e-8, n) <= statistic <= stats.chi2.ppf(1 - 5e-8, n)
+
+
+def test_the_secure_bytes_come_from_a_cryptographic_generator_the_os_seeds(monkeypatch):
+    """OpenSSL's RAND_bytes where the ssl module exists, else os.urandom; two calls never repeat (a repeat of 16
+    random bytes has probability 2^-128)."""
+    import ssl
+
+    assert randomness._RAND_bytes is ssl.RAND_bytes
+    a, b = randomness._csprng_bytes(16), randomness._csprng_bytes(16)
+    assert len(a) == 16 and a != b
+    monkeypatch.setattr(randomness, "_RAND_bytes", None)
+    urandom: list[int] = []
+    monkeypatch.setattr(randomness.os, "urandom", lambda k: urandom.append(k) or bytes(k))
+    assert randomness._csprng_bytes(24) == bytes(24) and urandom == [24]
