@@ -184,6 +184,9 @@ def time_config(name: str, size: int, args: argparse.Namespace) -> dict:
             "step": [s / d for s, d in zip(med["dp_secure"], med["dp"], strict=True)]}
     out["seconds"] = {k: statistics.median(r["total"] for r in v) for k, v in runs.items()}
     out["step_ms"] = {k: 1e3 * statistics.median(v) for k, v in med.items()}
+    # the mean step over the median step: what the median hides (probe steps, spot-checked steps, slow outliers)
+    out["mean_over_median"] = {k: statistics.median(statistics.mean(r["steps"][args.warmup:]) / m
+                                                    for r, m in zip(v, med[k], strict=True)) for k, v in runs.items()}
     out["start_end"] = {k: (statistics.median(r["start"] for r in v), statistics.median(r["end"] for r in v))
                         for k, v in runs.items()}
     return out
@@ -283,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{secure_step:>20s}", flush=True)
         ends = ", ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in timing["start_end"].items())
         print(f"#   step ms: {', '.join(f'{k} {v:.2f}' for k, v in timing['step_ms'].items())}; before the first "
-              f"step / after the last, s: {ends}; probes per DP fit "
+              f"step / after the last, s: {ends}; mean step / median step: "
+              f"{', '.join(f'{k} {v:.3f}' for k, v in timing['mean_over_median'].items())}; probes per DP fit "
               f"{dp['probes']}{' (isolated!)' if dp['isolated'] else ''}; sigma {timing['sigma']:.3g}; load "
               f"{load} -> {_load()}", flush=True)
 
