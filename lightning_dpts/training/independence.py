@@ -5,9 +5,10 @@ window's own gradient only if ``training_step`` keeps windows apart. :class:`Ind
 :class:`~lightning_dpts.training.DPForecastStrategy`) gathers the evidence before the step's update:
 
 * the probe (:meth:`IndependenceChecks._check_window_independence`): on a synthetic batch shaped like the real one
-  (:mod:`~lightning_dpts.training.probe_batches`), change window 0 and require every other window's gradient to
-  stay within the float tolerance; at the fit's first step and at one random step in each of [2, 4), [4, 8), ...
-  (:meth:`IndependenceChecks._probe_after`);
+  (:mod:`~lightning_dpts.training.probe_batches`; at most 16 windows, in float64 where the module runs in it, and
+  at the fit's first probe also the real batch's size), change window 0 and require every other window's gradient
+  to stay within the float tolerance, compared as the two passes recorded them; at the fit's first step and at one
+  random step in each of [2, 4), [4, 8), ... (:meth:`IndependenceChecks._probe_after`);
 * the spot check (:meth:`IndependenceChecks._spot_check`): one window drawn at random, recomputed alone
   (:mod:`~lightning_dpts.training.isolated`), must have the clipped gradient the batched pass attributes to it.
 
@@ -144,7 +145,8 @@ class IndependenceChecks:
         size = max(size, int(self.expected_batch_size or 0), 2) if self._world_size == 1 else \
             max(int(self.expected_batch_size or 2), 2)
         capped = min(size, PROBE_WINDOWS)
-        found: tuple[float, float, int, str, str] | None = None
+        found: Any = None
+        tried, how = capped, ""
         last: Exception | None = None
         variants = [(True, True), (True, False), (False, True), (False, False)]
         if self._probe_variant is not None:  # the first that ran in this fit (a failed try costs a pass)
@@ -161,7 +163,7 @@ class IndependenceChecks:
             self._probe_variant = (wide, varied)
             if outcome is _NO_LOSS:
                 return
-            found, tried = outcome, capped  # type: ignore[assignment]
+            found = outcome
             how = f"{'float64' if dtype == torch.float64 else str(dtype).removeprefix('torch.')}, " + (
                 "repeating integer features" if varied else "integer features 0")
             break
@@ -179,7 +181,7 @@ class IndependenceChecks:
                 return
             if outcome is _NO_LOSS:
                 return
-            found, tried = outcome, size  # type: ignore[assignment]
+            found, tried = outcome, size
             how = f"{str(dtype).removeprefix('torch.')}, " + (
                 "repeating integer features" if varied else "integer features 0")
         if found is None:

@@ -25,7 +25,7 @@ __all__ = ["PROBE_WINDOWS", "copy_batch", "in_float64", "largest_change", "large
 
 #: The probe's cap: its float64 pass runs on at most this many synthetic windows, and of a larger (full-size) pass
 #: the gradients of this many windows (window 0 and the next ones) are compared. The synthetic batch's structure
-#: (scales, missing-value patterns, repeating integer features) repeats every 6 windows.
+#: (scales and missing-value patterns of period 3, integer features of period 4) repeats every 12 windows.
 PROBE_WINDOWS = 16
 #: c in the tolerance c * eps * sqrt(#params) * (gradient norm scale) of the probe and the spot check
 TOLERANCE_FACTOR = 16.0
