@@ -9,11 +9,12 @@ A ``dpts fit`` run keeps two public files for this (counts and settings only, ne
   this run directory ever took, including steps taken after the last checkpoint (lost at an interruption) and the
   steps of an earlier continuation from an older checkpoint. It is written ahead of the steps
   (:data:`RESERVED_STEPS`): before a step whose count the file does not cover touches the data, the file is
-  rewritten to cover it and the next steps of the same epoch and fit, ``RESERVED_STEPS`` in all at most
-  (``"counts": "reserved"``), so a process killed at any point (``kill -9`` between any two instructions) leaves a
-  file that over-counts by fewer than ``RESERVED_STEPS`` steps (and no more than the rest of the epoch) and never
-  under-counts; the exact counts are written at the end of training and when training stops on an exception
-  (``"counts": "exact"``). One write per ``RESERVED_STEPS`` steps and per epoch instead of one per step.
+  rewritten to cover it and the next steps of the fit, ``RESERVED_STEPS`` in all at most, with the epochs they may
+  start (``"counts": "reserved"``; per-epoch accounting reserves within the current epoch), so a process killed at
+  any point (``kill -9`` between any two instructions) leaves a file that over-counts by fewer than
+  ``RESERVED_STEPS`` steps and never under-counts; the exact counts are written at the end of training and when
+  training stops on an exception (``"counts": "exact"``). One write per ``RESERVED_STEPS`` steps (per epoch with
+  per-epoch accounting) instead of one per step.
 
 Resuming (:func:`check_resume`, :func:`make_run_ledger_callback`) continues ``last.ckpt`` with the stored
 configuration and accounts ``max(ledger.json, checkpoint)`` noisy steps before any new one (docs/privacy.md rule
@@ -202,6 +203,28 @@ def check_resume(run_dir: str | Path) -> ResumeState:
     return ResumeState(run_dir, checkpoint, steps, epochs, run_ledger)
 
 
+def _reservation(trainer: Any, batch_idx: int, steps: int, epochs: int) -> tuple[int, int]:
+    """(steps, epochs) a write-ahead ``ledger.json`` covers from the step about to start (after which the ledger counts
+    ``steps`` and ``epochs``): :data:`RESERVED_STEPS` steps at most, none beyond the Trainer's ``max_steps``. Per-epoch
+    accounting (iteration/shuffling top levels: epsilon grows with the epochs) reserves within this epoch only;
+    otherwise the epochs that the reserved steps may start are reserved too (they do not enter epsilon there)."""
+    from lightning_dpts.training.guards import spec_or_none
+
+    ahead = RESERVED_STEPS
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        ahead = min(ahead, trainer.max_steps - trainer.global_step)
+    ahead = max(ahead, 1)
+    per_epoch = trainer.num_training_batches
+    finite = isinstance(per_epoch, int) or (isinstance(per_epoch, float) and math.isfinite(per_epoch))
+    left = int(per_epoch) - batch_idx if finite else None  # steps left in this epoch, this one included
+    spec = spec_or_none(trainer)
+    if spec is not None and spec.accounts_per_epoch:
+        return steps - 1 + (min(ahead, left) if left is not None and left > 0 else 1), epochs
+    if left is None or left <= 0:
+        return steps - 1 + ahead, epochs + ahead - 1  # every further step may start an epoch
+    return steps - 1 + ahead, epochs + -(-max(0, ahead - left) // max(int(per_epoch), 1))
+
+
 def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | None) -> Any:
     """The callback that keeps ``ledger.json`` and ``checkpoints/last.ckpt`` (a Lightning ``Callback``)."""
     import lightning as L
@@ -246,16 +269,9 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
                                  batch_idx: int) -> None:
             # before this batch reaches training_step (the strategy's hooks ran: it lists after the strategy), the
             # file covers the counts the ledger will have after this step: else reserve this step and the next ones
-            # of this epoch and fit, RESERVED_STEPS at most (a new epoch is always a new reservation)
             steps, epochs = self._strategy(trainer).counts_after_next_step()
             if self.reserved is None or steps > self.reserved[0] or epochs > self.reserved[1]:
-                ahead = RESERVED_STEPS
-                per_epoch = trainer.num_training_batches
-                if isinstance(per_epoch, int) or (isinstance(per_epoch, float) and math.isfinite(per_epoch)):
-                    ahead = min(ahead, int(per_epoch) - batch_idx)
-                if trainer.max_steps is not None and trainer.max_steps >= 0:
-                    ahead = min(ahead, trainer.max_steps - trainer.global_step)
-                self.reserved = (steps - 1 + max(ahead, 1), epochs)
+                self.reserved = _reservation(trainer, batch_idx, steps, epochs)
                 self._write(trainer, self.reserved)
 
         def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -321,3 +321,26 @@ def test_ledger_json_covers_every_step_before_it_touches_the_data(tiny_csv, tmp_
     assert _ledger(out)["steps"] == steps
     # train start, one reservation per epoch (its steps are fewer than RESERVED_STEPS), train end
     assert keepers[0].writes <= 2 + epochs + steps // resume.RESERVED_STEPS < 2 + steps
+
+
+def test_a_reservation_covers_the_epochs_its_steps_may_start_and_stays_within_the_epoch_per_epoch():
+    """10 batches per epoch, 3 into the epoch: per-step accounting reserves RESERVED_STEPS steps and the epochs they
+    may start; per-epoch accounting (epsilon grows with the epochs) only the rest of this epoch; never beyond
+    max_steps."""
+    from types import SimpleNamespace
+
+    from lightning_dpts.privacy import SamplingSpec
+    from lightning_dpts.resume import RESERVED_STEPS, _reservation
+
+    def trainer(top_level: str, max_steps: int = -1, batches: float = 10) -> SimpleNamespace:
+        spec = SamplingSpec(num_series=80, min_length=40, context_length=4, prediction_length=4, batch_size=8,
+                            top_level=top_level)
+        return SimpleNamespace(max_steps=max_steps, global_step=100, num_training_batches=batches,
+                               datamodule=SimpleNamespace(sampling_spec=spec))
+
+    assert RESERVED_STEPS == 32
+    # steps 101..132 from batch 3 of 10: 7 in this epoch, then 25 more: 3 more epochs started
+    assert _reservation(trainer("without_replacement"), 3, 101, 11) == (132, 14)
+    assert _reservation(trainer("shuffling"), 3, 101, 11) == (107, 11)
+    assert _reservation(trainer("without_replacement", max_steps=105), 3, 101, 11) == (105, 11)
+    assert _reservation(trainer("without_replacement", batches=float("inf")), 3, 101, 11) == (132, 42)
