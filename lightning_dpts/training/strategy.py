@@ -463,11 +463,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._batch = batch
         self._clear()
         self._isolated_sums = None
-        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
-            self._next_probe = self._probe_after(self._fit_steps + 1)
-            self._check_window_independence(pl_module, batch)
         for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
             p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
+        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
+            self._next_probe = self._probe_after(self._fit_steps + 1)  # (after the last step's gradients are gone:
+            self._check_window_independence(pl_module, batch)  # the probe's peak memory does not hold them)
         # the spot check's draw: a copy of the batch as it arrived (training_step may write into its input)
         self._spot_batch = None
         if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
