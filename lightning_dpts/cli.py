@@ -355,6 +355,7 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
     from lightning_dpts.console import warn_delta_above_one_over_n
     from lightning_dpts.planning import resolve_planning
     from lightning_dpts.privacy.accountant import StructuredSubsamplingAccountant, calibrate_noise_multiplier
+    from lightning_dpts.privacy.risk import FPRS
 
     if args.action != "bandmf" and isinstance(args.delta, float) and 0 < args.delta < 1:
         warn_delta_above_one_over_n(args.delta, args.num_series, "series")
@@ -381,15 +382,27 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
             if s < 0:
                 raise ConfigurationError("steps", s, "must be an integer >= 0")
         values = {str(s): acc.epsilon(s, args.delta) for s in args.steps}
+        # the membership-attack read-outs from the same compositions (issue 43); not of the optimistic lower bound
+        risks = {str(s): acc.risk(s, args.delta) for s in args.steps} if args.bound == "upper" else {}
         if args.json:
-            print(json.dumps({"epsilon": values}))
+            out: dict = {"epsilon": values}
+            if risks:
+                out["risk"] = {s: r.to_dict() for s, r in risks.items()}
+            print(json.dumps(out))
         else:
             print(f"{acc.theorem} ({acc.kind} bound), composed per {acc.unit}, delta={args.delta:g}")
             per_step = acc.unit == "step"  # composed per step: the second column would repeat the first
-            print(f"{'steps':>12}" + ("" if per_step else f" {acc.unit + 's':>12}") + f" {'epsilon':>12}")
+            print(f"{'steps':>12}" + ("" if per_step else f" {acc.unit + 's':>12}") + f" {'epsilon':>12}"
+                  + ("".join(f" {'TPR@' + format(a, 'g'):>12}" for a in FPRS) + f" {'mu-GDP':>10}" if risks else ""))
             for s in args.steps:
+                r = risks.get(str(s))
                 print(f"{s:>12d}" + ("" if per_step else f" {acc.compositions(s):>12d}")
-                      + f" {values[str(s)]:>12.6g}")
+                      + f" {values[str(s)]:>12.6g}"
+                      + ("" if r is None else "".join(f" {t:>12.4g}" for t in r.tprs) + f" {r.mu:>10.4g}"))
+            if risks:
+                print("TPR@a: the largest true-positive rate of a membership test on the unit of privacy at "
+                      f"false-positive rate a; mu-GDP: Gaussian-DP equivalent for delta >= {args.delta:g} (upper "
+                      "bounds)")
         return 0
 
     # steps

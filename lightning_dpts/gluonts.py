@@ -18,8 +18,12 @@ SimpleFeedForward, DLinear, PatchTST, or this package's SeasonalLinear) and, in 
    privacy report attached as ``predictor.privacy_report`` (:class:`PrivacyReportSummary`).
 
 The whole dataset passed to ``train`` is training data (GluonTS' convention: split off your test windows first,
-e.g. with ``gluonts.dataset.split.split``), so no window is held out inside. Evaluate the predictor with GluonTS'
-own ``make_evaluation_predictions`` and ``Evaluator`` (``examples/gluonts_estimator.py``).
+e.g. with ``gluonts.dataset.split.split``), so no window is held out inside. ``validation_data`` is accepted when
+declared public (``validation_is_public=True``): its last window per series is scored after every epoch and the
+weights of the epoch with the lowest validation loss are returned, as GluonTS does (a post-processing of the DP
+training with public data); private validation data is refused (see :meth:`PrivateEstimator.train_model`).
+Evaluate the predictor with GluonTS' own ``evaluate_model`` or ``make_evaluation_predictions`` and ``Evaluator``
+(``examples/gluonts_estimator.py``, ``examples/gluonts_validation.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class PrivacyReportSummary:
         seeded: ``True`` when a seed was given: the guarantee then does not hold against anyone who knows it.
         settings: every setting of the recipe by name (:attr:`lightning_dpts.recipe.PrivateTraining.settings`).
         reasons: one sentence per setting (``"given"`` for an explicit one).
+        risk: the membership-attack read-outs next to epsilon for the unit of privacy (TPR at FPR 1e-3/1e-2, mu-GDP;
+            :mod:`lightning_dpts.privacy.risk`).
+        validation: ``"none"``, or what the public validation data chose (series, the epoch returned).
     """
 
     epsilon: float
@@ -91,6 +98,8 @@ class PrivacyReportSummary:
     seeded: bool
     settings: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
+    risk: dict[str, Any] = field(default_factory=dict)
+    validation: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dictionary."""
@@ -243,13 +252,26 @@ class PrivateEstimator(Estimator):
         callbacks = list(merged.pop("callbacks", None) or [])
         return merged, callbacks
 
-    def train_model(self, training_data: Any, validation_data: Any = None, **kwargs: Any) -> PrivateTrainOutput:
+    def train_model(self, training_data: Any, validation_data: Any = None, *, validation_is_public: bool = False,
+                    **kwargs: Any) -> PrivateTrainOutput:
         """Train privately on ``training_data`` (a GluonTS dataset: an iterable of entries with ``target`` and
         ``start``); return GluonTS' ``TrainOutput`` fields and the privacy report (:class:`PrivateTrainOutput`).
 
+        Args:
+            validation_data: series to validate on, as GluonTS' ``Estimator.train`` takes them; only with
+                ``validation_is_public=True``. Their last ``prediction_length`` steps are forecast from the steps
+                before them after every epoch, and the weights of the epoch with the lowest ``val_loss`` are returned
+                (kept in memory, never written). The guarantee covers ``training_data``; choosing among the DP
+                model's epochs with public data is post-processing, so epsilon is unchanged.
+            validation_is_public: the deliberate declaration that ``validation_data`` holds no private data (e.g.
+                published series of the same kind, or a public benchmark); nothing in it is protected.
+
         Raises:
-            ConfigurationError: ``validation_data`` given (validation losses on private windows, and choosing a
-                checkpoint by them, are releases outside the guarantee), unknown keyword arguments, a dataset whose
+            ConfigurationError: ``validation_data`` not declared public. Private validation is refused rather than
+                paid for: GluonTS uses it to pick the epoch with the lowest validation loss, and a DP version
+                (noisy losses of every epoch, composed with the training) would take budget from the training noise
+                for a choice we have not measured to beat the last epoch; its sensitivity also grows with the
+                validation windows that share one protected event. Also: unknown keyword arguments, a dataset whose
                 frequency differs from the estimator's ``freq``, and whatever the recipe or the datamodule refuse.
         """
         import lightning as L
@@ -258,11 +280,18 @@ class PrivateEstimator(Estimator):
         from lightning_dpts.data.sources import to_collection
         from lightning_dpts.recipe import make_private_with_epsilon
 
-        if validation_data is not None:
+        if not isinstance(validation_is_public, bool):
+            raise ConfigurationError("validation_is_public", validation_is_public, "must be True or False")
+        if validation_data is not None and not validation_is_public:
             raise ConfigurationError(
                 "validation_data", type(validation_data).__name__,
-                "is not supported: a validation loss computed on private windows, and the checkpoint chosen by it, "
-                "are released outside the guarantee; evaluate the returned predictor on your held-out data instead")
+                "is private unless declared public: pass validation_is_public=True only for series that hold no "
+                "private data. Private validation is refused, not paid for: a validation loss on private windows, "
+                "and the epoch chosen by it, are releases outside the guarantee, and a DP version would take budget "
+                "from the training for a choice not shown to beat the last epoch; evaluate the returned predictor on "
+                "your held-out data instead (a private number, for you)")
+        if validation_is_public and validation_data is None:
+            raise ConfigurationError("validation_is_public", True, "declares validation_data public: give it too")
         if kwargs:
             raise ConfigurationError(", ".join(sorted(kwargs)), "given", "is not supported by PrivateEstimator.train "
                                      "(GluonTS' shuffle_buffer_length, cache_data and ckpt_path do not apply)")
@@ -292,6 +321,15 @@ class PrivateEstimator(Estimator):
             kept, model=module, freq=freq, relation=self.relation, seed=self.seed, secure_mode=self.secure_mode,
             test_windows=0, val_windows=0, batch_size=plan.settings["batch_size"])
         arguments, callbacks = self._trainer_arguments()
+        best = None
+        if validation_data is not None:
+            public = self._public_windows(validation_data, module, freq, plan.settings["batch_size"])
+            dm.val_dataloader = public.val_dataloader  # type: ignore[method-assign]  (public windows only)
+            from lightning_dpts.training.public_validation import BestPublicEpoch
+
+            best = BestPublicEpoch(public.num_series)
+            callbacks = [*callbacks, best]
+            arguments.setdefault("num_sanity_val_steps", 0)
         trainer = L.Trainer(**arguments, max_epochs=plan.settings["epochs"],
                             callbacks=[plan.strategy, plan.accountant, *callbacks])
         trainer.fit(module, datamodule=dm)
@@ -303,13 +341,39 @@ class PrivateEstimator(Estimator):
             epochs=int(plan.settings["epochs"]), relation=f"{self.relation.size}-{self.relation.level}",
             theorem=str(spent.theorem),
             series=dm.num_series, series_left_out=len(entries) - len(kept), seeded=self.seed is not None,
-            settings=dict(plan.settings), reasons=dict(plan.reasons))
+            settings=dict(plan.settings), reasons=dict(plan.reasons),
+            risk={} if spent.risk is None else spent.risk.to_dict(),
+            validation="none" if best is None else best.describe())
         transformation = self.estimator.create_transformation()
         predictor = self.estimator.create_predictor(transformation, module)
         predictor.privacy_report = report
         return PrivateTrainOutput(transformation=transformation, trained_net=module, trainer=trainer,
                                   predictor=predictor, privacy_report=report)
 
-    def train(self, training_data: Any, validation_data: Any = None, **kwargs: Any) -> Any:
-        """GluonTS' ``Estimator.train``: the trained predictor, with the report as ``predictor.privacy_report``."""
-        return self.train_model(training_data, validation_data, **kwargs).predictor
+    def _public_windows(self, validation_data: Any, module: Any, freq: str, batch_size: int) -> Any:
+        """A datamodule over the public validation series whose ``val_dataloader`` yields each one's last window
+        (its sampler is never used: nothing is trained on these series)."""
+        from lightning_dpts.data import StructuredSubsamplingDataModule
+        from lightning_dpts.data.sources import to_collection
+
+        entries = [dict(entry) for entry in validation_data]
+        collection = to_collection(entries)
+        if collection.freq is not None and not _same_freq(collection.freq, freq):
+            raise ConfigurationError("validation_data", f"frequency {collection.freq!r}",
+                                     f"must match the training data's {freq!r}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the sampling notices concern private training, not these series
+                return StructuredSubsamplingDataModule(
+                    entries, model=module, freq=freq, test_windows=0, val_windows=1,
+                    batch_size=min(batch_size, len(entries)))
+        except ConfigurationError as err:
+            raise ConfigurationError("validation_data", f"{len(entries)} series",
+                                     f"cannot be validated on: {err}") from None
+
+    def train(self, training_data: Any, validation_data: Any = None, *, validation_is_public: bool = False,
+              **kwargs: Any) -> Any:
+        """GluonTS' ``Estimator.train``: the trained predictor, with the report as ``predictor.privacy_report``
+        (``validation_data`` only with ``validation_is_public=True``; :meth:`train_model`)."""
+        return self.train_model(training_data, validation_data, validation_is_public=validation_is_public,
+                                **kwargs).predictor

@@ -23,8 +23,8 @@ from lightning_dpts.outputs import PRIVATE_DIR
 from lightning_dpts.scoring import quantile_matrix
 
 __all__ = ["EVALUATION_FILE", "PRIVATE_NOTICE", "PUBLIC_NOTICE", "clipping_report", "config_dict", "curve_by_step",
-           "dp_metrics", "epsilon_curve", "format_table", "levers", "private_report", "public_report", "spec_dict",
-           "write_run_files"]
+           "dp_metrics", "epsilon_curve", "format_table", "levers", "private_report", "public_report", "risk_report",
+           "spec_dict", "write_run_files"]
 
 #: The private evaluation of a run, under ``private/``.
 EVALUATION_FILE = "evaluation.json"
@@ -70,6 +70,7 @@ def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy:
         "noise_multiplier": sigma,
         "max_grad_norm": config.max_grad_norm,
         "epsilon_curve": epsilon_curve(accountant, spec, steps, privacy),
+        "risk": risk_report(accountant, steps, privacy, config),
         "test_windows": test_windows,
         "test_windows_choice": windows_note,
         "dp_hyperparameters": accountant.hyperparameters,
@@ -98,6 +99,30 @@ def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy:
         per_series = max(Counter(str(entry.get("item_id")) for entry in inputs).values())
         report["dp_metrics"] = dp_metrics(config.dp_metrics_epsilon, predictions, labels, per_series, entropy)
     return report
+
+
+#: What report.json's ``"risk"`` says it means (issue 43).
+RISK_MEANING = (
+    "for the unit of privacy (the relation's w time steps of one series): tpr_at_fpr is the largest true-positive rate "
+    "of any membership test that wrongly accuses at most that fraction (false-positive rate); mu_gdp is the mu of the "
+    "Gaussian mechanism (mu-GDP) whose (epsilon, delta) statements hold for this run for every delta >= "
+    "mu_gdp_delta. Upper bounds, from the same privacy-loss distribution as epsilon (lightning_dpts.privacy.risk)"
+)
+
+
+def risk_report(accountant: Any, steps: int, privacy: Any, config: FitConfig) -> dict[str, Any]:
+    """report.json's ``"risk"``: TPR at FPR 1e-3/1e-2 and the mu-GDP equivalent of the whole run, training composed
+    with the pure-DP releases of the report (clipped-value count, DP metrics) as randomized response."""
+    acc = getattr(accountant, "accountant", None)
+    if acc is None or accountant.monte_carlo is not None:
+        return {"tpr_at_fpr": None, "mu_gdp": None,
+                "note": "not available for the Monte Carlo accountant (it has no privacy-loss distribution)"}
+    pure = [e for e in (config.count_epsilon, config.dp_metrics_epsilon or 0.0) if e > 0]
+    readout = privacy.risk if (privacy.risk is not None and not pure) else acc.risk(steps, privacy.delta,
+                                                                                    pure_epsilons=pure)
+    covers = "training" + (f" and the pure-DP releases (epsilon {', '.join(format(e, 'g') for e in pure)})"
+                           if pure else "")
+    return {**readout.to_dict(), "covers": covers, "meaning": RISK_MEANING}
 
 
 def private_report(config: FitConfig, report: dict[str, Any], *, metrics: dict[str, Any], spec: Any, steps: int,
@@ -303,6 +328,11 @@ def format_table(report: dict[str, Any]) -> str:
                  f"delta={report['delta']:g} after {report['steps']} steps; "
                  f"{bound['theorem']} ({bound['kind']} bound), "
                  f"noise multiplier {report['noise_multiplier']:.4f}")
+    risk = report.get("risk") or {}
+    if risk.get("tpr_at_fpr"):
+        tprs = ", ".join(f"{t:.3g} at FPR {a}" for a, t in risk["tpr_at_fpr"].items())
+        mu = "" if risk.get("mu_gdp") is None else f"; {risk['mu_gdp']:.3g}-GDP"
+        lines.append(f"membership-attack TPR for the unit of privacy: {tprs}{mu} (upper bounds)")
     clipping = report.get("clipping")
     if clipping:
         count = clipping["clipped_values_noisy"]

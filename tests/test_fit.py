@@ -128,6 +128,12 @@ def test_default_job(tmp_path):
     assert report["epsilon"] <= 1.0 and report["delta"] == 1e-7
     metrics = json.loads((out / "private" / "evaluation.json").read_text())["metrics"]
     assert metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]
+    # issue 43: the membership-attack read-outs next to epsilon, in report.json and in every step's CSV row
+    assert set(report["risk"]["tpr_at_fpr"]) == {"0.001", "0.01"} and report["risk"]["mu_gdp"] > 0
+    import csv
+
+    rows = [r for r in csv.DictReader(open(next((out / "private" / "logs").rglob("metrics.csv")))) if r.get("epsilon")]
+    assert len(rows) == report["steps"] and all(r["tpr_at_fpr_0.001"] and r["mu_gdp"] for r in rows)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gluonts.dataset.common import ListDataset
 from gluonts.evaluation import Evaluator, make_evaluation_predictions
 from gluonts.model import Estimator
@@ -147,8 +148,12 @@ def test_refusals_come_before_any_work(series):
     private = PrivateEstimator(deepar, epsilon=1, delta=1e-7)
     with pytest.raises(ConfigurationError, match="freq='W'"):  # monthly data, weekly time features
         _quiet(private.train, _training(series))
-    with pytest.raises(ConfigurationError, match="validation_data"):
+    with pytest.raises(ConfigurationError, match="validation_data.*private unless declared public"):
         private.train(_training(series), _training(series))
+    with pytest.raises(ConfigurationError, match="validation_is_public"):
+        private.train(_training(series), validation_is_public=True)  # a declaration without data
+    with pytest.raises(ConfigurationError, match="validation_is_public"):
+        private.train(_training(series), _training(series), validation_is_public="yes")
     with pytest.raises(ConfigurationError, match="cache_data"):
         private.train(_training(series), cache_data=True)
 
@@ -161,3 +166,41 @@ def test_example_prints_both_scores():
     last = json.loads(out.strip().splitlines()[-1])
     assert last["epsilon_spent"] <= 1.0 and last["beats_seasonal_naive"]
     assert "seasonal naive" in out
+
+
+def test_public_validation_picks_the_best_epoch_and_predictor_works_with_evaluate_model(series):
+    """Issue 43: validation series declared public are scored every epoch, the best epoch's weights are returned
+    (epsilon unchanged: post-processing with public data), and the predictor works with GluonTS' evaluate_model."""
+    from gluonts.dataset.split import split
+    from gluonts.ev.metrics import MASE, MeanWeightedSumQuantileLoss
+    from gluonts.model import evaluate_model
+
+    from lightning_dpts.models import SeasonalLinearEstimator
+
+    public, private = series[:12], series[12:]
+    train, template = split(ListDataset(private, freq="M"), offset=-H)
+    estimator = SeasonalLinearEstimator(prediction_length=H, context_length=24, season_length=12)
+    out = _quiet(PrivateEstimator(estimator, epsilon=1.0, delta=1e-7, epochs=4, seed=3,
+                                  trainer_kwargs={"accelerator": "cpu", "enable_progress_bar": False}).train_model,
+                 train, validation_data=ListDataset(public, freq="M"), validation_is_public=True)
+    report = out.privacy_report
+    assert report.validation.startswith("public: 12 series; the weights of epoch ")
+    best = next(c for c in out.trainer.callbacks if type(c).__name__ == "BestPublicEpoch")
+    assert best.epoch is not None and best.best == min(best.losses)  # the lowest of the epochs scored
+    state = dict(out.trained_net.named_parameters())
+    assert all(torch.equal(state[name], value) for name, value in best._state.items())  # those weights returned
+    assert 0 < report.epsilon <= 1.0 and set(report.risk["tpr_at_fpr"]) == {"0.001", "0.01"}
+    table = _quiet(evaluate_model, out.predictor, test_data=template.generate_instances(prediction_length=H),
+                   metrics=[MASE(), MeanWeightedSumQuantileLoss(quantile_levels=[0.1, 0.5, 0.9])], seasonality=12)
+    assert np.isfinite(table.to_numpy()).all()
+
+
+def test_validation_example_runs():
+    """examples/gluonts_validation.py: public validation series, evaluate_model with MASE and wQL."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "gluonts_validation.py"), "--epochs", "3",
+                          "--seed", "0"], env=env, capture_output=True, text=True, timeout=900, check=True).stdout
+    last = json.loads(out.strip().splitlines()[-1])
+    assert 0 < last["epsilon_spent"] <= 1.0 and last["validation"].startswith("public: 24 series")
+    for name in ("private", "seasonal_naive"):
+        assert all(np.isfinite(v) for v in last[name].values())

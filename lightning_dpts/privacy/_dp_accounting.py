@@ -20,6 +20,13 @@ What is used, and why:
   connect-the-dots for the degenerate one-point grid.
 * ``common.compute_self_convolve_bounds``, in :func:`self_convolve_bounds`: the Chernoff range dp_accounting's
   ``self_compose`` would allocate (to size a composition without composing).
+* ``PrivacyLossDistribution._symmetric`` and ``._pmf_add``, in :func:`direction_pmfs`: the risk read-outs
+  (:mod:`lightning_dpts.privacy.risk`) of a PLD that dp_accounting composed from asymmetric events (add and remove
+  directions differ) take the worse of the two directions.
+* ``PLDAccountant._pld``, ``._contains_non_dp_event`` and ``._value_discretization_interval``, in
+  :func:`pld_accountant_state`: :class:`~lightning_dpts.privacy.events.StructuredPLDAccountant` extends dp_accounting's
+  ``PLDAccountant`` by subclassing; it composes the PLD of dp_accounting's own events (kept by the base class) with
+  the structured mechanism's PLD when epsilon or delta is read.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import numpy as np
 from dp_accounting.pld import common, pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-__all__ = ["PrivacyLossDistribution", "connect_dots_pld", "dense_pmf", "self_convolve_bounds", "symmetric_pld"]
+__all__ = ["PrivacyLossDistribution", "connect_dots_pld", "dense_pmf", "direction_pmfs", "pld_accountant_state",
+           "self_convolve_bounds", "symmetric_pld"]
 
 #: The dp-accounting version this adapter was checked against.
 CHECKED_VERSION = "0.6.0"
@@ -36,7 +44,24 @@ CHECKED_VERSION = "0.6.0"
 
 def dense_pmf(pld: PrivacyLossDistribution) -> tuple[float, int, np.ndarray, float]:
     """(grid spacing h, index of the lowest loss, probabilities, mass at +infinity) of a symmetric PLD."""
-    pmf = pld._pmf_remove
+    return _pmf_arrays(pld._pmf_remove)
+
+
+def direction_pmfs(pld: PrivacyLossDistribution) -> list[tuple[float, int, np.ndarray, float]]:
+    """:func:`dense_pmf` of each direction of ``pld``: one for a symmetric PLD, (remove, add) otherwise."""
+    if pld._symmetric:
+        return [_pmf_arrays(pld._pmf_remove)]
+    return [_pmf_arrays(pld._pmf_remove), _pmf_arrays(pld._pmf_add)]
+
+
+def pld_accountant_state(accountant: object) -> tuple[PrivacyLossDistribution, bool, float]:
+    """(PLD of the events composed so far, whether a non-private event was composed, grid spacing) of a
+    dp_accounting ``PLDAccountant``."""
+    return (accountant._pld, bool(accountant._contains_non_dp_event),  # type: ignore[attr-defined]
+            float(accountant._value_discretization_interval))  # type: ignore[attr-defined]
+
+
+def _pmf_arrays(pmf: object) -> tuple[float, int, np.ndarray, float]:
     if isinstance(pmf, pld_pmf.SparsePLDPmf):  # small pmfs: {loss index: probability}
         items = pmf._loss_probs
         lower = min(items) if items else 0

@@ -17,9 +17,11 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import curve as _curve
-from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
+from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution, symmetric_pld
 from lightning_dpts.privacy.bounds import BOUNDS, naive_dpsgd_profile, select_profile
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
@@ -38,6 +40,7 @@ from lightning_dpts.privacy.pld import (
     saddlepoint_tilt,
 )
 from lightning_dpts.privacy.profiles import PrivacyProfile, theorem_4_4
+from lightning_dpts.privacy.risk import RiskReadout, compose_randomized_response, no_risk, risk_from_plds
 from lightning_dpts.privacy.spec import SamplingSpec
 
 __all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant",
@@ -104,6 +107,9 @@ class PrivacyReport:
     unit: str
     theorem: str
     kind: str
+    #: TPR at FPR 1e-3/1e-2 and the mu-GDP equivalent (:mod:`lightning_dpts.privacy.risk`); ``None`` where the
+    #: accountant has no PLD (Monte Carlo).
+    risk: RiskReadout | None = None
 
 
 class ProfileAccountant:
@@ -369,6 +375,43 @@ class ProfileAccountant:
         except _TooLarge:  # pragma: no cover - one unit is never beyond the memory bound
             pass
 
+    def plds(self, compositions: int, delta: float) -> list[PrivacyLossDistribution]:
+        """The pessimistic PLDs after ``compositions`` >= 1 units that the read-outs at ``delta`` take the best of (one
+        unit: the unit PLD; more: the untilted and, where composed, the tilted and squared ones, at the read-out
+        level of ``delta``). Each is an upper bound on its own.
+
+        Raises ConfigurationError (``compositions``, ``steps`` for DP-SGD) beyond the memory bound."""
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        if compositions < 1:
+            raise ConfigurationError("compositions", compositions, "must be >= 1")
+        level = 1 if (self._fine_only(compositions) or delta < FINE_DELTA) else 0
+        try:
+            return [self._unit(level, 0)] if compositions == 1 else list(self._composed_at(compositions, level))
+        except _TooLarge:
+            raise self._too_many(compositions) from None
+
+    def risk_after(self, compositions: int, delta: float, *, pure_epsilons: Sequence[float] = ()) -> RiskReadout:
+        """Membership-attack read-outs after ``compositions`` units (:mod:`lightning_dpts.privacy.risk`): TPR at FPR
+        1e-3 and 1e-2 and the mu-GDP equivalent down to ``delta``, from the same pessimistic PLDs as
+        :meth:`epsilon_after` (the best of them; upper bounds on the risk).
+
+        Args:
+            pure_epsilons: epsilons of further (epsilon, 0)-DP releases about the same data (e.g. Laplace counts),
+                composed as randomized response, the pair that dominates every such mechanism.
+        """
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        if compositions == 0 and not pure_epsilons:
+            return no_risk(delta)
+        if compositions == 0:
+            plds = [symmetric_pld(self.discretization, 0, np.ones(1), 0.0)]  # no privacy loss at all
+        else:
+            plds = self.plds(compositions, delta)
+        for eps in pure_epsilons:
+            plds = [compose_randomized_response(p, float(eps)) for p in plds]
+        return risk_from_plds(plds, delta)
+
     @property
     def unit_pld(self) -> PrivacyLossDistribution:
         """The PLD of one composition unit at the default tail truncation (built once, lazily)."""
@@ -621,6 +664,25 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
                 raise self._too_many(compositions) from None
             yield point
 
+    def risk_curve(self, compositions: int, delta: float, *, rtol: float = 0.01,
+                   start: int = 1) -> Iterator[tuple[int, float, RiskReadout]]:
+        """:meth:`epsilon_curve` with the risk read-outs of every point, (count, epsilon, :class:`~lightning_dpts.
+        privacy.risk.RiskReadout`), read from the same compositions (TPR at FPR 1e-3/1e-2, mu-GDP down to ``delta``;
+        upper bounds that grow with the count, like epsilon). The AccountantCallback logs from it."""
+        delta = _check_delta(delta)
+        _check_steps("compositions", compositions)
+        if not 0 < rtol <= 1:
+            raise ConfigurationError("rtol", rtol, "must lie in (0, 1]")
+        curve = _curve.risk_curve(self, compositions, delta, rtol, start, fine_delta=FINE_DELTA)
+        while True:
+            try:
+                point = next(curve)
+            except StopIteration:
+                return
+            except _TooLarge:
+                raise self._too_many(compositions) from None
+            yield point
+
     # ------------------------------------------------------------------------------------------------
     # read-outs
     # ------------------------------------------------------------------------------------------------
@@ -701,8 +763,16 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
                 hi = mid
         return self._steps_for(lo)
 
+    def risk(self, steps: int, delta: float, *, pure_epsilons: Sequence[float] = ()) -> RiskReadout:
+        """Membership-attack read-outs after ``steps`` optimizer steps (:meth:`ProfileAccountant.risk_after`): TPR at
+        FPR 1e-3 and 1e-2 for the unit of privacy and the mu-GDP equivalent down to ``delta``. Upper bounds on the
+        risk with ``bound="upper"``; with ``bound="lower"`` those of the optimistic lower bound (comparisons only)."""
+        _check_steps("steps", steps)
+        return self.risk_after(self.compositions(steps), delta, pure_epsilons=pure_epsilons)
+
     def report(self, steps: int, delta: float) -> PrivacyReport:
-        """A :class:`PrivacyReport` of (epsilon, delta) after ``steps`` steps, with the bound used."""
+        """A :class:`PrivacyReport` of (epsilon, delta) after ``steps`` steps, with the bound used and the risk
+        read-outs (:meth:`risk`)."""
         return PrivacyReport(
             epsilon=self.epsilon(steps, delta),
             delta=delta,
@@ -711,6 +781,7 @@ class StructuredSubsamplingAccountant(ProfileAccountant):
             unit=self.unit,
             theorem=self.theorem,
             kind=self.kind,
+            risk=self.risk(steps, delta),
         )
 
 

@@ -52,8 +52,16 @@ from lightning_dpts.privacy.pld import (
     saddlepoint_tilt,
     split_to_grid,
 )
+from lightning_dpts.privacy.risk import (
+    FPRS,
+    TABLE_MU_POINTS,
+    TABLE_MU_RTOL,
+    RiskReadout,
+    gdp_mu_from_pmfs,
+    tpr_from_pmfs,
+)
 
-__all__ = ["CURVE_EXCESS_SHARE", "PROBES", "curve_counts", "epsilon_curve"]
+__all__ = ["CURVE_EXCESS_SHARE", "PROBES", "curve_counts", "epsilon_curve", "risk_curve"]
 
 #: The table's grid may overstate the accountant's epsilon by at most this share of ``rtol`` (measured).
 CURVE_EXCESS_SHARE = 0.25
@@ -87,6 +95,8 @@ class _Level:
     def __init__(self, acc: Any, level: int, delta: float, last: int, max_excess: float,
                  grid: int | None = None) -> None:
         self.acc, self.level, self.delta = acc, level, delta
+        #: {count: risk read-outs} of the counts composed here, where the curve is asked for them (else ``None``)
+        self.readouts: dict[int, RiskReadout] | None = None
         self._coarse: dict[int, Composition] = {}
         self.tilted = False  # also compose tilted (the FFT round-off decides: tiny delta, many counts)
         if grid is None:
@@ -145,10 +155,27 @@ class _Level:
                 except OverflowError:
                     continue
                 values = epsilons_from_pmfs(comp.h, lower, rows, inf_masses, self.delta)
+                if self.readouts is not None:  # from the same rows: no composition of their own
+                    self._read_risk(comp.h, lower, rows, inf_masses, batch)
                 if self.tilted:
                     values = np.minimum(values, self._tilted_values(comp, batch, values))
                 out.update(zip(batch, (float(v) for v in values), strict=True))
         return out
+
+    def _read_risk(self, h: float, lower: int, rows: np.ndarray, inf_masses: np.ndarray, batch: list[int]) -> None:
+        """TPR at FPR and mu-GDP of each row (:mod:`lightning_dpts.privacy.risk`; upper bounds: the rows are
+        pessimistic PLDs), into :attr:`readouts`."""
+        assert self.readouts is not None
+        tprs = tpr_from_pmfs(h, lower, rows, inf_masses, FPRS)
+        mus = gdp_mu_from_pmfs(h, lower, rows, inf_masses, self.delta, TABLE_MU_POINTS, TABLE_MU_RTOL)
+        for r, c in enumerate(batch):
+            self.readouts[c] = RiskReadout(FPRS, tuple(float(t) for t in tprs[r]), float(mus[r]), self.delta)
+
+    def _exact_risk(self, c: int) -> None:
+        """The accountant's own read-outs at count c, into :attr:`readouts` (counts read as the accountant reads
+        them)."""
+        if self.readouts is not None and c not in self.readouts:
+            self.readouts[c] = self.acc.risk_after(c, self.delta)
 
     def _tilted_values(self, comp: Composition, batch: list[int], untilted: np.ndarray) -> np.ndarray:
         """epsilon of ``batch`` composed with one exponential tilt, aimed (:func:`~lightning_dpts.privacy.pld.
@@ -210,6 +237,8 @@ class _Level:
         """Upper bounds on epsilon after each of ``counts`` (>= 2) compositions: >= the accountant's value of this
         level up to round-off, within about ``1 + excess`` of it."""
         if self.grid is None:
+            for c in counts:
+                self._exact_risk(c)
             return {c: self.exact(c) for c in counts}
         by_grid: dict[int, list[int]] = {}
         out: dict[int, float] = {}
@@ -218,6 +247,7 @@ class _Level:
             if grid > 0:  # never finer than the accountant's own grid for c; its composition by squaring as it is
                 if self._direct(c):
                     out[c] = self.exact(c)
+                    self._exact_risk(c)
                     continue
                 grid = min(grid, self.acc._grid(c, self.level))
             by_grid.setdefault(grid, []).append(c)
@@ -226,6 +256,7 @@ class _Level:
         for c in counts:
             if c not in out:  # beyond the memory bound on the curve's grid: the accountant's own composition
                 out[c] = self.exact(c)
+                self._exact_risk(c)
         return out
 
 
@@ -289,6 +320,22 @@ def epsilon_curve(acc: Any, compositions: int, delta: float, rtol: float, start:
     """The curve of :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.epsilon_curve` (arguments
     checked there) for the accountant ``acc`` (a :class:`~lightning_dpts.privacy.ProfileAccountant`, whose read-out
     levels split at ``fine_delta``); see the module docstring."""
+    for count, value, _ in _curve(acc, compositions, delta, rtol, start, fine_delta, False):
+        yield count, value
+
+
+def risk_curve(acc: Any, compositions: int, delta: float, rtol: float, start: int = 1, *,
+               fine_delta: float) -> Iterator[tuple[int, float, RiskReadout]]:
+    """:func:`epsilon_curve` with the risk read-outs of every point (TPR at FPR, mu-GDP down to ``delta``), read from
+    the same composed rows (:mod:`lightning_dpts.privacy.risk`). Like epsilon they grow with the count, so each
+    point's read-outs bound those of every count it stands for; they are upper bounds (pessimistic PLDs)."""
+    for count, value, readout in _curve(acc, compositions, delta, rtol, start, fine_delta, True):
+        assert readout is not None
+        yield count, value, readout
+
+
+def _curve(acc: Any, compositions: int, delta: float, rtol: float, start: int, fine_delta: float,
+           with_risk: bool) -> Iterator[tuple[int, float, RiskReadout | None]]:
     start = max(start, 1)
     if compositions < start:
         return
@@ -314,12 +361,18 @@ def epsilon_curve(acc: Any, compositions: int, delta: float, rtol: float, start:
         if any(upper[c] > LEVEL_MARGIN * own[c] for c in probes):
             boundary = _Level(acc, 0, fine_delta, coarse_last, max_excess)
     excess = max(level.excess for level in (fine, coarse, boundary) if level is not None)
+    readouts: dict[int, RiskReadout] | None = {} if with_risk else None
+    for level in (fine, coarse):  # not the boundary level: its read-outs would be at fine_delta
+        if level is not None:
+            level.readouts = readouts
 
     def values(counts: list[int]) -> dict[int, float]:
         """As the accountant's epsilon (``_epsilon_units``) at each count, on the curve's grids."""
         out: dict[int, float] = {}
         if 1 in counts:
             out[1] = acc._epsilon_units(1, delta)  # one unit: the profile itself
+            if readouts is not None:
+                readouts[1] = acc.risk_after(1, delta)
         rest = [c for c in counts if c > 1]
         high = [c for c in rest if acc._fine_only(c) or coarse is None]
         low = [c for c in rest if not (acc._fine_only(c) or coarse is None)]
@@ -335,4 +388,5 @@ def epsilon_curve(acc: Any, compositions: int, delta: float, rtol: float, start:
             out.update(coarse.values(low))
         return out
 
-    yield from curve_counts(values, start, last, (1.0 + rtol) / (1.0 + excess))
+    for count, value in curve_counts(values, start, last, (1.0 + rtol) / (1.0 + excess)):
+        yield count, value, None if readouts is None else readouts[count]

@@ -33,6 +33,7 @@ __all__ = [
     "compose",
     "compose_by_squaring",
     "split_to_grid",
+    "regrid_atoms",
     "composed_size",
     "saddlepoint_tilt",
     "unit_moments",
@@ -575,6 +576,33 @@ def split_to_grid(spacing: float, lower: int, probs: np.ndarray, factor: int) ->
     out = np.bincount(j - first, weights=low_part, minlength=size)
     out += np.bincount(j + 1 - first, weights=high_part, minlength=size)
     return coarse, first, out
+
+
+def regrid_atoms(losses: np.ndarray, probs: np.ndarray, spacing: float) -> tuple[int, np.ndarray]:
+    """Connect-the-dots of atoms at arbitrary finite ``losses`` onto the grid j * ``spacing`` (any spacing, finer or
+    coarser, aligned or not): :func:`split_to_grid`'s split of every atom between its two neighbouring grid losses,
+    which keeps its P-mass and its Q-mass, so the new pair dominates the old one (Lemma D.16 for one atom).
+
+    Used to move a composed PLD onto the grid of a dp_accounting accountant (:mod:`lightning_dpts.privacy.events`) and
+    to compose a PLD with randomized response (:func:`lightning_dpts.privacy.risk.compose_randomized_response`).
+
+    Returns:
+        (index of the lowest grid loss, P-masses on the grid losses from it); no mass is lost.
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    probs = np.maximum(np.asarray(probs, dtype=np.float64), 0.0)
+    if losses.shape != probs.shape or losses.ndim != 1 or not losses.size:
+        raise ValueError("losses and probs must be non-empty 1-d arrays of one length")
+    j = np.floor(losses / spacing).astype(np.int64)
+    offset = np.clip(losses - j * spacing, 0.0, spacing)  # l - a in [0, H] despite round-off
+    scale = 1.0 / math.expm1(spacing)
+    low_part = probs * (np.expm1(spacing - offset) * scale)
+    high_part = probs * (np.exp(spacing - offset) * np.expm1(offset) * scale)
+    first = int(j.min())
+    size = int(j.max()) - first + 2
+    out = np.bincount(j - first, weights=low_part, minlength=size)
+    out += np.bincount(j + 1 - first, weights=high_part, minlength=size)
+    return first, out
 
 
 #: Points per standard deviation of the composed privacy loss that :func:`compose_by_squaring` keeps.

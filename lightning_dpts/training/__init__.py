@@ -7,6 +7,8 @@
 * :func:`make_private_compatible` - the layer surgery (LSTM/GRU/RNN, multi-head attention) behind the strategy.
 * :class:`PrivacyLedger` - the noisy steps a model took, carried by the module and every checkpoint.
 * :class:`PerWindowClipper` - per-window norms and clipped sums (ghost norms for linear layers, Opacus otherwise).
+* :class:`StructuredOpacusAccountant` - the structured accountant for Opacus (``PrivacyEngine(accountant="structured")``
+  after :func:`register_structured_accountant`).
 """
 
 from lightning_dpts.training.accountant_callback import AccountantCallback
@@ -19,6 +21,7 @@ from lightning_dpts.training.correlated_noise import (
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.held_out import HeldOutEvaluation
 from lightning_dpts.training.ledger import PrivacyLedger, attach_ledger, install_load_hook, ledger_of, read_ledger
+from lightning_dpts.training.opacus_accountant import StructuredOpacusAccountant, register_structured_accountant
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted, clip_and_noise
 from lightning_dpts.training.surgery import (
     DPCompatibleMultiheadAttention,
@@ -39,6 +42,7 @@ __all__ = [
     "PerWindowClipper",
     "PrivacyBudgetExhausted",
     "PrivacyLedger",
+    "StructuredOpacusAccountant",
     "Surgery",
     "attach_ledger",
     "banded_sqrt_coefficients",
@@ -49,6 +53,7 @@ __all__ = [
     "make_private_compatible",
     "optimize_coefficients",
     "read_ledger",
+    "register_structured_accountant",
 ]
 
 install_load_hook()  # load_from_checkpoint attaches a checkpoint's privacy ledger to the loaded module

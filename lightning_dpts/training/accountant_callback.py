@@ -8,7 +8,9 @@ configuration) and
 * computes once the largest number of optimizer steps whose composed epsilon stays within the budget, up to
   the Trainer's plan (``max_steps``, a whole number of epochs for iteration/shuffling top levels, which are
   accounted per epoch) and lowers the Trainer's ``max_steps`` to it, so no step beyond the budget is ever taken;
-* logs ``epsilon`` after every optimizer step to every attached logger and to the progress bar.
+* logs ``epsilon`` after every optimizer step to every attached logger and to the progress bar, and next to it the
+  membership-attack read-outs for the unit of privacy (:mod:`lightning_dpts.privacy.risk`: ``tpr_at_fpr_0.001``,
+  ``tpr_at_fpr_0.01``, ``mu_gdp``), read from the same table (``risk_readouts=True``).
 
 The step count is not kept here: the strategy's :class:`~lightning_dpts.training.ledger.PrivacyLedger` is the
 single source of truth (it travels with the weights, through checkpoints, second Trainers and
@@ -56,6 +58,7 @@ from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
+from lightning_dpts.privacy.risk import RiskReadout, metric_names, no_risk
 from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.roles import StepAccountant
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
@@ -87,6 +90,10 @@ class AccountantCallback(StepAccountant):
         log_name: metric name (default ``"epsilon"``) of the PLD path; the Monte Carlo path logs under
             ``MonteCarloAccountant.log_name`` (``"epsilon_monte_carlo_upper"``) so the value is never mistaken for
             a closed-form accountant's.
+        risk_readouts: ``True`` (default): next to epsilon, log the membership-attack read-outs of
+            :mod:`lightning_dpts.privacy.risk` for the unit of privacy (``tpr_at_fpr_0.001``, ``tpr_at_fpr_0.01``,
+            ``mu_gdp``; upper bounds read from the same table as epsilon, TPR at FPR 1e-3 also on the progress bar).
+            Not on the Monte Carlo path (no PLD), nor with ``bound="lower"`` (they would understate the risk).
         monte_carlo_samples: privacy-loss samples per direction of the Monte Carlo accountant (BandMF noise or a
             ``b_min_sep`` top level). More samples give a tighter EVR-verified bound and cost time before
             training (roughly 10^4 samples per second per 1,000 planned steps on one core); a small delta needs
@@ -112,9 +119,14 @@ class AccountantCallback(StepAccountant):
         max_overhead: float | None = None,
         background_table: bool = True,
         log_name: str = "epsilon",
+        risk_readouts: bool = True,
         monte_carlo_samples: int = 100_000,
     ) -> None:
         super().__init__()
+        if not isinstance(risk_readouts, bool):
+            raise ConfigurationError("risk_readouts", risk_readouts, "must be True or False")
+        # read-outs of the optimistic lower bound would understate the risk: only with the sound bound
+        self.risk_readouts = risk_readouts and bound == "upper"
         if isinstance(monte_carlo_samples, bool) or not isinstance(monte_carlo_samples, int) or monte_carlo_samples < 1:
             raise ConfigurationError("monte_carlo_samples", monte_carlo_samples, "must be an integer >= 1")
         self.monte_carlo_samples = monte_carlo_samples
@@ -205,6 +217,7 @@ class AccountantCallback(StepAccountant):
         self.monte_carlo_report: dict[str, Any] | None = None
         self._stop_table()  # a table of an earlier fit (kept for inspection) ends here
         self._last: tuple[int, float] = (0, 0.0)
+        self._last_risk: RiskReadout | None = None  # the read-outs at the budget's last count (exact)
         self._wait_time = 0.0
         self._train_time = 0.0
         self._timed_steps = 0
@@ -480,7 +493,7 @@ class AccountantCallback(StepAccountant):
         acc = self.accountant
         first, last = acc.compositions(accounted + 1), acc.compositions(max(planned, accounted + 1))
         self.table = EpsilonTable(acc if shared else acc.clone(), self.delta, last, rtol=self.grid_rtol,
-                                  start=first)
+                                  start=first, readouts=self.risk_readouts)
 
     def _stop_table(self) -> None:
         if self.table is not None:
@@ -494,6 +507,8 @@ class AccountantCallback(StepAccountant):
         last = acc.compositions(self.max_steps)
         eps = acc.epsilon(self.max_steps, self.delta) if last else 0.0  # cached by max_steps
         self._last = (last, eps)
+        # the same compositions: only the read-out arithmetic (a few ms)
+        self._last_risk = acc.risk(self.max_steps, self.delta) if self.risk_readouts else None
         self._bar_value = None
         self._tick = None
         self._wait_time = self._train_time = 0.0
@@ -527,26 +542,35 @@ class AccountantCallback(StepAccountant):
         """A sound upper bound on epsilon after ``steps`` optimizer steps, within a factor 1 + ``grid_rtol``
         of the exact one: the table's value at the first count >= the compositions of ``steps`` (waits for the
         background table as ``max_overhead`` allows; beyond the planned run: exact)."""
+        return self._upper_bounds(steps)[0]
+
+    def _upper_bounds(self, steps: int) -> tuple[float, RiskReadout | None]:
+        """(:meth:`epsilon_upper_bound`, the risk read-outs read at the same count; ``None`` without them). Both grow
+        with the count, so the values at a later count bound those at ``steps``."""
         assert self.accountant is not None
         c = self.accountant.compositions(steps)
         if c == 0:
-            return 0.0
+            return 0.0, (no_risk(self.delta) if self.risk_readouts else None)
         table = self.table
         if table is not None and c <= table.last:
-            value = table.lookup(c)
-            if value is None:
+            point = table.lookup_point(c)
+            if point is None:
                 allowed = None if self.max_overhead is None else self.max_overhead * self._train_time
                 if allowed is None or self._wait_time < allowed:
                     start = time.perf_counter()
-                    value = table.lookup(c, wait=True)
+                    point = table.lookup_point(c, wait=True)
                     self._wait_time += time.perf_counter() - start
-            if value is not None:
+            if point is not None:
+                value, readout = point
                 # the budget's last count is read exactly (the table's grid may overstate it by grid_rtol / 4),
                 # so the logged epsilon never exceeds the one the run reports, nor the budget
-                return min(value, self._last[1]) if c <= self._last[0] else value
-            if c <= self._last[0]:
-                return self._last[1]  # the budget's epsilon: an upper bound for every count the budget allows
-        return self.accountant.epsilon(steps, self.delta)
+                if c <= self._last[0]:
+                    return min(value, self._last[1]), _smaller(readout, self._last_risk)
+                return value, readout
+            if c <= self._last[0]:  # the budget's: upper bounds for every count the budget allows
+                return self._last[1], self._last_risk
+        eps = self.accountant.epsilon(steps, self.delta)
+        return eps, (self.accountant.risk(steps, self.delta) if self.risk_readouts else None)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -567,18 +591,25 @@ class AccountantCallback(StepAccountant):
         if self._tick is not None:  # training time per step, for the overhead cap
             self._train_time += now - self._tick
             self._timed_steps += 1
-        value = self.epsilon_upper_bound(self.steps)
-        self.last_logged = {self.log_name: value}
+        value, readout = self._upper_bounds(self.steps)
+        metrics = {self.log_name: value}
+        if readout is not None:
+            metrics.update(readout.metrics())
+        self.last_logged = metrics
         # the progress bar keeps the last value; self.log costs 0.5-2 ms, so at most every BAR_INTERVAL seconds,
         # and only where a progress bar shows it (the loggers get every step below)
         if trainer.progress_bar_callback is not None and value != self._bar_value and (
                 now - self._bar_time >= BAR_INTERVAL or self._bar_value is None or _last_step(trainer)):
             pl_module.log(self.log_name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
                           batch_size=1)
+            if readout is not None:  # TPR at FPR 1e-3 of the unit of privacy, next to epsilon
+                name = metric_names(readout.fprs[:1])[0]
+                pl_module.log(name, metrics[name], on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                              batch_size=1)
             self._bar_value = value
             self._bar_time = now
         for logger in trainer.loggers:
-            logger.log_metrics({self.log_name: value}, step=trainer.global_step - 1)
+            logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._tick = time.perf_counter()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -612,9 +643,10 @@ class AccountantCallback(StepAccountant):
         for logger in trainer.loggers:
             logger.log_metrics({f"{self.log_name}_spent": r.epsilon, "privacy_steps": float(r.steps)},
                                step=max(0, trainer.global_step - 1))
+        risk = f"; for the unit of privacy: {r.risk}" if r.risk is not None and self.risk_readouts else ""
         rank_zero_info(
             f"AccountantCallback: spent epsilon={r.epsilon:.4g} at delta={r.delta:g} after {r.steps} optimizer "
-            f"steps ({r.compositions} {r.unit} compositions; {r.theorem}, {r.kind} bound)"
+            f"steps ({r.compositions} {r.unit} compositions; {r.theorem}, {r.kind} bound){risk}"
         )
 
     # ------------------------------------------------------------------------------------------------
@@ -632,6 +664,15 @@ class AccountantCallback(StepAccountant):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._loaded = dict(state_dict)  # the step count itself is restored from the strategy's ledger
+
+
+def _smaller(a: RiskReadout | None, b: RiskReadout | None) -> RiskReadout | None:
+    """The smaller of two upper-bounding read-outs of the same run, value by value (either one where the other is
+    missing)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return RiskReadout(a.fprs, tuple(min(x, y) for x, y in zip(a.tprs, b.tprs, strict=True)), min(a.mu, b.mu),
+                       a.delta)
 
 
 def _last_step(trainer: L.Trainer) -> bool:
@@ -683,12 +724,13 @@ class EpsilonTable:
     """
 
     def __init__(self, accountant: StructuredSubsamplingAccountant, delta: float, last: int, *, rtol: float = 0.01,
-                 start: int = 1) -> None:
+                 start: int = 1, readouts: bool = False) -> None:
         self.last = int(last)
         self.start, self.delta, self.rtol = int(start), float(delta), float(rtol)
         self._limit = self.last
         self._counts: list[int] = []
         self._values: list[float] = []
+        self._readouts: list[RiskReadout | None] = []
         self._done = False
         self._stop = False
         self.error: BaseException | None = None
@@ -696,19 +738,23 @@ class EpsilonTable:
         self.seconds: float | None = None
         self.cpu_seconds: float | None = None
         self._cond = threading.Condition()
-        self._curve = accountant.epsilon_curve(self.last, delta, rtol=rtol, start=start)
+        if readouts:  # the risk read-outs of every point, from the same compositions (lightning_dpts.privacy.risk)
+            self._curve: Any = accountant.risk_curve(self.last, delta, rtol=rtol, start=start)
+        else:
+            self._curve = ((c, e, None) for c, e in accountant.epsilon_curve(self.last, delta, rtol=rtol, start=start))
         self._thread = threading.Thread(target=self._run, name="dpts-epsilon-table", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         began, cpu = time.perf_counter(), time.thread_time()
         try:
-            for count, value in self._curve:
+            for count, value, readout in self._curve:
                 with self._cond:
                     if self._stop:
                         break
                     self._counts.append(count)
                     self._values.append(value)
+                    self._readouts.append(readout)
                     self._cond.notify_all()
                     if count >= self._limit:  # every count up to the limit is covered
                         break
@@ -724,11 +770,16 @@ class EpsilonTable:
     def lookup(self, count: int, wait: bool = False) -> float | None:
         """The value at the first computed count >= ``count``; ``None`` if none is computed yet (``wait``: block
         until it is, or until the thread ends; a thread that failed, see :attr:`error`, leaves ``None``)."""
+        point = self.lookup_point(count, wait)
+        return None if point is None else point[0]
+
+    def lookup_point(self, count: int, wait: bool = False) -> tuple[float, RiskReadout | None] | None:
+        """(epsilon, risk read-outs or ``None``) at the first computed count >= ``count``, as :meth:`lookup`."""
         with self._cond:
             while True:
                 i = bisect.bisect_left(self._counts, count)
                 if i < len(self._counts):
-                    return self._values[i]
+                    return self._values[i], self._readouts[i]
                 if self._done or not wait:
                     return None
                 self._cond.wait()

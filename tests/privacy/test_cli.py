@@ -22,10 +22,11 @@ def run(capsys, *args: str) -> dict:
 
 def test_epsilon_json_matches_the_python_api(capsys):
     out = run(capsys, "epsilon", *COMMON, "--noise-multiplier", "1.1", "--steps", "10", "100")
-    assert set(out) == {"epsilon"} and set(out["epsilon"]) == {"10", "100"}
+    assert set(out) == {"epsilon", "risk"} and set(out["epsilon"]) == set(out["risk"]) == {"10", "100"}
     spec = SamplingSpec(num_series=320, min_length=400, context_length=24, prediction_length=12, batch_size=32)
     acc = StructuredSubsamplingAccountant(spec, 1.1)
     assert out["epsilon"]["100"] == pytest.approx(acc.epsilon(100, 1e-6), rel=1e-12)
+    assert out["risk"]["100"] == acc.risk(100, 1e-6).to_dict()  # the read-outs next to epsilon (issue 43)
 
 
 def test_steps_and_noise_json(capsys):

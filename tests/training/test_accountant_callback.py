@@ -50,7 +50,8 @@ def test_gluonts_model_trains_with_both_callbacks_and_stops_at_the_budget(name, 
     assert all(0 < e <= budget for e in values)
     assert values == sorted(values)
     assert values[-1] == pytest.approx(budget)
-    assert accountant.last_logged == {"epsilon": pytest.approx(values[-1])}
+    assert accountant.last_logged["epsilon"] == pytest.approx(values[-1])
+    assert set(accountant.last_logged) == {"epsilon", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "mu_gdp"}  # issue 43
     assert "epsilon" not in t.progress_bar_metrics  # no progress bar: self.log (0.5-2 ms) is skipped
     report = accountant.report
     assert report.steps == 7 and report.epsilon == pytest.approx(budget) and report.delta == DELTA
