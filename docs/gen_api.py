@@ -22,6 +22,7 @@ MODULES = [
     ("lightning_dpts.forecasters", None),
     ("lightning_dpts.budget", None),
     ("lightning_dpts.scoring", None),
+    ("lightning_dpts.baselines", None),
     ("lightning_dpts.reporting", ["public_report", "private_report", "write_run_files", "format_table"]),
     ("lightning_dpts.evaluation", None),
     ("lightning_dpts.recipe", ["Recipe", "choose_recipe", "rdp_noise_multiplier"]),

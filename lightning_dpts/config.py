@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.evaluation import PROTOCOLS
 
 __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
            "add_config_arguments", "add_option", "option_flags"]
@@ -117,8 +118,21 @@ class FitConfig:
             daily or hourly data reach back up to ~3 years; every lag lengthens the past window the accountant
             must count (Theorem 4.4's r = (L_C + L_F)/T), so a window longer than the shortest series destroys
             the amplification by subsampling. ``None`` keeps GluonTS's defaults (a warning states the cost).
-        non_dp: also train the model without DP for the same number of steps (a utility reference).
-        autoets: also score AutoETS (needs the optional ``statsforecast`` package).
+        season_length: m, the primary season of the model (``seasonal_linear`` and the recipe's past window),
+            seasonal naive and MASE [time steps]; ``None`` (default): from the frequency
+            (:func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24 then 168, monthly 12,
+            weekly 1). Public metadata; stated in ``report.json``. Must be shorter than the shortest series'
+            training part (and than the past window of a model that reads it).
+        non_dp: also train the model without DP for the same number of steps (the non-DP twin, part of the
+            yardstick: it tells whether the model or the budget limits the accuracy).
+        autoets: refuse to run when the statsforecast baselines cannot run (without it, they are skipped with a
+            note when the package is missing).
+        baselines: score AutoETS and AutoTheta (statsforecast, the optional extra ``lightning-dpts[baselines]``)
+            next to seasonal naive with calibrated intervals (:mod:`lightning_dpts.baselines`); ``False``
+            (``--no-baselines``) skips them (they cost about a second per held-out window of a long series).
+        evaluation: ``"rolling"`` (default): score ``test_windows`` rolling windows per series; ``"last"``: hold
+            out and score only the last ``prediction_length`` steps of every series (the M4 protocol; the
+            training part is then one window longer).
         private_plots: write ``private/forecasts.png``, which shows private data (history, held-out truth,
             forecasts of the first test windows); ``False`` (``--no-private-plots``) skips it. ``epsilon.png`` has
             no data (it is computed from the accountant).
@@ -195,6 +209,9 @@ class FitConfig:
                                       "other than seasonal_linear)", low=1, high=100_000, optional=True)
     model: str | None = _opt(None, "str", "model (default: the recipe's, seasonal_linear; docs/recipe.md)",
                              optional=True, choices=MODELS)
+    season_length: int | None = _opt(None, "int", "primary season M of the model, seasonal naive and MASE (default: "
+                                     "from the frequency: daily 7, hourly 24 then 168, monthly 12, weekly 1)",
+                                     low=1, high=100_000, optional=True, metavar="M")
     epsilon: float = _opt(1.0, "float", "privacy budget epsilon (default 1)", low=0.0, high=100.0, open_low=True,
                           metavar="E")
     delta: float = _opt(1e-7, "float", "privacy budget delta (default 1e-7)", low=1e-15, high=0.1, metavar="D")
@@ -225,7 +242,13 @@ class FitConfig:
                                low=1, high=100_000, optional=True, metavar="LAG")
     non_dp: bool = _opt(True, "bool", "skip training the same model without DP (on by default)", flag="--no-non-dp",
                         negate=True)
-    autoets: bool = _opt(False, "bool", "also score AutoETS (needs the optional statsforecast package)")
+    autoets: bool = _opt(False, "bool", "refuse to run without the AutoETS and AutoTheta baselines (they run by "
+                         "default when the optional statsforecast package is installed, and are skipped otherwise)")
+    baselines: bool = _opt(True, "bool", "skip the AutoETS and AutoTheta baselines (statsforecast; seasonal naive "
+                           "with intervals is always scored)", flag="--no-baselines", negate=True)
+    evaluation: str = _opt("rolling", "str", "evaluation protocol: rolling (default; several rolling test windows "
+                           "per series) or last (the single last window: the last H points of every series, M4's)",
+                           choices=PROTOCOLS)
     private_plots: bool = _opt(True, "bool", "do not write private/forecasts.png, which shows private data (history, "
                                "truth, forecasts)", flag="--no-private-plots", negate=True)
     private_outputs: bool = _opt(True, "bool", "write nothing computed from the private data without DP (no private/ "
@@ -409,12 +432,20 @@ class FitConfig:
 
             if not Path(self.data).is_file():
                 raise ConfigurationError("data", str(self.data), "no such file")
+        if self.evaluation not in PROTOCOLS:
+            raise ConfigurationError("evaluation", self.evaluation, f"must be one of {', '.join(PROTOCOLS)}")
+        if self.evaluation == "last" and self.test_windows not in (None, 1):
+            raise ConfigurationError("test_windows", self.test_windows, "must be 1 or unset with evaluation 'last' "
+                                     "(the single last window of every series)")
         if self.autoets:
-            import importlib.util
+            from lightning_dpts.baselines import STATSFORECAST_HINT, statsforecast_available
 
-            if importlib.util.find_spec("statsforecast") is None:
-                raise ConfigurationError("autoets", True, "needs the optional package statsforecast "
-                                         "(pip install 'lightning-dpts[baselines]' or pip install statsforecast)")
+            if not self.baselines:
+                raise ConfigurationError("autoets", True, "asks for the AutoETS and AutoTheta baselines, which "
+                                         "--no-baselines skips; omit one of them")
+            if not statsforecast_available():
+                raise ConfigurationError("autoets", True, f"needs the optional package statsforecast "
+                                         f"({STATSFORECAST_HINT})")
 
     def _validate_clipping(self) -> None:
         """The public value range (clip_low, clip_high) and the count epsilon (:mod:`lightning_dpts.evaluation`)."""

@@ -1,15 +1,22 @@
-"""Honest evaluation for ``dpts fit``: rolling test windows, a verdict, and a sound value bound by clipping.
+"""Honest evaluation for ``dpts fit``: test windows, the yardstick, a verdict, and a sound value bound by clipping.
 
-Three pieces, used by :func:`lightning_dpts.jobs.fit.run_fit` and ``benchmarks/utility.py``:
+Four pieces, used by :func:`lightning_dpts.jobs.fit.run_fit`, :class:`~lightning_dpts.training.HeldOutEvaluation`
+and ``benchmarks/utility.py``:
 
-* :func:`score_windows` scores forecasts of several rolling test windows per series (GluonTS-style: the last
-  ``test_windows * prediction_length`` steps of every series, split into consecutive windows, each forecast from
-  the whole history before it; the datamodule never samples training windows from them). It returns the
-  metrics pooled over every window and series (mean weighted quantile loss = the paper's CRPS, MAE of the
-  median, MASE) and the CRPS of each window separately, so the spread over windows is visible.
-* :func:`verdict` turns a report into plain sentences: whether the private model beats seasonal naive (if not:
-  "this budget is too small for this data", with the concrete levers computed from the run's numbers) and
-  whether it is within 1.3x of the same model trained without DP.
+* **Protocols** (:data:`PROTOCOLS`): ``"rolling"`` (default) scores several rolling test windows per series
+  (GluonTS-style: the last ``test_windows * prediction_length`` steps of every series, split into consecutive
+  windows, each forecast from the whole history before it; the datamodule never samples training windows from
+  them); ``"last"`` scores the single last window, the last H points of every series (the M4 competition's
+  protocol). :func:`score_windows` returns the metrics pooled over every window and series: CRPS (mean weighted
+  quantile loss over the quantiles 0.1-0.9, GluonTS ``mean_wQuantileLoss``), MAE of the median, MASE (seasonal
+  scaling by the primary season, the M4 protocol), the coverage of the 10-90% interval, and the CRPS of each
+  window separately.
+* **The yardstick**: the best of the baselines of :mod:`lightning_dpts.baselines` (seasonal naive with calibrated
+  intervals, AutoETS, AutoTheta) and the same model trained without DP (the non-DP twin).
+* :func:`verdict` turns a report into plain sentences: whether the private model beats the best baseline in both
+  CRPS and MASE, and if not, whether the model or the budget is the limit (the non-DP twin decides: where it does
+  not beat the best baseline either, more budget cannot help and the verdict does not advise it); whether the
+  private model is within 1.3x of its twin.
 * :func:`clip_values` and :func:`noisy_count` make amplification by noise augmentation (Theorem G.1 / 4.5 of
   the paper) usable on data whose values are not bounded. Theorem G.1 needs a (w, v) neighbouring relation
   (Definition 3.7): each protected step moves by at most v. Clipping every value to a *declared, public* range
@@ -37,10 +44,13 @@ __all__ = [
     "DEFAULT_TEST_WINDOWS",
     "MAX_RATE_INCREASE",
     "NON_DP_RATIO",
+    "PROTOCOLS",
+    "check_season",
     "choose_test_windows",
     "clip_bounds",
     "clip_values",
     "noisy_count",
+    "protocol_windows",
     "score_windows",
     "verdict",
     "window_wins",
@@ -57,6 +67,8 @@ DEFAULT_TEST_WINDOWS = 4
 MAX_RATE_INCREASE = 1.25
 #: The verdict says whether the private model's CRPS is within this factor of the non-DP model's (issue 12 target).
 NON_DP_RATIO = 1.3
+#: Evaluation protocols: several rolling test windows per series (default), or the single last window (M4's).
+PROTOCOLS: tuple[str, ...] = ("rolling", "last")
 
 
 def _rate(length: int, past: int, horizon: int) -> float:
@@ -93,6 +105,44 @@ def choose_test_windows(lengths: Sequence[int], past_length: int, prediction_len
                f"{_rate(shortest - k * h, past_length, h):.3g} vs {base:.3g} with one window)")
 
 
+def protocol_windows(windows: Sequence[int], protocol: str) -> list[int]:
+    """Positions of the forecasts that ``protocol`` scores, given each forecast's rolling-window index.
+
+    ``"rolling"``: all of them; ``"last"``: those of the latest window (the last H points of every series: every
+    series holds the same number of test windows).
+    """
+    if protocol not in PROTOCOLS:
+        raise ConfigurationError("evaluation", protocol, f"must be one of {', '.join(PROTOCOLS)}")
+    index = [int(w) for w in windows]
+    if protocol == "rolling" or not index:
+        return list(range(len(index)))
+    last = max(index)
+    return [i for i, w in enumerate(index) if w == last]
+
+
+def check_season(season: int, shortest_history: int, context_length: int | None = None) -> None:
+    """Refuse a season the evaluation (or the model) cannot use, naming ``season_length``.
+
+    Args:
+        season: m, the primary season.
+        shortest_history: the fewest values any scored window's forecast sees (the shortest series' training
+            part): seasonal naive, its intervals and MASE's scale need at least one seasonal difference there.
+        context_length: the past window of a model that reads the season (seasonal naive's value y[t - m] must
+            lie in it), or ``None`` when the model does not read it.
+    """
+    if isinstance(season, bool) or not isinstance(season, (int, np.integer)) or season < 1:
+        raise ConfigurationError("season_length", season, "must be an integer >= 1")
+    if season >= shortest_history:
+        raise ConfigurationError("season_length", season, f"must be shorter than the shortest series' training "
+                                 f"part ({shortest_history} steps before the held-out windows): seasonal naive, its "
+                                 "intervals and MASE's scale need at least one seasonal difference in every history")
+    if context_length is not None and season >= context_length:
+        raise ConfigurationError("season_length", season, f"must be shorter than the model's past window "
+                                 f"context_length={context_length}: the model reads seasonal naive's value y[t - m] "
+                                 "and one m-step difference from it (raise --context-length or lower "
+                                 "--season-length)")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # scoring over rolling windows
 # ---------------------------------------------------------------------------------------------------------
@@ -123,7 +173,9 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         the paper's CRPS, Appendix B.3); ``mae``: mean absolute error of the median over all observed values;
         ``mase``: mean over forecasts of MAE / seasonal error of the history (forecasts whose history has no
         finite seasonal difference, or a zero one, are skipped; ``mase_skipped`` counts them);
-        ``crps_per_window``: the pooled CRPS of each window index, earliest first; ``forecasts``: how many.
+        ``coverage``: the share of observed values inside the central interval of the outermost levels (the
+        10-90% interval by default); ``crps_per_window``: the pooled CRPS of each window index, earliest first;
+        ``forecasts``: how many.
     """
     import torch
 
@@ -137,7 +189,8 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
     median = levels.index(0.5) if 0.5 in levels else None
     pooled = WeightedQuantileLoss(levels)
     per_window: dict[int, WeightedQuantileLoss] = {}
-    abs_err, count, mase_terms, skipped = 0.0, 0, [], 0
+    abs_err, count, mase_terms, skipped, inside = 0.0, 0, [], 0, 0
+    lowest, highest = int(np.argmin(levels)), int(np.argmax(levels))
     for q, y, hist, w in zip(quantiles, labels, histories, windows, strict=True):
         q = np.asarray(q, dtype=float)
         y = np.asarray(y, dtype=float)
@@ -149,6 +202,7 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         errors = np.abs(point - y)[ok]
         abs_err += float(errors.sum())
         count += int(ok.sum())
+        inside += int(((y >= q[..., lowest]) & (y <= q[..., highest]))[ok].sum())
         scale = _seasonal_error(hist, season)
         if errors.size and math.isfinite(scale) and scale > 0:
             mase_terms.append(float(errors.mean()) / scale)
@@ -159,6 +213,7 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         "mae": abs_err / max(count, 1),
         "mase": float(np.mean(mase_terms)) if mase_terms else float("nan"),
         "mase_skipped": skipped,
+        "coverage": inside / count if count else float("nan"),
         "crps_per_window": [float(per_window[w].compute()) for w in sorted(per_window)],
         "forecasts": len(quantiles),
     }
@@ -168,45 +223,103 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
 # verdict
 # ---------------------------------------------------------------------------------------------------------
 def verdict(report: dict[str, Any]) -> list[str]:
-    """Plain-language verdict lines computed from a ``dpts fit`` report (also what ``format_table`` prints).
+    """Plain-language verdict lines computed from a ``dpts fit`` or ``HeldOutEvaluation`` report.
 
-    Reads ``report["metrics"]`` (``dp``, ``seasonal_naive``, optionally ``non_dp``, each with ``crps``), and for
-    the levers ``report["epsilon_budget"]``, ``report["noise_multiplier"]``,
+    Reads ``report["metrics"]`` (``dp``; the baselines ``seasonal_naive``, ``autoets``, ``autotheta`` that were
+    run; optionally ``non_dp``; each with ``crps`` and ``mase``), ``report["baselines"]`` (optional: ``skipped``,
+    ``fallbacks``) and for the levers ``report["epsilon_budget"]``, ``report["noise_multiplier"]``,
     ``report["privacy_configuration"]["sampling_spec"]`` (num_series, context_length, prediction_length,
     num_start_positions or min_length, bottom_level_rate) and optionally ``report["levers"]``
     (``sigma_at_larger_epsilon``: ``{"epsilon": e, "noise_multiplier": s}``).
 
-    The first line says "this budget is too small for this data" if and only if the private model's CRPS is not
-    below seasonal naive's (ties lose: seasonal naive needs no training and no budget). A second line compares the
-    private model with the non-DP model (within :data:`NON_DP_RATIO` or not) when that reference was run, and a
-    third says when the model without DP does not beat seasonal naive either.
+    A model *beats the best baseline* when its CRPS is below the lowest baseline CRPS and its MASE below the lowest
+    baseline MASE (ties and NaN lose: a baseline needs no training and spends no privacy). The first line starts
+    with ``VERDICT:`` (upper case, what ``dpts fit`` also issues as a warning) exactly when the private model does
+    not; it then says what limits it. Where the non-DP twin does not beat the best baseline either, the model (not
+    the budget) is the limit, and no larger epsilon is advised; where the twin does, "this budget is too small
+    for this data" with the levers; without a twin, the levers with the cause unmeasured. Further lines compare the
+    private model with its twin (within :data:`NON_DP_RATIO` or not) and say which baselines were skipped or fell
+    back to seasonal naive.
     """
+    from lightning_dpts.baselines import BASELINES, best_baseline
+
     metrics = report["metrics"]
-    dp, naive = float(metrics["dp"]["crps"]), float(metrics["seasonal_naive"]["crps"])
+    best_crps, best_mase = best_baseline(metrics, "crps"), best_baseline(metrics, "mase")
+    dp = metrics["dp"]
     lines: list[str] = []
-    if not (dp < naive):  # NaN counts as losing
-        lines.append(f"VERDICT: this budget is too small for this data: private CRPS {dp:.4f} vs seasonal naive "
-                     f"{naive:.4f} ({_ratio(dp, naive)}); do not use this private model (seasonal naive is better "
-                     f"and spends no privacy). What would help: {'; '.join(_levers(report))}.")
+    comparison = _against_best(dp, best_crps, best_mase)
+    twin = metrics.get("non_dp")
+    if _beats(dp, best_crps, best_mase):
+        lines.append(f"verdict: the private model beats the best baseline: {comparison}.")
     else:
-        lines.append(f"verdict: the private model beats seasonal naive: CRPS {dp:.4f} vs {naive:.4f} "
-                     f"({_ratio(dp, naive)}).")
-    if "non_dp" in metrics:
-        plain = float(metrics["non_dp"]["crps"])
-        if dp <= NON_DP_RATIO * plain:
+        best = _NAMES.get(best_crps[0], best_crps[0]) if best_crps else "the baseline"
+        if twin is not None and not _beats(twin, best_crps, best_mase):
+            lines.append(f"VERDICT: the model, not the budget, is the limit here: the private model does not beat "
+                         f"the best baseline ({comparison}), and the same model trained without DP does not either "
+                         f"({_against_best(twin, best_crps, best_mase)}); a larger epsilon cannot lift it above its "
+                         f"non-DP twin. Do not use this private model ({best} is better and spends no privacy). "
+                         f"What would help: {'; '.join(_levers(report, budget=False))}.")
+        elif twin is not None:
+            lines.append(f"VERDICT: this budget is too small for this data: the private model does not beat the "
+                         f"best baseline ({comparison}), while the same model trained without DP does "
+                         f"({_against_best(twin, best_crps, best_mase)}). Do not use this private model ({best} is "
+                         f"better and spends no privacy). What would help: {'; '.join(_levers(report, budget=True))}.")
+        else:
+            lines.append(f"VERDICT: the private model does not beat the best baseline ({comparison}); do not use it "
+                         f"({best} is better and spends no privacy). Whether the model or the budget is the limit "
+                         "is not measured: the same model without DP was not trained (--no-non-dp). What would "
+                         f"help: {'; '.join(_levers(report, budget=True))}.")
+    if twin is not None:
+        dp_crps, plain = float(dp["crps"]), float(twin["crps"])
+        if dp_crps <= NON_DP_RATIO * plain:
             lines.append(f"verdict: the private model is within {NON_DP_RATIO:g}x of the same model without DP "
-                         f"(CRPS {dp:.4f} vs {plain:.4f}, {_ratio(dp, plain)}).")
+                         f"(CRPS {dp_crps:.4f} vs {plain:.4f}, {_ratio(dp_crps, plain)}).")
         else:
             lines.append(f"verdict: the private model is outside {NON_DP_RATIO:g}x of the same model without DP "
-                         f"(CRPS {dp:.4f} vs {plain:.4f}, {_ratio(dp, plain)}): the privacy noise costs much of "
-                         "the accuracy at this budget.")
-        if not (plain < naive):
-            lines.append(f"verdict: the model without DP does not beat seasonal naive either ({plain:.4f} vs "
-                         f"{naive:.4f}): the model or its settings limit the accuracy here, not only the budget.")
+                         f"(CRPS {dp_crps:.4f} vs {plain:.4f}, {_ratio(dp_crps, plain)}): the privacy noise costs "
+                         "much of the accuracy at this budget.")
     else:
         lines.append("verdict: the same model without DP was not trained (--no-non-dp), so the cost of privacy is "
                      "not measured.")
+    info = report.get("baselines") or {}
+    if info.get("skipped"):
+        lines.append(f"verdict: AutoETS and AutoTheta were skipped: {info['skipped']}; the best baseline is "
+                     "seasonal naive alone.")
+    for name, count in (info.get("fallbacks") or {}).items():
+        if count and name in BASELINES:
+            lines.append(f"verdict: {_NAMES.get(name, name)} could not be fitted to {count} window histories; "
+                         "seasonal naive stands in for it there.")
     return lines
+
+
+#: Display names of the models in reports.
+_NAMES = {"dp": "the private model", "non_dp": "the non-DP twin", "seasonal_naive": "seasonal naive",
+          "autoets": "AutoETS", "autotheta": "AutoTheta"}
+
+
+def _lower(value: Any, best: tuple[str, float] | None) -> bool:
+    """``value`` strictly below the best baseline's (no baseline with a finite value: nothing to beat)."""
+    if best is None:
+        return True
+    v = float(value) if value is not None else float("nan")
+    return bool(v < best[1])  # NaN loses
+
+
+def _beats(model: dict[str, Any], best_crps: tuple[str, float] | None, best_mase: tuple[str, float] | None) -> bool:
+    return _lower(model.get("crps"), best_crps) and _lower(model.get("mase"), best_mase)
+
+
+def _against_best(model: dict[str, Any], best_crps: tuple[str, float] | None,
+                  best_mase: tuple[str, float] | None) -> str:
+    """``CRPS a vs b (AutoETS, 0.93x), MASE c vs d (AutoTheta, 1.02x)``."""
+    parts = []
+    for metric, best, digits in (("CRPS", best_crps, 4), ("MASE", best_mase, 3)):
+        if best is None:
+            continue
+        value = float(model.get(metric.lower(), float("nan")))
+        parts.append(f"{metric} {value:.{digits}f} vs {best[1]:.{digits}f} ({_NAMES.get(best[0], best[0])}, "
+                     f"{_ratio(value, best[1])})")
+    return ", ".join(parts) if parts else "no baseline scored"
 
 
 def _ratio(a: float, b: float) -> str:
@@ -216,33 +329,40 @@ def _ratio(a: float, b: float) -> str:
     return f"{x:.2f}x" if x >= 1 else f"{x:.2f}x, {100 * (1 - x):.0f}% lower"
 
 
-def _levers(report: dict[str, Any]) -> list[str]:
-    """The concrete knobs, with this run's numbers (sigma, N/r, r = k/T)."""
+def _levers(report: dict[str, Any], budget: bool) -> list[str]:
+    """The concrete knobs, with this run's numbers (sigma, N/r, r = k/T); ``budget``: the budget is (or may be) the
+    limit, so a larger epsilon and the data's effective size lead; else the model's settings do."""
     spec = report.get("privacy_configuration", {}).get("sampling_spec", {})
     eps = report.get("epsilon_budget")
     sigma = report.get("noise_multiplier")
     out = []
+    season = (report.get("evaluation") or {}).get("season_lengths") or report.get("season_lengths")
+    model = ("a stronger model or other settings for it (--model, --context-length, --season-length"
+             + (f"; seasons used: {', '.join(str(m) for m in season)}" if season else "") + ")")
+    if not budget:
+        out.append(model)
     larger = report.get("levers", {}).get("sigma_at_larger_epsilon")
-    if larger:
+    if budget and larger:
         out.append(f"a larger epsilon (noise multiplier sigma = {sigma:.3g} at epsilon = {eps:g}; "
                    f"{larger['noise_multiplier']:.3g} at epsilon = {larger['epsilon']:g})")
-    elif sigma is not None and eps is not None:
+    elif budget and sigma is not None and eps is not None:
         out.append(f"a larger epsilon (noise multiplier sigma = {sigma:.3g} at epsilon = {eps:g})")
     n, r = spec.get("num_series"), spec.get("bottom_level_rate")
     if n and r:
         out.append(f"more or longer series: the effective dataset size N/r = {n}/{r:.3g} = {n / r:,.0f} (N series, "
                    "r the fraction of a series' windows one protected unit reaches; private forecasting beat seasonal "
                    "naive in the paper at N/r ~ 1e5)")
-    lc, lf = spec.get("context_length"), spec.get("prediction_length")
-    t = spec.get("num_start_positions")
-    if t is None and spec.get("min_length") and lf:
-        t = spec["min_length"] - lf + 1
-    if lc and lf and t:
-        out.append(f"a shorter past window or fewer lags (r = (L_C + L_F)/T = ({lc} + {lf})/{t} for the shortest "
-                   "series), or leaving out the shortest series (their length decides the bound)")
-    out.append("a coarser time unit (aggregate to a lower frequency, so one protected step covers more and windows "
-               "hold fewer, more informative values)")
-    out.append("a model with fewer parameters (the noise grows with their number)")
+    if budget:
+        lc, lf = spec.get("context_length"), spec.get("prediction_length")
+        t = spec.get("num_start_positions")
+        if t is None and spec.get("min_length") and lf:
+            t = spec["min_length"] - lf + 1
+        if lc and lf and t:
+            out.append(f"a shorter past window or fewer lags (r = (L_C + L_F)/T = ({lc} + {lf})/{t} for the shortest "
+                       "series), or leaving out the shortest series (their length decides the bound)")
+        out.append("a coarser time unit (aggregate to a lower frequency, so one protected step covers more and "
+                   "windows hold fewer, more informative values)")
+        out.append("a model with fewer parameters (the noise grows with their number)")
     return out
 
 

@@ -1,16 +1,14 @@
 """The model factory: the GluonTS estimator (whose LightningModule is trained and whose predictor forecasts) of a
-:class:`~lightning_dpts.config.FitConfig`, GluonTS's seasonality and lags, and the AutoETS baseline."""
+:class:`~lightning_dpts.config.FitConfig`, the seasons it reads (:func:`model_seasons`) and DeepAR's lags. The
+baselines (seasonal naive with intervals, AutoETS, AutoTheta) live in :mod:`lightning_dpts.baselines`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from lightning_dpts.config import LEGACY_DEFAULTS, FitConfig
 
-__all__ = ["autoets_forecasts", "deepar_lags", "make_estimator", "season_length"]
+__all__ = ["deepar_lags", "make_estimator", "model_seasons", "season_length"]
 
 
 def make_estimator(config: FitConfig, freq: str) -> Any:
@@ -28,11 +26,11 @@ def make_estimator(config: FitConfig, freq: str) -> Any:
         from lightning_dpts.recipe import LEARNING_RATE
 
         lr = config.learning_rate if config.learning_rate is not None else LEARNING_RATE
+        season = model_seasons(config, freq)[0]
         if config.context_length is None:
-            ctx = max(2 * h, season_length(freq) + 1)
+            ctx = max(2 * h, season + 1)
 
-        return SeasonalLinearEstimator(prediction_length=h, context_length=ctx, season_length=season_length(freq),
-                                       lr=lr)
+        return SeasonalLinearEstimator(prediction_length=h, context_length=ctx, season_length=season, lr=lr)
     if config.model == "simple_feedforward":
         from gluonts.torch.model.simple_feedforward import SimpleFeedForwardEstimator
 
@@ -61,27 +59,17 @@ def deepar_lags(freq: str, max_lag: int | None) -> list[int] | None:
     return sorted({lag for lag in get_lags_for_frequency(freq) if lag <= max_lag} | {1})
 
 
+def model_seasons(config: FitConfig, freq: str) -> tuple[int, ...]:
+    """The seasons (primary first) the model, seasonal naive and MASE use: ``config.season_length`` (``dpts fit
+    --season-length``) or the frequency's (:func:`~lightning_dpts.data.seasonality.season_lengths`). The one place
+    ``dpts fit`` reads the option: every seasonal model takes its season from here. Public metadata only."""
+    from lightning_dpts.data.seasonality import season_lengths
+
+    return season_lengths(freq, config.season_length)
+
+
 def season_length(freq: str) -> int:
-    from gluonts.time_feature import get_seasonality
+    """The primary season of data at frequency ``freq`` (:func:`~lightning_dpts.data.seasonality.season_lengths`)."""
+    from lightning_dpts.data.seasonality import season_lengths
 
-    return int(get_seasonality(freq))
-
-
-def autoets_forecasts(inputs: list[dict[str, Any]], horizon: int, season: int, freq: str) -> list[Any]:
-    from gluonts.model.forecast import QuantileForecast
-    from scipy.stats import norm
-    from statsforecast.models import AutoETS
-
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
-
-    out = []
-    for entry in inputs:
-        y = np.asarray(entry["target"], dtype=float)
-        y = pd.Series(y).interpolate(limit_direction="both").to_numpy()
-        fit = AutoETS(season_length=season).forecast(y=y, h=horizon, level=[80])
-        mean = np.asarray(fit["mean"])
-        sd = (np.asarray(fit["hi-80"]) - mean) / norm.ppf(0.9)
-        arrays = np.stack([mean + norm.ppf(q) * sd for q in DEFAULT_QUANTILES])
-        start = entry["start"] + len(y)
-        out.append(QuantileForecast(arrays, start_date=start, forecast_keys=[str(q) for q in DEFAULT_QUANTILES]))
-    return out
+    return season_lengths(freq)[0]

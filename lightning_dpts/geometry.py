@@ -38,7 +38,8 @@ def resolve_config(config: FitConfig, lengths: Any, freq: str,
     recipe = choose_recipe(lengths, freq=freq, prediction_length=config.prediction_length, epsilon=config.epsilon,
                            delta=config.delta, level=config.level, size=config.size,
                            held_out_windows=held_out_windows, min_series_length=config.min_series_length,
-                           groups=config.bands if config.bands is not None and not config.monte_carlo else 1)
+                           groups=config.bands if config.bands is not None and not config.monte_carlo else 1,
+                           season_length=config.season_length)
     choice = {"model": recipe.model, "context_length": recipe.context_length, "epochs": recipe.epochs,
               "batch_size": recipe.batch_size, "max_grad_norm": recipe.max_grad_norm,
               "learning_rate": recipe.learning_rate, "min_series_length": recipe.min_series_length or 1}

@@ -18,8 +18,9 @@ Every file a job writes goes through this module:
   what the run wrote and the directories it created, so a refused run leaves nothing behind.
 
 Each path is registered with whether the (epsilon, delta) guarantee covers it: :meth:`OutputDirectory.manifest`
-gives the ``"files"`` manifest that ``report.json`` carries (``"public: ..."`` or ``"private: ..."``). Everything
-computed from the private data without DP lives under :data:`PRIVATE_DIR`.
+gives the ``"files"`` manifest that ``report.json`` carries (``"public: ..."`` or ``"private: ..."``; a private
+directory is listed as one entry, since the names of the files in it may hold a host name, a process id or a time).
+Everything computed from the private data without DP lives under :data:`PRIVATE_DIR`.
 """
 
 from __future__ import annotations
@@ -360,11 +361,16 @@ class OutputDirectory:
         return self.root / rel.rstrip("/")
 
     def manifest(self) -> dict[str, str]:
-        """Every file written (directories expanded) -> its description, plus the journal and lock files."""
+        """Every file written -> its description, plus the journal and lock files. Public directories are expanded
+        file by file; a private directory is one entry (``"private/logs/"``): the names of the files in it are not
+        public (a TensorBoard event file's name holds a time stamp, the host name and the process id)."""
         out: dict[str, str] = {}
         for rel, description in sorted(self._descriptions.items()):
             target = self.root / rel.rstrip("/")
-            if rel.endswith("/"):
+            if rel.endswith("/") and rel.startswith(f"{PRIVATE_DIR}/"):
+                if target.is_dir() and any(child.is_file() for child in target.rglob("*")):
+                    out[rel] = description
+            elif rel.endswith("/"):
                 for child in sorted(target.rglob("*")) if target.is_dir() else []:
                     if child.is_file():
                         out[child.relative_to(self.root).as_posix()] = description

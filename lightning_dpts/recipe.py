@@ -89,7 +89,7 @@ class Recipe:
 
     Attributes:
         model: the model name (an entry of :data:`lightning_dpts.config.MODELS`).
-        season_length: m, from the frequency (GluonTS ``get_seasonality``).
+        season_length: m, given or from the frequency (:func:`~lightning_dpts.data.seasonality.season_lengths`).
         context_length: P, the past window the model reads (no lags beyond it: the whole L_C).
         min_series_length: series shorter than this (whole length, time steps) are left out; ``None``: none.
         num_series: N, series trained on (after the threshold).
@@ -231,12 +231,13 @@ def choose_recipe(
     min_series_length: int | None = None,
     past_length: int | None = None,
     groups: int = 1,
+    season_length: int | None = None,
 ) -> Recipe:
     """Choose the training recipe from public metadata only (see the module docstring).
 
     Args:
         lengths: the length of every series (time steps); their number is N. No values.
-        freq: pandas frequency of the series (its season length m comes from GluonTS ``get_seasonality``).
+        freq: pandas frequency of the series (its season length m, unless ``season_length`` gives it).
         prediction_length: H, the horizon.
         epsilon, delta: the budget.
         level, size: the neighbouring relation (``"event"``/``"user"``, w).
@@ -248,6 +249,8 @@ def choose_recipe(
         groups: k >= 1, cyclic Poisson sampling in k groups (``dpts fit --bands k``: amplified BandMF, k = b): the
             batch is at most N/k series (an eligible series is sampled with probability N' k / N <= 1) and the
             noise proxy composes ceil(S/k) steps at rate N' k r / N.
+        season_length: m (``dpts fit --season-length``); ``None``: the primary season of ``freq``
+            (:func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24, monthly 12).
 
     Returns:
         The :class:`Recipe` (deterministic: the same metadata gives the same recipe).
@@ -256,7 +259,7 @@ def choose_recipe(
         ConfigurationError: no series or no series long enough for one training window (``data``), or a budget
             that no noise multiplier <= 1e4 reaches for any candidate.
     """
-    from gluonts.time_feature import get_seasonality
+    from lightning_dpts.data.seasonality import season_lengths
 
     sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
     if sizes.size == 0:
@@ -264,7 +267,7 @@ def choose_recipe(
     if not (isinstance(prediction_length, int) and prediction_length >= 1):
         raise ConfigurationError("prediction_length", prediction_length, "must be an integer >= 1")
     horizon = prediction_length
-    season = int(get_seasonality(freq))
+    season = season_lengths(freq, season_length)[0]
     train = sizes - held_out_windows * horizon
     usable = np.sort(train[train >= horizon])
     if usable.size == 0:
@@ -408,6 +411,13 @@ def choose_recipe(
     )
 
 
+#: Why ``PrivateTraining.trainer_kwargs`` has no logger (issue 38).
+NO_LOGGER = ("what a module logs during DP training (its training loss) is computed on private batches without "
+             "noise, and Lightning's default logger would write it to ./lightning_logs; to keep logs, pass a logger "
+             "that writes to a private folder, e.g. logger=CSVLogger('private/logs') (DPForecastStrategy says where "
+             "logs go); epsilon is in the progress bar and the AccountantCallback's report")
+
+
 @dataclass
 class PrivateTraining:
     """What :func:`make_private_with_epsilon` configured: the two callbacks, the Trainer and datamodule arguments,
@@ -417,7 +427,9 @@ class PrivateTraining:
         strategy: a :class:`~lightning_dpts.training.DPForecastStrategy` with C and the target (epsilon, delta)
             for ``epochs`` epochs: it calibrates sigma with the PLD accountant on the datamodule's real spec.
         accountant: an :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is spent).
-        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant]}`` for ``lightning.Trainer``.
+        trainer_kwargs: ``{"max_epochs": ..., "callbacks": [strategy, accountant], "logger": False}`` for
+            ``lightning.Trainer``: no logger by default (:data:`NO_LOGGER`); add one that writes to a private folder
+            to keep the logs.
         datamodule_kwargs: ``{"batch_size": Lambda, "test_windows": ...}`` for
             :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`.
         settings: every choice by name (``max_grad_norm``, ``batch_size``, ``noise_multiplier_estimate``,
@@ -439,8 +451,11 @@ class PrivateTraining:
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> list[str]:
-        """Log lines: every setting, then its reason."""
-        return [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        """Log lines: every setting, then its reason (and the logger's, when there is none)."""
+        lines = [f"{name} = {value!r}: {self.reasons.get(name, '')}" for name, value in self.settings.items()]
+        if self.trainer_kwargs.get("logger") is False:
+            lines.append(f"logger = False: {NO_LOGGER}")
+        return lines
 
     def keep(self, lengths: Sequence[int]) -> np.ndarray:
         """Boolean mask of the series to train on (length >= ``settings["min_series_length"]``); lengths only."""
@@ -577,6 +592,6 @@ def make_private_with_epsilon(
     accountant = AccountantCallback(epsilon=epsilon, delta=delta)
     return PrivateTraining(
         strategy=strategy, accountant=accountant,
-        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant]},
+        trainer_kwargs={"max_epochs": settings["epochs"], "callbacks": [strategy, accountant], "logger": False},
         datamodule_kwargs={"batch_size": settings["batch_size"], "test_windows": held_out},
         settings=settings, reasons=reasons, explicit=tuple(given), recipe=recipe, warnings=recipe.warnings)

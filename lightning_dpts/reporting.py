@@ -50,11 +50,12 @@ def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy:
                   steps: int, test_windows: int, windows_note: str, entropy: Any, data_name: str, recipe: Any,
                   chosen: list[str], dropped_by_length: int, clipped_count: int | None, relation: Any,
                   predictions: dict[str, list[Any]], labels: list[np.ndarray],
-                  inputs: list[dict[str, Any]]) -> dict[str, Any]:
+                  inputs: list[dict[str, Any]], seasons: tuple[int, ...] = ()) -> dict[str, Any]:
     """``report.json`` without its ``"files"`` manifest: what the guarantee covers and public metadata.
 
     ``privacy`` is the accountant's final read-out; the DP releases (clipped count, ``dp_metrics``) draw from
-    ``entropy``'s streams 6 and (6, 1).
+    ``entropy``'s streams 6 and (6, 1). ``seasons``: the season lengths used (primary first; from the frequency or
+    ``--season-length``: public metadata).
     """
     from lightning_dpts.randomness import SEEDED_NOTICE
 
@@ -87,6 +88,9 @@ def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy:
         "config": config_dict(config),
         "recipe": None if recipe is None else {**recipe.to_dict(), "chosen_by_recipe": chosen},
         "series_left_out_by_length": dropped_by_length,
+        "seasons": {"season_lengths": list(seasons), "source": "given (--season-length)"
+                    if config.season_length is not None else "from the frequency (lightning_dpts.data.seasonality)"},
+        "evaluation_protocol": config.evaluation,
         "covered_by_the_guarantee": PUBLIC_NOTICE,
     }
     if accountant.monte_carlo_report is not None:  # --bands: the Monte Carlo accountant's read-out
@@ -126,32 +130,63 @@ def risk_report(accountant: Any, steps: int, privacy: Any, config: FitConfig) ->
 
 
 def private_report(config: FitConfig, report: dict[str, Any], *, metrics: dict[str, Any], spec: Any, steps: int,
-                   test_windows: int, forecasts: int, season: int, started: float) -> dict[str, Any]:
+                   test_windows: int, forecasts: int, season: int, started: float,
+                   baselines: Any = None) -> dict[str, Any]:
     """``private/evaluation.json``: metrics of every model, baselines, levers and the verdict (NOT covered).
 
     ``started`` is the run's ``time.perf_counter()`` at its start (the run's seconds are private: they depend on
-    the data).
+    the data). ``baselines``: the :class:`~lightning_dpts.baselines.Baselines` record (skip reason, fallbacks).
     """
+    from lightning_dpts.baselines import best_baseline
     from lightning_dpts.evaluation import verdict
 
+    seasons = (report.get("seasons") or {}).get("season_lengths") or [season]
     private: dict[str, Any] = {
         "notice": PRIVATE_NOTICE,
         "evaluation": {
+            "protocol": config.evaluation,
             "test_windows": test_windows,
             "forecasts": forecasts,
             "series": spec.num_series,
-            "metrics": "pooled over every rolling test window and series: crps = mean weighted quantile loss "
-                       "(GluonTS mean_wQuantileLoss, the paper's CRPS), mae of the median, mase (seasonal error "
-                       "of the history); crps_per_window = the same CRPS per window, earliest first",
+            "metrics": evaluation_note(config.evaluation),
             "season_length": season,
+            "season_lengths": seasons,
         },
         "metrics": metrics,
+        "baselines": baselines_note(baselines),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    if "non_dp" not in metrics or not (metrics["dp"]["crps"] < metrics["seasonal_naive"]["crps"]):
-        private["levers"] = levers(spec, config.epsilon, config.reserved_epsilon, config.delta, steps)
+    best = {metric: best_baseline(metrics, metric) for metric in ("crps", "mase")}
+    private["best_baseline"] = {metric: None if b is None else {"model": b[0], "value": b[1]}
+                                for metric, b in best.items()}
     private["verdict"] = verdict({**report, **private})
+    if private["verdict"][0].startswith("VERDICT") and "model, not the budget" not in private["verdict"][0]:
+        # the budget may be the limit: the levers carry sigma at a larger epsilon
+        private["levers"] = levers(spec, config.epsilon, config.reserved_epsilon, config.delta, steps)
+        private["verdict"] = verdict({**report, **private})
     return private
+
+
+def evaluation_note(protocol: str) -> str:
+    """What the evaluation's metrics are, for ``private/evaluation.json``."""
+    where = ("every rolling test window and series" if protocol == "rolling" else
+             "the last window of every series (its last H points)")
+    return (f"pooled over {where}: crps = mean weighted quantile loss over the quantiles 0.1-0.9 (GluonTS "
+            "mean_wQuantileLoss, the paper's CRPS), mase = mean over forecasts of MAE / the history's mean absolute "
+            "seasonal difference at the primary season (M4), mae of the median, coverage = share of true values "
+            "inside the 10-90% interval; crps_per_window = the CRPS per window, earliest first. Baselines: "
+            "seasonal_naive (with Gaussian intervals from the history's seasonal differences), autoets, autotheta "
+            "(statsforecast); non_dp = the same model trained without DP")
+
+
+def baselines_note(baselines: Any) -> dict[str, Any]:
+    """The baselines' record for the evaluation: which ran, which were skipped and why, fallbacks per model."""
+    from lightning_dpts.baselines import BASELINES
+
+    if baselines is None:
+        return {"run": ["seasonal_naive"], "skipped": None, "fallbacks": {}}
+    return {"run": [name for name in BASELINES if name in baselines.forecasts], "skipped": baselines.skipped,
+            "fallbacks": dict(baselines.fallbacks)}
 
 
 def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str, Any], private: dict[str, Any], *,
@@ -311,18 +346,25 @@ def format_table(report: dict[str, Any]) -> str:
     report = {**report, **(report.get("private") or {})}
     bands = (report.get("config") or {}).get("bands")
     private = "private model (DP-SGD)" if bands is None else f"private model (BandMF b={bands})"
-    names = {"dp": private, "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive", "autoets": "AutoETS"}
-    lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>24} {'MAE':>12} {'MASE':>8}"]
+    names = {"dp": private, "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive (intervals)",
+             "autoets": "AutoETS", "autotheta": "AutoTheta"}
+    lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>20} {'MAE':>12} {'MASE':>8} "
+             f"{'10-90% cov.':>11}"]
     for key, values in report["metrics"].items():
         per = values.get("crps_per_window", [])
         spread = f"{min(per):.4f}..{max(per):.4f}" if len(per) > 1 else ""
         mase = values.get("mase", float("nan"))
-        lines.append(f"{names.get(key, key):28} {values['crps']:>16.4f} {spread:>24} {values['mae']:>12.3f} "
-                     f"{mase:>8.3f}")
+        coverage = values.get("coverage", float("nan"))
+        lines.append(f"{names.get(key, key):28} {values['crps']:>16.4f} {spread:>20} {values['mae']:>12.3f} "
+                     f"{mase:>8.3f} {coverage:>11.2f}")
     evaluation = report.get("evaluation")
     if evaluation:
-        lines.append(f"scored on {evaluation['test_windows']} rolling test windows x {evaluation['series']} series "
-                     f"({evaluation['forecasts']} forecasts, never used for training)")
+        seasons = evaluation.get("season_lengths") or [evaluation.get("season_length")]
+        how = (f"{evaluation['test_windows']} rolling test windows" if evaluation.get("protocol", "rolling")
+               == "rolling" else "the last window (the last H steps)")
+        lines.append(f"scored on {how} x {evaluation['series']} series ({evaluation['forecasts']} forecasts, never "
+                     f"used for training); season {', '.join(str(m) for m in seasons)} (MASE scales by "
+                     f"{seasons[0]})")
     bound = report["bound"]
     lines.append(f"privacy spent: epsilon={report['epsilon']:.4f} (budget {report['epsilon_budget']:g}), "
                  f"delta={report['delta']:g} after {report['steps']} steps; "

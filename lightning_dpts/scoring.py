@@ -1,5 +1,6 @@
 """Forecasting and scoring the held-out test windows of a ``dpts fit`` run: the models' quantile matrices, the
-unclipped truth of a clipped run, the baselines (seasonal naive, AutoETS) and the pooled metrics
+unclipped truth of a clipped run, the baselines (:mod:`lightning_dpts.baselines`: seasonal naive with calibrated
+intervals, AutoETS, AutoTheta) as GluonTS forecasts, and the pooled metrics
 (:func:`lightning_dpts.evaluation.score_windows`). Computed from the private data without DP: the results belong
 under ``private/`` (or in a DP release, :func:`lightning_dpts.reporting.dp_metrics`)."""
 
@@ -52,18 +53,26 @@ def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
     return inputs, labels
 
 
-def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, freq: str,
-                       autoets: bool) -> dict[str, list[Any]]:
-    """Seasonal naive (and, with ``autoets``, AutoETS) forecasts from the unclipped histories."""
-    from gluonts.model.seasonal_naive import SeasonalNaivePredictor
+def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, *,
+                       statsforecast: bool = True, cache: Any = None,
+                       progress: Any = None) -> tuple[dict[str, list[Any]], Any]:
+    """The baselines of :func:`lightning_dpts.baselines.baseline_quantiles` from the unclipped histories, as GluonTS
+    ``QuantileForecast`` objects (what the plots and the DP release read); returns ``(forecasts by name, the
+    :class:`~lightning_dpts.baselines.Baselines` with the fallback counts and the skip reason)``."""
+    from gluonts.model.forecast import QuantileForecast
 
-    out = {"seasonal_naive": list(SeasonalNaivePredictor(
-        prediction_length=prediction_length, season_length=season).predict(raw_inputs))}
-    if autoets:
-        from lightning_dpts.forecasters import autoets_forecasts
+    from lightning_dpts.baselines import baseline_quantiles
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
 
-        out["autoets"] = autoets_forecasts(raw_inputs, prediction_length, season, freq)
-    return out
+    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    result = baseline_quantiles(histories, prediction_length, season, statsforecast=statsforecast, cache=cache,
+                                progress=progress)
+    keys = [str(q) for q in DEFAULT_QUANTILES]
+    out = {name: [QuantileForecast(np.asarray(q).T, start_date=entry["start"] + len(entry["target"]),
+                                   forecast_keys=keys, item_id=entry.get("item_id"))
+                  for q, entry in zip(quantiles, raw_inputs, strict=True)]
+           for name, quantiles in result.forecasts.items()}
+    return out, result
 
 
 def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],

@@ -15,7 +15,8 @@ OWNED = {
     "lightning_dpts.cli", "lightning_dpts.config", "lightning_dpts.loading", "lightning_dpts.geometry",
     "lightning_dpts.forecasters", "lightning_dpts.budget", "lightning_dpts.scoring", "lightning_dpts.reporting",
     "lightning_dpts.export", "lightning_dpts.planning", "lightning_dpts.recipe", "lightning_dpts.evaluation",
-    "lightning_dpts.plots", "lightning_dpts.hparams", "lightning_dpts.outputs", "lightning_dpts.synthetic.cli",
+    "lightning_dpts.plots", "lightning_dpts.hparams", "lightning_dpts.outputs", "lightning_dpts.baselines",
+    "lightning_dpts.synthetic.cli",
     "lightning_dpts.synthetic.pipeline", "lightning_dpts.release.cli",
 }
 

@@ -40,6 +40,7 @@ BOUNDARY = {
     "--forecast-noise": ["-1e-9", "1000001"],
     "--seed": ["-1", "1.5"],
     "--test-windows": ["0", "-1", "10001"],
+    "--season-length": ["0", "-1", "100001"],
     "--clip-low": ["1e31", "-1e31"],
     "--clip-high": ["1e31", "-1e31"],
     "--clip-count-epsilon": ["-1", "100.01", "0.1"],  # 0.1 is in range but needs --clip-low/--clip-high
@@ -48,7 +49,8 @@ BOUNDARY = {
     "--monte-carlo-samples": ["0", "999", "100000001"],
 }
 INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size", "--instances-per-series",
-           "--size", "--max-lag", "--seed", "--test-windows", "--min-series-length", "--bands", "--monte-carlo-samples"}
+           "--size", "--max-lag", "--seed", "--test-windows",
+           "--season-length", "--min-series-length", "--bands", "--monte-carlo-samples"}
 CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
 CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
 CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)

@@ -102,12 +102,15 @@ def test_score_windows_pools_every_window_and_reports_each():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# verdict
+# verdict: against the best baseline, and the model or the budget as the limit
 # ---------------------------------------------------------------------------------------------------------
-def _report(dp: float, naive: float, non_dp: float | None = 0.01) -> dict:
-    metrics = {"dp": {"crps": dp}, "seasonal_naive": {"crps": naive}}
+def _report(dp: float, naive: float, non_dp: float | None = 0.01, *, ets: float | None = None,
+            dp_mase: float = 0.5, naive_mase: float = 1.0, twin_mase: float = 0.5, ets_mase: float = 0.9) -> dict:
+    metrics = {"dp": {"crps": dp, "mase": dp_mase}, "seasonal_naive": {"crps": naive, "mase": naive_mase}}
+    if ets is not None:
+        metrics["autoets"] = {"crps": ets, "mase": ets_mase}
     if non_dp is not None:
-        metrics["non_dp"] = {"crps": non_dp}
+        metrics["non_dp"] = {"crps": non_dp, "mase": twin_mase}
     return {"metrics": metrics, "epsilon_budget": 1.0, "noise_multiplier": 7.6,
             "privacy_configuration": {"sampling_spec": {"num_series": 359, "bottom_level_rate": 0.05,
                                                         "context_length": 26, "prediction_length": 13,
@@ -115,20 +118,50 @@ def _report(dp: float, naive: float, non_dp: float | None = 0.01) -> dict:
             "levers": {"sigma_at_larger_epsilon": {"epsilon": 4.0, "noise_multiplier": 2.1}}}
 
 
-@pytest.mark.parametrize("dp, naive, too_small", [(0.0809, 0.0634, True), (0.0634, 0.0634, True),
-                                                  (float("nan"), 0.06, True), (0.0172, 0.0176, False),
-                                                  (0.01, 0.5, False)])
-def test_verdict_says_the_budget_is_too_small_iff_private_crps_is_not_below_naive(dp, naive, too_small):
-    lines = verdict(_report(dp, naive))
-    text = "\n".join(lines)
-    assert ("this budget is too small for this data" in text) is too_small
-    if too_small:
-        first = lines[0]
-        assert f"private CRPS {dp:.4f} vs seasonal naive {naive:.4f}" in first
+@pytest.mark.parametrize("dp, naive, loses", [(0.0809, 0.0634, True), (0.0634, 0.0634, True),
+                                              (float("nan"), 0.06, True), (0.0172, 0.0176, False),
+                                              (0.001, 0.5, False)])
+def test_verdict_warns_iff_private_crps_is_not_below_the_best_baseline(dp, naive, loses):
+    """Twin better than every baseline: a loss is the budget's ("too small"), with the levers' numbers."""
+    lines = verdict(_report(dp, naive, non_dp=0.0001))
+    first = lines[0]
+    assert first.startswith("VERDICT") is loses
+    assert ("this budget is too small for this data" in first) is loses
+    if loses:
+        assert f"CRPS {dp:.4f} vs {naive:.4f} (seasonal naive" in first
         # the levers come from the numbers: sigma now and at 4x epsilon, N/r, r = (L_C + L_F)/T
         assert "7.6 at epsilon = 1" in first and "2.1 at epsilon = 4" in first
         assert "N/r = 359/0.05 = 7,180" in first and "(26 + 13)/29" in first
         assert "coarser time unit" in first
+    else:
+        assert first.startswith("verdict: the private model beats the best baseline")
+
+
+def test_verdict_names_the_best_baseline_per_metric_and_needs_both_metrics():
+    # AutoETS has the lowest CRPS, seasonal naive the lowest MASE
+    report = _report(0.03, 0.05, non_dp=0.001, ets=0.04, dp_mase=0.8, naive_mase=0.85, ets_mase=0.9, twin_mase=0.1)
+    first = verdict(report)[0]
+    assert first.startswith("verdict: the private model beats the best baseline")
+    assert "CRPS 0.0300 vs 0.0400 (AutoETS, 0.75x" in first and "MASE 0.800 vs 0.850 (seasonal naive" in first
+    # better CRPS but a worse MASE than seasonal naive: not worth using
+    report = _report(0.03, 0.05, non_dp=0.001, ets=0.04, dp_mase=0.86, naive_mase=0.85, twin_mase=0.1)
+    first = verdict(report)[0]
+    assert first.startswith("VERDICT") and "MASE 0.860 vs 0.850 (seasonal naive, 1.01x)" in first
+    assert "AutoETS is better and spends no privacy" in first  # the best by CRPS is named
+
+
+def test_verdict_blames_the_model_not_the_budget_when_the_twin_loses_too():
+    """Issue 37: the twin (no DP) does not beat the best baseline, so a larger epsilon cannot help: not advised."""
+    report = _report(0.05, 0.06, non_dp=0.045, ets=0.04, dp_mase=1.2, twin_mase=1.1, ets_mase=0.95)
+    lines = verdict(report)
+    first = lines[0]
+    assert first.startswith("VERDICT: the model, not the budget, is the limit")
+    assert "CRPS 0.0450 vs 0.0400 (AutoETS, 1.12x)" in first  # the twin's numbers
+    assert "larger epsilon (" not in first and "2.1 at epsilon = 4" not in first
+    assert "--season-length" in first and "this budget is too small" not in first
+    # positive control: the same numbers with a twin that wins advise the budget
+    winning = verdict(_report(0.05, 0.06, non_dp=0.03, ets=0.04, dp_mase=1.2, twin_mase=0.5, ets_mase=0.95))[0]
+    assert "this budget is too small" in winning and "2.1 at epsilon = 4" in winning
 
 
 @pytest.mark.parametrize("dp, plain, inside", [(0.012, 0.01, True), (0.013, 0.01, True), (0.0131, 0.01, False)])
@@ -138,9 +171,16 @@ def test_verdict_compares_with_the_non_dp_model_at_1_3x(dp, plain, inside):
     assert ("outside 1.3x of the same model without DP" in text) is (not inside)
 
 
-def test_verdict_without_the_non_dp_reference_and_when_non_dp_loses_too():
-    assert "was not trained" in "\n".join(verdict(_report(0.05, 0.04, None)))
-    assert "model without DP does not beat seasonal naive" in "\n".join(verdict(_report(0.05, 0.04, 0.045)))
+def test_verdict_without_the_twin_and_with_skipped_or_failed_baselines():
+    lines = verdict(_report(0.05, 0.04, None))
+    assert "not measured" in lines[0] and "a larger epsilon" in lines[0]
+    assert "was not trained" in "\n".join(lines)
+    report = {**_report(0.01, 0.04), "baselines": {"skipped": "the optional package statsforecast is not "
+                                                              "installed (pip install statsforecast)",
+                                                   "fallbacks": {"autoets": 0, "autotheta": 3}}}
+    text = "\n".join(verdict(report))
+    assert "AutoETS and AutoTheta were skipped: the optional package statsforecast is not installed" in text
+    assert "AutoTheta could not be fitted to 3 window histories" in text and "AutoETS could not" not in text
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -242,8 +282,9 @@ def test_fit_with_rolling_windows_clipping_and_verdict_end_to_end(tiny_csv, tmp_
         assert len(private["metrics"][name]["crps_per_window"]) == 3
         assert math.isfinite(private["metrics"][name]["mase"])
     assert private["verdict"] and all(line in printed for line in private["verdict"])
-    assert ("too small" in private["verdict"][0]) is (private["metrics"]["dp"]["crps"]
-                                                      >= private["metrics"]["seasonal_naive"]["crps"])
+    metrics = private["metrics"]
+    best = min(metrics[name]["crps"] for name in ("seasonal_naive", "autoets", "autotheta") if name in metrics)
+    assert private["verdict"][0].startswith("VERDICT") is (metrics["dp"]["crps"] >= best)
     # clipping: the relation's v is the range, the count spends 2% of epsilon and only a noisy count is written
     assert report["privacy_configuration"]["sampling_spec"]["relation"]["value_bound"] == 2000.0
     assert report["epsilon"] == pytest.approx(report["epsilon_training"] + 0.04) and report["epsilon"] <= 2.0
@@ -281,3 +322,79 @@ def test_table_names_the_mechanism_that_trained_the_private_model(bands, label):
     report["metrics"] = {k: {**v, "mae": 1.0} for k, v in report["metrics"].items()}
     rows = format_table(report).splitlines()
     assert rows[1].startswith(label)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issue 37: protocols, season length, the yardstick in dpts fit
+# ---------------------------------------------------------------------------------------------------------
+def _daily_csv(path, series: int = 10, days: int = 120):
+    """Daily series with a weekly cycle (weekends 30% higher) and noise."""
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    stamps = pd.date_range("2021-01-04", periods=days, freq="D")
+    weekend = (stamps.dayofweek >= 5).astype(float)
+    frames = [pd.DataFrame({"item_id": f"s{i}", "timestamp": stamps,
+                            "target": (50 + 5 * i) * (1 + 0.3 * weekend) + rng.normal(0, 2, days)})
+              for i in range(series)]
+    pd.concat(frames).to_csv(path, index=False)
+    return path
+
+
+def test_daily_data_gets_season_7_in_the_model_the_baselines_and_the_report(tmp_path, capsys):
+    data = _daily_csv(tmp_path / "daily.csv")
+    out = tmp_path / "run"
+    assert main(["fit", "--data", str(data), "--prediction-length", "7", "--epochs", "2", "--seed", "3",
+                 "--test-windows", "2", "--no-private-plots", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    private = json.loads((out / "private" / "evaluation.json").read_text())
+    model = json.loads((out / "model.json").read_text())
+    assert report["seasons"] == {"season_lengths": [7], "source": "from the frequency "
+                                                                  "(lightning_dpts.data.seasonality)"}
+    assert "season 7 (MASE scales by 7)" in printed
+    assert private["evaluation"]["season_length"] == 7 and private["evaluation"]["protocol"] == "rolling"
+    assert model["estimator"]["kwargs"]["season_length"] == 7  # the model reads the weekly cycle too
+    # seasonal naive with intervals reads the weekly cycle: its MASE (scaled by the weekly seasonal error) is ~1,
+    # a forecast ignoring the week would be far worse
+    assert private["metrics"]["seasonal_naive"]["mase"] < 1.5
+    if "autoets" in private["metrics"]:
+        assert private["baselines"]["skipped"] is None and "autotheta" in private["metrics"]
+    else:
+        assert "statsforecast" in private["baselines"]["skipped"]
+
+
+def test_season_length_option_and_the_last_window_protocol(tiny_csv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "1", "--batch-size", "8",
+                 "--seed", "1", "--season-length", "6", "--evaluation", "last", "--no-baselines",
+                 "--no-private-plots", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    private = json.loads((out / "private" / "evaluation.json").read_text())
+    # 6 replaces the primary season; the year (12, a multiple of 6) stays as the longer one
+    assert report["seasons"]["season_lengths"] == [6, 12]
+    assert report["seasons"]["source"] == "given (--season-length)" and private["evaluation"]["season_length"] == 6
+    assert report["evaluation_protocol"] == "last" and report["test_windows"] == 1
+    assert private["evaluation"]["protocol"] == "last" and private["evaluation"]["forecasts"] == 24
+    assert set(private["metrics"]) == {"dp", "non_dp", "seasonal_naive"}
+    assert "AutoETS and AutoTheta were skipped: not asked for (--no-baselines)" in printed
+    assert "the last window (the last H steps)" in printed
+
+
+@pytest.mark.parametrize("args, option, reason", [
+    (["--season-length", "0"], "--season-length", "[1, 100000]"),
+    (["--season-length", "500"], "--season-length", "shortest series' training part"),
+    (["--season-length", "13", "--context-length", "12"], "--season-length", "past window context_length=12"),
+    (["--evaluation", "last", "--test-windows", "2"], "--test-windows", "evaluation 'last'"),
+    (["--evaluation", "first"], "--evaluation", "invalid choice"),
+    (["--autoets", "--no-baselines"], "--autoets", "--no-baselines"),
+])
+def test_bad_season_and_protocol_options_exit_2_before_anything_is_written(tiny_csv, args, option, reason,
+                                                                           tmp_path, capsys):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", *args, "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and option in err and reason in err
+    assert not out.exists()

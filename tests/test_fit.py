@@ -142,4 +142,22 @@ def test_autoets_baseline(tiny_csv, tmp_path):
     assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "2", "--batch-size", "8",
                  "--autoets", "--no-non-dp", "--output-dir", str(out)]) == 0
     metrics = json.loads((out / "private" / "evaluation.json").read_text())["metrics"]
-    assert set(metrics) == {"dp", "seasonal_naive", "autoets"} and np.isfinite(metrics["autoets"]["crps"])
+    assert set(metrics) == {"dp", "seasonal_naive", "autoets", "autotheta"}
+    assert np.isfinite(metrics["autoets"]["crps"]) and np.isfinite(metrics["autotheta"]["mase"])
+
+
+def test_missing_statsforecast_skips_the_baselines_and_says_how_to_install(tiny_csv, tmp_path, capsys, monkeypatch):
+    """Issue 37: without the optional package the evaluation still runs with seasonal naive, and says so."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "statsforecast" else real(name, *a))
+    out = tmp_path / "run"
+    assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "1", "--batch-size", "8",
+                 "--no-non-dp", "--no-private-plots", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    private = json.loads((out / "private" / "evaluation.json").read_text())
+    assert set(private["metrics"]) == {"dp", "seasonal_naive"}
+    assert "pip install 'lightning-dpts[baselines]'" in private["baselines"]["skipped"]
+    assert "AutoETS and AutoTheta were skipped: the optional package statsforecast is not installed" in printed

@@ -57,8 +57,8 @@ def test_tensorboard_logs_are_private_and_show_the_dp_settings(tiny_csv, tmp_pat
     assert not [p for p in out.rglob("events.out.tfevents.*") if "private" not in p.relative_to(out).parts]
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["logger"] == "tensorboard"
-    listed = {path: text for path, text in report["files"].items() if "tfevents" in path}
-    assert listed and all(text.startswith("private: ") for text in listed.values())
+    assert report["files"]["private/logs/"].startswith("private: ")  # listed as a folder: ...
+    assert "tfevents" not in (out / "report.json").read_text()  # ... the event file's name is not public (R5)
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
     content = acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
@@ -82,3 +82,28 @@ def test_mlflow_logs_are_private(tiny_csv, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert float(run.data.params["dp/noise_multiplier"]) == pytest.approx(report["noise_multiplier"])
     assert "epsilon" in run.data.metrics
+
+
+def test_r5_public_files_hold_no_host_name_process_id_or_time(tiny_csv, tmp_path):
+    """Issue 38, R5: with --logger tensorboard, report.json named the event file
+    ``events.out.tfevents.<time>.<host>.<pid>.0``. Now no public file's name or text holds the host name, the process
+    id or the event file's time stamp."""
+    pytest.importorskip("tensorboard")
+    import os
+    import re
+    import socket
+
+    out = tmp_path / "run"
+    assert main(["fit", "--data", str(tiny_csv), *FAST, "--logger", "tensorboard", "--output-dir", str(out)]) == 0
+    event = next((out / "private" / "logs").rglob("events.out.tfevents.*")).name
+    stamp = event.split(".")[3]  # the time stamp TensorBoard put into the name
+    words = re.compile(rf"(?<![0-9A-Za-z_-])({re.escape(socket.gethostname())}|{os.getpid()}|{stamp})(?![0-9A-Za-z_-])")
+    files = json.loads((out / "report.json").read_text())["files"]
+    public = [rel for rel, what in files.items() if what.startswith("public: ")]
+    assert "report.json" in public and "ledger.json" in public
+    for rel in public:
+        assert not words.search(rel), rel
+        data = (out / rel).read_bytes()
+        assert event.encode() not in data and stamp.encode() not in data, rel  # weights are random bytes: the
+        if rel.endswith(".json"):  # host name (here 2 letters) and the pid are looked for in text files only
+            assert not words.search(data.decode()), rel

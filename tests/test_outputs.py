@@ -34,6 +34,16 @@ def _public(run: Path) -> dict[str, bytes]:
             and rel not in MODEL_WEIGHTS and rel != ".lock"}
 
 
+def covered(run: Path, files: dict[str, str]) -> bool:
+    """The manifest lists every file written, and only those: a file by name, or under a listed private directory
+    (whose file names are not public); every listed private directory holds files."""
+    on_disk = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
+    folders = [rel for rel in files if rel.endswith("/")]
+    assert all(rel.startswith("private/") and any(f.startswith(rel) for f in on_disk) for rel in folders), folders
+    return on_disk == {f for f in on_disk if f in files or any(f.startswith(d) for d in folders)} and \
+        {rel for rel in files if not rel.endswith("/")} <= on_disk
+
+
 def _fit_in(directory: Path, table: pd.DataFrame, *extra: str) -> Path:
     """Run the tiny seeded fit in ``directory`` (relative paths: the configuration is the same bytes)."""
     directory.mkdir(exist_ok=True)
@@ -70,19 +80,26 @@ def test_neighbouring_datasets_give_byte_identical_public_files(tiny_csv, tmp_pa
     for run in runs.values():
         report = json.loads((run / "report.json").read_text())
         files = report["files"]
-        on_disk = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()}
-        assert on_disk == set(files)  # the manifest lists every file written, and only those
+        assert covered(run, files)  # the manifest lists every file written, and only those
         for rel, what in files.items():
             assert what.startswith("private: ") == rel.startswith("private/"), rel
         assert {"private/evaluation.json", "private/forecasts.png"} <= set(files)
-        assert any(rel.startswith("private/logs/") and rel.endswith("metrics.csv") for rel in files)
-        for key in ("metrics", "verdict", "levers", "evaluation", "seconds", "plots"):
+        assert files["private/logs/"].startswith("private: ") and list((run / "private" / "logs").rglob("metrics.csv"))
+        for key in ("metrics", "verdict", "levers", "evaluation", "seconds", "plots", "best_baseline", "baselines"):
             assert key not in report, key
+        text = (run / "report.json").read_text()
+        for metric in ('"crps"', '"mase"', '"mae"', '"coverage"', '"crps_per_window"'):  # no score of any model
+            assert metric not in text, metric
+        assert report["seasons"]["season_lengths"] == [12]  # public: from the frequency, not the values
         assert report["epsilon_curve"]["steps"][-1] == report["steps"]
         assert report["epsilon_curve"]["epsilon"][-1] == report["epsilon"]
     # positive control: the private evaluation does tell the datasets apart (which is why it is private)
     evaluation = {n: json.loads((r / "private" / "evaluation.json").read_text()) for n, r in runs.items()}
     assert evaluation["d"]["metrics"]["seasonal_naive"] != evaluation["held_out"]["metrics"]["seasonal_naive"]
+    # the whole yardstick is in the private file: every baseline that ran, the best of them, the twin
+    private = evaluation["d"]
+    assert {"dp", "non_dp", "seasonal_naive"} <= set(private["metrics"]) and private["best_baseline"]["crps"]
+    assert set(private["baselines"]["run"]) <= set(private["metrics"])
 
 
 def test_no_private_outputs_writes_only_public_files(tiny_csv, tmp_path, capsys):
@@ -131,7 +148,7 @@ def test_rerun_into_a_used_directory_is_refused_and_overwrite_removes_the_stale_
     _fit_in(tmp_path, table, "--no-non-dp", "--no-private-plots", "--overwrite")
     assert not (run / "private" / "forecasts.png").exists()
     files = json.loads((run / "report.json").read_text())["files"]
-    assert {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()} == set(files)
+    assert covered(run, files)
 
 
 def test_overwrite_never_removes_files_no_run_wrote(tmp_path, capsys):
@@ -241,7 +258,7 @@ def test_synth_splits_public_and_private_files(tiny_csv, tmp_path, capsys):
     for key in ("c_fid", "c_fid_initial", "tstr", "private_windows", "private_windows_skipped_missing", "seconds"):
         assert key not in report, key
     files = report["files"]
-    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(files)
+    assert covered(out, files)
     assert files["synthetic.csv.gz"].startswith("public: ")
     assert files["private/real_vs_synthetic.png"].startswith("private: ")
     assert "c_fid" in json.loads((out / "private" / "evaluation.json").read_text())
@@ -257,7 +274,7 @@ def test_synth_splits_public_and_private_files(tiny_csv, tmp_path, capsys):
                  "--output-dir", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["public_models"]["reused"] is True and not (out / "private").exists()
-    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(report["files"])
+    assert covered(out, report["files"])
     shutil.rmtree(out)
     assert main(["synth", "--data", str(tiny_csv), *tiny, "--no-tstr", "--no-private-plots",
                  "--output-dir", str(out)]) == 0

@@ -288,6 +288,48 @@ def test_held_out_evaluation_scores_next_to_seasonal_naive(tmp_path):
     assert "private" in written["notice"]
 
 
+def test_held_out_evaluation_last_window_protocol_season_and_baselines(monkeypatch):
+    """evaluation="last" scores only the last window of every series; season_length reaches seasonal naive and
+    MASE; without statsforecast the baselines are skipped and the verdict says so (issue 37)."""
+    import lightning as L
+
+    from lightning_dpts import baselines as bl
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy, HeldOutEvaluation
+
+    monkeypatch.setattr(bl, "statsforecast_available", lambda: False)
+    module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M", lr=0.0)
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=3)
+    lines: list[str] = []
+    rolling = HeldOutEvaluation(print_fn=None, season_length=4)
+    last = HeldOutEvaluation(print_fn=lines.append, evaluation="last", season_length=4)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                   AccountantCallback(epsilon=100.0, delta=1e-5), rolling, last])
+    trainer.fit(module, datamodule=dm)
+    assert rolling.report["forecasts"] == 3 * 40 and last.report["forecasts"] == 40
+    assert last.report["protocol"] == "last" and last.report["season_length"] == 4
+    assert set(last.report["metrics"]) == {"dp", "seasonal_naive"}
+    # the last window's CRPS is the rolling evaluation's CRPS of its latest window
+    assert last.report["metrics"]["seasonal_naive"]["crps"] == pytest.approx(
+        rolling.report["metrics"]["seasonal_naive"]["crps_per_window"][-1])
+    assert any("AutoETS and AutoTheta were skipped" in line for line in lines)
+    # a season no held-out history can hold is refused when the fit starts, before any step
+    too_long = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[HeldOutEvaluation(print_fn=None, season_length=10_000),
+                                    DPForecastStrategy(noise_multiplier=1.0, max_grad_norm=0.1),
+                                    AccountantCallback(epsilon=100.0, delta=1e-5)])
+    with pytest.raises(ConfigurationError, match="season_length=10000: must be shorter than the shortest"):
+        too_long.fit(module, datamodule=dm)
+    assert too_long.global_step == 0
+    with pytest.raises(ConfigurationError, match="evaluation"):
+        HeldOutEvaluation(evaluation="first")
+    with pytest.raises(ConfigurationError, match="season_length"):
+        HeldOutEvaluation(season_length=0)
+
+
 @pytest.mark.parametrize("name", ["mlp", "sff"])
 def test_held_out_evaluation_non_dp_reference(name):
     """non_dp=True trains a copy of the initial module without DP for the same steps and scores it; the DP module
@@ -314,7 +356,7 @@ def test_held_out_evaluation_non_dp_reference(name):
                                    AccountantCallback(epsilon=100.0, delta=1e-5)])
     trainer.fit(module, datamodule=dm)
     report = evaluation.report
-    assert set(report["metrics"]) == {"dp", "seasonal_naive", "non_dp"}
+    assert {"dp", "seasonal_naive", "non_dp"} <= set(report["metrics"])
     assert report["non_dp_steps"] == 5
     assert report["metrics"]["non_dp"]["crps"] != report["metrics"]["dp"]["crps"]
     assert "non_dp CRPS" in lines[0]

@@ -11,9 +11,10 @@
 4. train with :class:`~lightning_dpts.training.DPForecastStrategy` and
    :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is exceeded);
 5. optionally train the same model without DP for the same number of steps;
-6. forecast the held-out test windows with GluonTS predictors and score them (mean weighted quantile loss
-   as GluonTS reports it, and MAE of the median) next to seasonal naive (and optionally AutoETS;
-   :mod:`lightning_dpts.scoring`);
+6. forecast the held-out test windows (``--evaluation rolling`` or ``last``) with GluonTS predictors and score
+   them (CRPS = mean weighted quantile loss as GluonTS reports it, MASE, MAE of the median, interval coverage)
+   next to the yardstick: seasonal naive with calibrated intervals, AutoETS and AutoTheta
+   (:mod:`lightning_dpts.baselines`, :mod:`lightning_dpts.scoring`) and the non-DP twin;
 7. write the run directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
    every file written atomically), split by what the (epsilon, delta) guarantee covers
    (:mod:`lightning_dpts.reporting`). At the top, public: ``report.json`` (configuration, epsilon, delta, sigma,
@@ -67,12 +68,17 @@ class _Data:
     relation: Any
 
 
-def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
+            baseline_cache: Any = None) -> dict[str, Any]:
     """Run the main job (see the module docstring) and return the report that is written to report.json.
 
-    Every check that can refuse the job (the config's ranges, the data, the model geometry, a budget that
-    allows no step) runs before training and before anything is written: a :class:`ConfigurationError` leaves
+    Every check that can refuse the job (the config's ranges, the data, the model geometry, the season, a budget
+    that allows no step) runs before training and before anything is written: a :class:`ConfigurationError` leaves
     ``output_dir`` untouched.
+
+    ``baseline_cache``: a :class:`~lightning_dpts.baselines.BaselineCache` to memoise the AutoETS/AutoTheta
+    forecasts in (benchmarks keep one per dataset across runs: they depend on neither the seed nor epsilon);
+    default: the process's memo.
     """
     config.validate()  # first, before the heavy imports: a bad option is refused at once
     from lightning_dpts.budget import dp_callbacks, noise_multiplier
@@ -93,9 +99,13 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
     data = _load_data(config, progress)
     config = data.config
     train_epsilon = config.epsilon - config.reserved_epsilon  # basic composition: noisy clipped count, DP metrics
+    seasons = _seasons(config, data.freq)
     estimator, module, init_seed = _model(config, data.freq, entropy)
     dm, test_windows, windows_note = _datamodule(config, data, module, train_epsilon, progress)
     spec = dm.sampling_spec
+    from lightning_dpts.evaluation import check_season
+
+    check_season(seasons[0], spec.min_length)  # the shortest history any test window's forecast sees
     sigma, bandmf = noise_multiplier(config, spec, train_epsilon, progress)  # checked before writing
 
     out = Path(config.output_dir)
@@ -107,22 +117,22 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print) -> dict[
                                   run)
         privacy = accountant.report
         assert privacy is not None
-        predictions, inputs, raw_inputs, labels = _forecast_test_windows(
-            config, data, dm, estimator, module, test_windows, init_seed, entropy, steps, progress)
-        from lightning_dpts.forecasters import season_length
+        predictions, inputs, raw_inputs, labels, baselines = _forecast_test_windows(
+            config, data, dm, estimator, module, test_windows, init_seed, entropy, steps, progress, seasons[0],
+            baseline_cache)
         from lightning_dpts.reporting import private_report, public_report, write_run_files
         from lightning_dpts.scoring import score_models
 
-        season = season_length(data.freq)
         windows = [w.window for w in dm.evaluation_windows("test")]
-        metrics = score_models(predictions, labels, raw_inputs, windows, season)
+        metrics = score_models(predictions, labels, raw_inputs, windows, seasons[0])
         report = public_report(config, privacy=privacy, accountant=accountant, strategy=strategy, spec=spec,
                                sigma=sigma, steps=steps, test_windows=test_windows, windows_note=windows_note,
                                entropy=entropy, data_name=data.name, recipe=data.recipe, chosen=data.chosen,
                                dropped_by_length=data.dropped_by_length, clipped_count=data.clipped_count,
-                               relation=data.relation, predictions=predictions, labels=labels, inputs=inputs)
+                               relation=data.relation, predictions=predictions, labels=labels, inputs=inputs,
+                               seasons=seasons)
         private = private_report(config, report, metrics=metrics, spec=spec, steps=steps, test_windows=test_windows,
-                                 forecasts=len(labels), season=season, started=started)
+                                 forecasts=len(labels), season=seasons[0], started=started, baselines=baselines)
         for line in private["verdict"]:
             if line.startswith("VERDICT"):
                 warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
@@ -160,6 +170,10 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     from lightning_dpts.privacy import NeighbouringRelation
 
     table, freq, name = load_fit_table(config)
+    if config.evaluation == "last" and config.test_windows is None:  # M4's protocol: the last H steps, one window
+        from dataclasses import replace
+
+        config = replace(config, test_windows=1)
     if "source_columns" in table.attrs:  # the columns read (the old default names, if the data has those)
         from dataclasses import replace
 
@@ -189,6 +203,20 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
     return _Data(config, table, raw_table, freq, name, recipe, chosen, planned_windows, dropped_by_length,
                  clipped_count, relation)
+
+
+def _seasons(config: FitConfig, freq: str) -> tuple[int, ...]:
+    """The seasons of the run (:func:`~lightning_dpts.forecasters.model_seasons`; public metadata), refused before
+    any work when the recipe's seasonal model could not read the primary one from its past window (the training
+    parts are checked once the datamodule has dropped or refused the short series)."""
+    from lightning_dpts.evaluation import check_season
+    from lightning_dpts.forecasters import model_seasons
+    from lightning_dpts.recipe import RECIPE_MODEL
+
+    seasons = model_seasons(config, freq)
+    reads_season = config.model in (None, RECIPE_MODEL, "seasonal_linear")
+    check_season(seasons[0], 10**12, config.context_length if reads_season else None)
+    return seasons
 
 
 def _model(config: FitConfig, freq: str, entropy: Any) -> tuple[Any, Any, int]:
@@ -328,15 +356,17 @@ def make_logger(kind: str, private_dir: Path) -> Any:
 
 
 def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: Any, module: Any, test_windows: int,
-                           init_seed: int, entropy: Any, steps: int, progress: Callable[[str], None]
-                           ) -> tuple[dict[str, list[Any]], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+                           init_seed: int, entropy: Any, steps: int, progress: Callable[[str], None], season: int,
+                           baseline_cache: Any) -> tuple[dict[str, list[Any]], list[dict[str, Any]],
+                                                         list[dict[str, Any]], list[Any], Any]:
     """Forecasts of every model on the held-out test windows: (predictions by model, inputs, unclipped inputs,
-    unclipped labels). The DP model, the same model trained without DP for the same steps (``non_dp``), and the
-    baselines; sample-based forecasts draw from stream 4 of the run's entropy."""
+    unclipped labels, the :class:`~lightning_dpts.baselines.Baselines` record). The DP model, the same model
+    trained without DP for the same steps (``non_dp``), and the baselines from the unclipped histories;
+    sample-based forecasts draw from stream 4 of the run's entropy."""
     import lightning as L
     import torch
 
-    from lightning_dpts.forecasters import make_estimator, season_length
+    from lightning_dpts.forecasters import make_estimator
     from lightning_dpts.scoring import baseline_forecasts, raw_evaluation
 
     pairs = dm.gluonts_test_pairs("test")
@@ -363,6 +393,7 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
         torch.manual_seed(eval_seed)
         predictions["non_dp"] = list(plain_predictor.predict(inputs))
-    predictions.update(baseline_forecasts(raw_inputs, config.prediction_length, season_length(data.freq),
-                                          data.freq, config.autoets))
-    return predictions, inputs, raw_inputs, labels
+    forecasts, baselines = baseline_forecasts(raw_inputs, config.prediction_length, season,
+                                              statsforecast=config.baselines, cache=baseline_cache, progress=progress)
+    predictions.update(forecasts)
+    return predictions, inputs, raw_inputs, labels, baselines

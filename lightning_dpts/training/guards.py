@@ -2,11 +2,13 @@
 that would break the guarantee are refused with a :class:`~lightning_dpts.errors.ConfigurationError`.
 
 At ``setup``: the Trainer's settings (:func:`check_trainer`: the tuner's finders, ``gradient_clip_val``,
-accumulation, precision) and, on several processes, the distributed settings (:func:`check_distributed`); at
-``on_fit_start``: layers created after ``setup`` (:func:`check_layers_after_setup`), the optimizer's parameters
-(:func:`check_optimizer`), data-dependent learning-rate schedulers (:func:`check_schedulers`), DDP's own gradient
-averaging switched off (:func:`detach_ddp_averaging`); at every noisy step: the trainable set
-(:func:`check_trainable`). The one-batch-per-step (accumulation) check is the strategy's, as it counts batches.
+accumulation, precision), where the loggers write (:func:`say_where_logs_go`) and, on several processes, the
+distributed settings (:func:`check_distributed`); at ``on_fit_start``: layers created after ``setup``
+(:func:`check_layers_after_setup`), the optimizer's parameters (:func:`check_optimizer`), data-dependent
+learning-rate schedulers (:func:`check_schedulers`), callbacks that stop or choose checkpoints on metrics computed
+without noise (:func:`check_monitors`), DDP's own gradient averaging switched off (:func:`detach_ddp_averaging`); at
+every noisy step: the trainable set (:func:`check_trainable`). The one-batch-per-step (accumulation) check is the
+strategy's, as it counts batches.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
@@ -23,9 +25,10 @@ from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.roles import StepAccountant
 
 __all__ = [
-    "check_distributed", "check_global_sample", "check_layers_after_setup", "check_noise_spec", "check_optimizer",
-    "check_optimizer_params", "check_same_on_all_ranks", "check_schedulers", "check_trainable", "check_trainer",
-    "detach_ddp_averaging", "has_accountant", "spec_or_none",
+    "check_distributed", "check_global_sample", "check_layers_after_setup", "check_monitors", "check_noise_spec",
+    "check_optimizer", "check_optimizer_params", "check_same_on_all_ranks", "check_schedulers", "check_trainable",
+    "check_trainer", "detach_ddp_averaging", "has_accountant", "released_metrics", "say_where_logs_go",
+    "spec_or_none",
 ]
 
 
@@ -80,6 +83,68 @@ def check_same_on_all_ranks(trainer: L.Trainer, ledger: dict[str, Any]) -> None:
             "ledger", ledger,
             f"the ranks start from different privacy ledgers (rank 0: {reference}); every rank must continue the "
             "same model (the same checkpoint, or the same weights with the same attached ledger)",
+        )
+
+
+def released_metrics(trainer: L.Trainer) -> set[str]:
+    """Names of the metrics a DP fit releases with its guarantee: what the accountant logs (epsilon after every step,
+    the spent epsilon and the step count at the end), functions of the step count and public settings only."""
+    from lightning_dpts.privacy.montecarlo import MonteCarloAccountant
+
+    names = {"privacy_steps", MonteCarloAccountant.log_name}
+    for cb in trainer.callbacks:
+        if isinstance(cb, StepAccountant):
+            name = str(getattr(cb, "log_name", "epsilon"))
+            names |= {name, f"{name}_spent"}
+    return names
+
+
+def check_monitors(trainer: L.Trainer) -> list[Any]:
+    """Refuse, before the fit's first step, a callback that stops training or chooses a checkpoint by a metric computed
+    on private data without noise; returns the callbacks that monitor a released metric (their state is then a
+    function of released values).
+
+    Any callback with a ``monitor`` (Lightning's ``EarlyStopping``, ``ModelCheckpoint`` and those following their
+    convention) other than a metric the fit releases (:func:`released_metrics`): ``EarlyStopping(monitor=
+    "train_loss")`` publishes a noise-free function of the data in the step count where it stops and checkpoints its
+    best score raw; ``ModelCheckpoint(monitor="val_loss")`` chooses the checkpoint on private windows (docs/privacy.md,
+    rule 5). ``monitor=None`` and the package's own callbacks are fine.
+    """
+    released = released_metrics(trainer)
+    exempt = []
+    for cb in trainer.callbacks:
+        monitor = getattr(cb, "monitor", None)
+        if monitor is None or type(cb).__module__.split(".")[0] == "lightning_dpts":
+            continue
+        if monitor in released:
+            exempt.append(cb)
+            continue
+        name = type(cb).__name__
+        stops = ("stops training" if "Stopping" in name else "chooses which checkpoints to keep" if "Checkpoint" in name
+                 else "acts")
+        raise ConfigurationError(
+            "callbacks", f"{type(cb).__name__}(monitor={monitor!r})",
+            f"{stops} on a metric computed on private data without noise: the step where it stops, the checkpoint "
+            "it chooses and the best score it saves are functions of the data that the (epsilon, delta) guarantee "
+            "does not cover (docs/privacy.md, rule 5). Use monitor=None (ModelCheckpoint then keeps the last or every "
+            "n-th checkpoint), let AccountantCallback stop the fit at the budget or set max_steps/max_epochs, and "
+            f"choose among checkpoints on public data after the fit; metrics released with DP here: {sorted(released)}",
+        )
+    return exempt
+
+
+def say_where_logs_go(trainer: L.Trainer) -> None:
+    """Say where the Trainer's loggers write: what ``training_step`` logs (the training loss) is computed on private
+    batches without noise, so those files are private (docs/privacy.md, "What a run writes")."""
+    places = []
+    for logger in trainer.loggers:
+        place = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
+        places.append(f"{type(logger).__name__} ({place})" if place else type(logger).__name__)
+    if places:
+        rank_zero_info(
+            f"DPForecastStrategy: {', '.join(places)} will hold what the module logs, e.g. its training loss, "
+            "computed on private batches without noise: keep it with the private data, it is not covered by the "
+            "(epsilon, delta) guarantee (only 'epsilon' is). Trainer(logger=False) writes no logs"
         )
 
 

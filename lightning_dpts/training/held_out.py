@@ -1,4 +1,4 @@
-"""HeldOutEvaluation: at the end of a fit, score the model on the held-out rolling windows next to seasonal naive.
+"""HeldOutEvaluation: at the end of a fit, score the model on the held-out windows against the honest yardstick.
 
 **Its numbers are private.** They are computed from the private data (the held-out windows) without DP, so the
 (epsilon, delta) guarantee does not cover them: they are for the data owner. The callback logs them to the
@@ -6,8 +6,11 @@ Trainer's loggers (keep those logs with the data, as ``dpts fit`` keeps its own 
 them with the verdict ``dpts fit`` prints, and, given ``output_dir``, writes them to
 ``output_dir/private/evaluation.json`` (:data:`~lightning_dpts.outputs.PRIVATE_DIR`; docs/privacy.md, "What a
 run writes"). Scoring reuses :func:`lightning_dpts.evaluation.score_windows` (pooled CRPS = mean weighted quantile
-loss, MAE of the median, MASE) and :func:`lightning_dpts.evaluation.verdict`; seasonal naive is GluonTS's
-``SeasonalNaivePredictor`` (:func:`lightning_dpts.scoring.baseline_forecasts`).
+loss over the quantiles 0.1-0.9, MASE scaled by the primary season, MAE of the median, 10-90% coverage) and
+:func:`lightning_dpts.evaluation.verdict`. The yardstick (:mod:`lightning_dpts.baselines`): seasonal naive with
+calibrated intervals, AutoETS and AutoTheta (statsforecast, when installed; ``baselines=False`` skips them) and,
+with ``non_dp=True``, the non-DP twin. ``evaluation="last"`` scores only the last window of every series (its last
+H points, the M4 protocol) instead of every rolling window.
 
 With ``non_dp=True`` it also trains **the same model without DP** (a deep copy of the module taken at ``setup``,
 before any step, trained on the same datamodule for the same number of optimizer steps, with a plain Trainer and
@@ -34,7 +37,7 @@ __all__ = ["HeldOutEvaluation"]
 
 
 class HeldOutEvaluation(pl.Callback):
-    """Score the trained model on the datamodule's held-out windows next to seasonal naive (see the module docstring).
+    """Score the trained model on the datamodule's held-out windows against the baselines (module docstring).
 
     Args:
         split: ``"test"`` (default) or ``"val"``: which held-out windows of the
@@ -42,7 +45,13 @@ class HeldOutEvaluation(pl.Callback):
         predictor: for GluonTS modules, ``module -> GluonTS Predictor`` (e.g.
             ``lambda m: estimator.create_predictor(estimator.create_transformation(), m)``). Not needed for a module
             with ``quantile_forecasts(histories)`` (:func:`~lightning_dpts.models.seasonal_residual`).
-        season_length: m of seasonal naive and MASE (default: from the datamodule's frequency).
+        season_length: m of seasonal naive, the baselines and MASE (default: the primary season of the
+            datamodule's frequency, :func:`~lightning_dpts.data.seasonality.season_lengths`: daily 7, hourly 24,
+            monthly 12, weekly 1); refused when not shorter than the shortest scored history.
+        evaluation: ``"rolling"`` (default: every held-out window of the split) or ``"last"`` (only the last
+            window of every series).
+        baselines: also score AutoETS and AutoTheta (statsforecast; skipped, with a verdict line saying so, when
+            it is not installed).
         output_dir: if given, write ``output_dir/private/evaluation.json`` (private: not covered by the guarantee).
         print_fn: where the comparison and the verdict go (``print``; ``None`` prints nothing).
         non_dp: also train and score the same model without DP (module docstring). List this callback **before**
@@ -51,16 +60,28 @@ class HeldOutEvaluation(pl.Callback):
         non_dp_trainer_kwargs: extra ``lightning.Trainer`` arguments for the non-DP fit (e.g. ``accelerator``);
             ``max_steps``, ``logger``, checkpointing and progress bars are set by the callback.
 
-    After the fit, :attr:`report` holds ``{"metrics": {"dp": ..., "seasonal_naive": ..., "non_dp": ...},
-    "verdict": [...], ...}`` (``non_dp`` only with ``non_dp=True``).
+    After the fit, :attr:`report` holds ``{"metrics": {"dp": ..., "seasonal_naive": ..., "autoets": ...,
+    "autotheta": ..., "non_dp": ...}, "best_baseline": ..., "verdict": [...], ...}`` (``non_dp`` only with
+    ``non_dp=True``; the statsforecast baselines only when they ran).
     """
 
     def __init__(self, split: str = "test", *, predictor: Callable[[Any], Any] | None = None,
                  season_length: int | None = None, output_dir: str | Path | None = None,
                  print_fn: Callable[[str], None] | None = print, non_dp: bool = False,
-                 non_dp_trainer_kwargs: dict[str, Any] | None = None) -> None:
+                 non_dp_trainer_kwargs: dict[str, Any] | None = None, evaluation: str = "rolling",
+                 baselines: bool = True) -> None:
+        from lightning_dpts.evaluation import PROTOCOLS
+
         if split not in ("test", "val"):
             raise ConfigurationError("split", split, "must be 'test' or 'val'")
+        if evaluation not in PROTOCOLS:
+            raise ConfigurationError("evaluation", evaluation, f"must be one of {', '.join(PROTOCOLS)}")
+        if not isinstance(baselines, bool):
+            raise ConfigurationError("baselines", baselines, "must be True or False")
+        if season_length is not None and (isinstance(season_length, bool) or not isinstance(season_length, int)
+                                          or season_length < 1):
+            raise ConfigurationError("season_length", season_length, "must be an integer >= 1 (or None: from the "
+                                     "frequency)")
         if not isinstance(non_dp, bool):
             raise ConfigurationError("non_dp", non_dp, "must be True or False")
         reserved = {"max_steps", "max_epochs", "callbacks", "logger"} & set(non_dp_trainer_kwargs or {})
@@ -72,15 +93,19 @@ class HeldOutEvaluation(pl.Callback):
         self.split = split
         self.predictor = predictor
         self.season_length = season_length
+        self.evaluation = evaluation
+        self.baselines = baselines
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.print_fn = print_fn
         self.report: dict[str, Any] | None = None
+        self._chosen: list[int] = []
 
     def _model_quantiles(self, module: Any, dm: Any, windows: list[Any]) -> list[np.ndarray]:
         from lightning_dpts.scoring import quantile_matrix
 
         if self.predictor is not None:
             entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]
+            entries = [entries[i] for i in self._chosen]
             return [quantile_matrix(f) for f in self.predictor(module).predict(entries)]
         if hasattr(module, "quantile_forecasts"):
             return module.quantile_forecasts([w.history for w in windows])
@@ -98,34 +123,41 @@ class HeldOutEvaluation(pl.Callback):
 
     def evaluate(self, module: Any, dm: Any, strategy: Any = None, accountant: Any = None,
                  non_dp_module: Any = None) -> dict[str, Any]:
-        """Score ``module`` (and ``non_dp_module``, if given) on ``dm``'s held-out windows next to seasonal naive;
+        """Score ``module`` (and ``non_dp_module``, if given) on ``dm``'s held-out windows against the baselines;
         returns (and keeps) the report."""
-        from gluonts.time_feature import get_seasonality
-
-        from lightning_dpts.evaluation import score_windows, verdict
-        from lightning_dpts.scoring import baseline_forecasts, quantile_matrix
+        from lightning_dpts.baselines import baseline_quantiles, best_baseline
+        from lightning_dpts.data.seasonality import season_lengths
+        from lightning_dpts.evaluation import check_season, protocol_windows, score_windows, verdict
 
         windows = dm.evaluation_windows(self.split)
         if not windows:
             raise ConfigurationError(f"{self.split}_windows", 0, "must be >= 1 for HeldOutEvaluation")
-        season = self.season_length or int(get_seasonality(dm.freq))
-        model_q = self._quantiles(module, dm, windows)
-        entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]
-        naive_q = [quantile_matrix(f) for f in baseline_forecasts(entries, dm.prediction_length, season, dm.freq,
-                                                                  autoets=False)["seasonal_naive"]]
-        labels = [np.asarray(w.target, dtype=float) for w in windows]
+        self._chosen = protocol_windows([w.window for w in windows], self.evaluation)
+        windows = [windows[i] for i in self._chosen]
+        seasons = season_lengths(dm.freq, self.season_length)
+        season = seasons[0]
         histories = [np.asarray(w.history, dtype=float) for w in windows]
+        check_season(season, min(len(h) for h in histories))
+        model_q = self._quantiles(module, dm, windows)
+        baselines = baseline_quantiles(histories, dm.prediction_length, season, statsforecast=self.baselines)
+        labels = [np.asarray(w.target, dtype=float) for w in windows]
         index = [w.window for w in windows]
-        metrics = {"dp": score_windows(model_q, labels, histories, index, season),
-                   "seasonal_naive": score_windows(naive_q, labels, histories, index, season)}
+        metrics = {"dp": score_windows(model_q, labels, histories, index, season)}
         if non_dp_module is not None:
             metrics["non_dp"] = score_windows(self._quantiles(non_dp_module, dm, windows), labels, histories, index,
                                               season)
+        for name, quantiles in baselines.forecasts.items():
+            metrics[name] = score_windows(quantiles, labels, histories, index, season)
         spec = dm.sampling_spec
         report: dict[str, Any] = {
             "notice": "private: computed from the held-out windows of the private data without DP; the (epsilon, "
                       "delta) guarantee does not cover these numbers (keep them with the data owner)",
-            "split": self.split, "forecasts": len(windows), "season_length": season, "metrics": metrics,
+            "split": self.split, "protocol": self.evaluation, "forecasts": len(windows), "season_length": season,
+            "season_lengths": list(seasons), "metrics": metrics,
+            "baselines": {"run": list(baselines.forecasts), "skipped": baselines.skipped,
+                          "fallbacks": dict(baselines.fallbacks)},
+            "best_baseline": {metric: None if b is None else {"model": b[0], "value": b[1]}
+                              for metric in ("crps", "mase") for b in [best_baseline(metrics, metric)]},
             "privacy_configuration": {"sampling_spec": {
                 "num_series": spec.num_series, "context_length": spec.context_length,
                 "prediction_length": spec.prediction_length, "min_length": spec.min_length,
@@ -138,21 +170,41 @@ class HeldOutEvaluation(pl.Callback):
                 report["noise_multiplier"] = strategy.noise_multiplier
             except Exception:  # sigma not calibrated (no fit): the levers then omit it
                 pass
-        # verdict() is dpts fit's; here there is no --no-non-dp option to name
-        report["verdict"] = [line.replace(" (--no-non-dp)", "") for line in verdict(report)]
+        # verdict() is dpts fit's: name this callback's arguments instead of the command's options
+        names = {" (--no-non-dp)": " (non_dp=False)", "--no-baselines": "baselines=False",
+                 "--model, --context-length, --season-length": "the model, its past window, season_length"}
+        lines = verdict(report)
+        for old, new in names.items():
+            lines = [line.replace(old, new) for line in lines]
+        report["verdict"] = lines
         self.report = report
         return report
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from lightning_dpts.training.strategy import DPForecastStrategy
 
-        if stage != "fit" or not self.non_dp:
+        if stage != "fit":
+            return
+        self._check_season(trainer.datamodule)  # before any step: a season the windows cannot hold is refused now
+        if not self.non_dp:
             return
         if any(isinstance(c, DPForecastStrategy) and c.surgery is not None for c in trainer.callbacks):
             raise ConfigurationError("callbacks", "HeldOutEvaluation after DPForecastStrategy",
                                      "list HeldOutEvaluation(non_dp=True) before the DPForecastStrategy: its copy of "
                                      "the initial model must be taken before the strategy prepares the module")
         self._initial = copy.deepcopy(pl_module)  # the initial weights, before any step
+
+    def _check_season(self, dm: Any) -> None:
+        """Refuse a season not shorter than the shortest history the evaluation will score (when ``dm`` has
+        held-out windows; ``on_fit_end`` names a missing datamodule)."""
+        from lightning_dpts.data.seasonality import season_lengths
+        from lightning_dpts.evaluation import check_season
+
+        if dm is None or not hasattr(dm, "evaluation_windows") or getattr(dm, "freq", None) is None:
+            return
+        windows = dm.evaluation_windows(self.split)
+        if windows:
+            check_season(season_lengths(dm.freq, self.season_length)[0], min(len(w.history) for w in windows))
 
     def _train_non_dp(self, trainer: pl.Trainer, dm: Any) -> Any:
         """Train the initial copy without DP for the DP run's number of optimizer steps; returns it."""
@@ -186,14 +238,16 @@ class HeldOutEvaluation(pl.Callback):
             report["non_dp_steps"] = trainer.global_step
         metrics = report["metrics"]
         logged = {f"heldout_{self.split}/{model}_{name}": value for model, m in metrics.items()
-                  for name, value in m.items() if name in ("crps", "mae", "mase") and math.isfinite(value)}
+                  for name, value in m.items() if name in ("crps", "mae", "mase", "coverage")
+                  and math.isfinite(value)}
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=trainer.global_step)
             logger.save()
         if self.print_fn is not None:
-            scores = ", ".join(f"{model} CRPS {m['crps']:.4f} MAE {m['mae']:.4g}" for model, m in metrics.items())
-            self.print_fn(f"held-out {self.split} windows ({report['forecasts']} forecasts; private numbers, not "
-                          f"covered by the guarantee): {scores}")
+            scores = ", ".join(f"{model} CRPS {m['crps']:.4f} MASE {m['mase']:.3f} MAE {m['mae']:.4g}"
+                               for model, m in metrics.items())
+            self.print_fn(f"held-out {self.split} windows ({report['forecasts']} forecasts, {self.evaluation}, season "
+                          f"{report['season_length']}; private numbers, not covered by the guarantee): {scores}")
             for line in report["verdict"]:
                 self.print_fn(line)
         if self.output_dir is not None:

@@ -21,9 +21,11 @@ Two ways to compute the same thing:
 
 Each window's gradient is clipped to C with Opacus' factor and summed; the strategy then adds the same noise and
 divides by the same Lambda as on the fast path (:func:`~lightning_dpts.training.engine.add_noise_and_average`).
-What is *not* covered by construction: state that ``training_step`` keeps between calls outside its arguments
-(a Python attribute or a buffer written by one window's call and read by the next one's, in the loop); running
-statistics of batch normalisation are refused at setup (:mod:`~lightning_dpts.training.surgery`).
+State that ``training_step`` keeps between calls outside its arguments (a tensor attribute or a buffer written by one
+window's call, which the next one's could read) is refused after the call that wrote it, before the next window's
+call (the fit's :class:`~lightning_dpts.training.state_guard.StateGuard`); state outside tensors (a Python number,
+a global) is not seen. Running statistics of batch normalisation are refused at setup
+(:mod:`~lightning_dpts.training.surgery`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _addmv, _row_sq, clip_factors
+from lightning_dpts.training.ledger import GUARD_ATTRIBUTE
 
 __all__ = ["IsolatedGradients", "training_loss"]
 
@@ -152,8 +156,16 @@ class IsolatedGradients:
         with self._context():
             return self._loop_gradient(self.window(batch, i))
 
+    def _check_state(self) -> None:
+        """The fit's state guard after a call of ``training_step``: a tensor it kept (a buffer, an attribute) is
+        refused before the next window's call could read it."""
+        guard = self.module.__dict__.get(GUARD_ATTRIBUTE)
+        if guard is not None:
+            guard.check_step()
+
     def _loop_gradient(self, one: Any) -> list[torch.Tensor]:
         loss = training_loss(self.step(one, *self.step_args))
+        self._check_state()
         if loss is None or not loss.requires_grad:
             return [torch.zeros_like(p) for p in self.params]
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
@@ -176,6 +188,7 @@ class IsolatedGradients:
         values = [p.detach() for p in self.params]
         windows = [leaves[k][lo:hi].clone() for k in per_window]
         out = vmap(grad(loss), in_dims=(None, 0), randomness="different")(values, windows)
+        self._check_state()
         return [g.detach() for g in out]
 
     def clipped_sums(self, batch: Any, max_grad_norm: float) -> list[torch.Tensor]:
@@ -220,6 +233,8 @@ class IsolatedGradients:
             start = time.perf_counter()
             try:
                 out = self._vmapped(leaves, spec, per_window, lo, hi)
+            except ConfigurationError:  # state kept between calls (the state guard): refused, not retried
+                raise
             except Exception:  # noqa: BLE001 - any vmap failure: the loop computes the same gradients
                 self.vectorised = False
             else:

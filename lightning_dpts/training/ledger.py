@@ -2,25 +2,31 @@
 
 One :class:`PrivacyLedger` per model (docs/privacy.md, rule 7: "count every noisy step that ever touched the
 private data"). :class:`~lightning_dpts.training.DPForecastStrategy` is the only writer - it is what takes the
-noisy steps (Algorithm 2) - and :class:`~lightning_dpts.training.AccountantCallback` reads it. It is kept with
-the weights, so that every continuation composes with it:
+noisy steps (Algorithm 2) - and :class:`~lightning_dpts.training.AccountantCallback` reads it.
 
-* on the LightningModule object itself (attribute ``dpts_privacy_ledger``): a second ``Trainer`` on the same
-  module, in the same process, continues the count;
-* in the module's ``state_dict()``, as metadata of the root module (``state_dict._metadata[""]`` under
-  :data:`LEDGER_KEY`; a module with a ledger gets a state-dict hook for this). So every form that saves the
-  weights carries it: full and weights-only checkpoints (``ModelCheckpoint(save_weights_only=True)``,
-  ``trainer.save_checkpoint(path, weights_only=True)``), ``torch.save(module.state_dict())``, a serialized
-  GluonTS predictor. It is metadata, not a key: a model loads with ``strict=True`` where lightning-dpts is not
-  installed, and a state dict rebuilt key by key (``{k: v for ...}``) drops it (attach it with
-  :func:`attach_ledger`);
-* ``load_state_dict`` of any LightningModule (this module wraps ``LightningModule.load_state_dict`` when
-  :mod:`lightning_dpts.training` is imported) attaches the ledger of the state dict it loads: after
-  ``Model.load_from_checkpoint(path)`` or ``module.load_state_dict(torch.load(path))``, a new Trainer with new
-  callbacks continues the count instead of starting at epsilon = 0;
-* in full checkpoints also in the strategy's callback state (``trainer.fit(..., ckpt_path=...)`` restores it
-  with the weights) and at the top level of the checkpoint dict under :data:`LEDGER_KEY` (read by
-  :func:`read_ledger`, and by ``load_from_checkpoint`` for checkpoints written before the state-dict copy).
+**One rule: the ledger follows every parameter** (issue 38). Every module that owns parameters holds the ledger of
+the weights it holds (attribute :data:`LEDGER_ATTRIBUTE`; during a fit all of them share the fit's ledger object),
+and a model's ledger is the largest of them (:func:`ledger_of`). Saving and loading move it with the parameters:
+
+* **saving**: ``state_dict()`` of any module of a model with a ledger writes it into the state dict's metadata
+  (``state_dict._metadata[path][LEDGER_KEY]``) at every module that owns parameters and at the module it was called
+  on. So every form that saves weights carries it: full and weights-only checkpoints, ``torch.save(module.
+  state_dict())``, ``torch.save(module.model.state_dict())`` of a submodule (how GluonTS networks are usually
+  saved), a serialized GluonTS predictor. It is metadata, not a key: the weights load with ``strict=True`` where
+  lightning-dpts is not installed; a state dict rebuilt key by key (``{k: v for ...}``) drops it
+  (:func:`attach_ledger` puts it back);
+* **loading**: ``nn.Module.load_state_dict`` of any module (wrapped when torch or this package is imported,
+  whichever comes second: :mod:`lightning_dpts`) hands a state dict that carries a ledger to
+  :func:`load_with_ledgers`: every module whose parameters it loads takes the ledger saved for them (or for the
+  nearest module above them in the state dict); modules it does not load keep theirs. A partial or non-strict load
+  therefore never lowers the model's count below what its untouched layers took, a full load brings the loaded
+  weights' own count, and during a DP fit the fit's count only goes up (the larger of the two is kept);
+* **full checkpoints** also hold it in the strategy's callback state (``trainer.fit(..., ckpt_path=...)``) and at
+  their top level under :data:`LEDGER_KEY` (:func:`read_ledger`; ``load_from_checkpoint`` of checkpoints written
+  before the state-dict copy).
+
+Two parts of one model trained by *separate* DP runs on the same data compose to more than the larger count; the
+ledger cannot tell them from two checkpoints of one run (docs/privacy.md, "What the checks do not catch").
 
 The ledger holds counts and the settings they were accounted with - never a seed, an entropy or a generator
 state. Per-epoch accounting (``iteration``/``shuffling`` top levels) counts *epochs started*: a Trainer epoch
@@ -30,8 +36,8 @@ in which at least one noisy step was taken counts as one composition, so a resum
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,15 +45,20 @@ from typing import Any
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import SamplingSpec
 
-__all__ = ["LEDGER_ATTRIBUTE", "LEDGER_KEY", "PrivacyLedger", "attach_ledger", "ledger_of", "read_ledger"]
+__all__ = ["LEDGER_ATTRIBUTE", "LEDGER_KEY", "PrivacyLedger", "attach_ledger", "ledger_of", "load_with_ledgers",
+           "read_ledger"]
 
-#: Key of the ledger at the top level of a checkpoint dict and in the root module's state-dict metadata.
+#: Key of the ledger at the top level of a checkpoint dict and in the state-dict metadata of a module.
 LEDGER_KEY = "dpts_privacy_ledger"
-#: Attribute of the LightningModule that holds its ledger in memory.
+#: Attribute of a module (every module that owns parameters, and the LightningModule) that holds its ledger.
 LEDGER_ATTRIBUTE = "dpts_privacy_ledger"
-#: Attribute of the LightningModule that holds its state-dict guard (the
-#: :class:`~lightning_dpts.training.buffers.BufferGuard` during a DP fit and after a refusal).
-GUARD_ATTRIBUTE = "_dpts_buffer_guard"
+#: Attribute of every module of a LightningModule under a DP fit that holds the fit's state guard
+#: (:class:`~lightning_dpts.training.state_guard.StateGuard`; also after a refusal).
+GUARD_ATTRIBUTE = "_dpts_state_guard"
+#: The settings two ledgers must share to be one count (the accountant composes identical steps).
+SETTINGS = ("noise_multiplier", "max_grad_norm", "sampling_spec", "noise", "bands")
+
+_LIVE: set[int] = set()  # ids of the ledgers a running fit counts in (loading into them never lowers the count)
 
 
 @dataclass
@@ -136,19 +147,79 @@ class PrivacyLedger:
             )
 
 
+def _holders(module: Any) -> list[tuple[str, Any]]:
+    """``(path, module)`` of ``module`` and every submodule that holds a ledger, in ``named_modules`` order."""
+    named = module.named_modules() if hasattr(module, "named_modules") else [("", module)]
+    return [(path, sub) for path, sub in named if isinstance(getattr(sub, "__dict__", {}).get(LEDGER_ATTRIBUTE),
+                                                                  PrivacyLedger)]
+
+
+def _owns_parameters(module: Any) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def merge(ledgers: Iterable[PrivacyLedger]) -> PrivacyLedger | None:
+    """The ledger of weights whose parts carry ``ledgers``: the largest count (steps, then epochs), its settings and
+    budget, ``seeded`` if any part is. The same object when every part holds one."""
+    found = list(ledgers)
+    if not found:
+        return None
+    if all(ledger is found[0] for ledger in found):
+        return found[0]
+    top = max(found, key=lambda ledger: (ledger.steps, ledger.epochs))
+    out = PrivacyLedger(**{f.name: getattr(top, f.name) for f in dataclasses.fields(PrivacyLedger)})
+    out.epochs = max(ledger.epochs for ledger in found)
+    out.seeded = any(ledger.seeded for ledger in found)
+    return out
+
+
 def ledger_of(module: Any) -> PrivacyLedger | None:
-    """The ledger attached to a LightningModule, or ``None``."""
-    ledger = getattr(module, LEDGER_ATTRIBUTE, None)
-    return ledger if isinstance(ledger, PrivacyLedger) else None
+    """The ledger of a module's weights: the largest of the ledgers its parameters' modules (and the module itself)
+    hold, or ``None``. It is the fit's own ledger object while a DP fit runs, and after one."""
+    return merge(sub.__dict__[LEDGER_ATTRIBUTE] for _, sub in _holders(module))
+
+
+def conflicting_ledgers(module: Any) -> list[str]:
+    """Modules of ``module`` whose non-empty ledgers were accounted with settings other than the largest one's
+    (weights of runs with another sigma, C or sampling put together): such a model cannot be accounted as one run."""
+    top = ledger_of(module)
+    if top is None or top.empty:
+        return []
+    out = []
+    for path, sub in _holders(module):
+        ledger = sub.__dict__[LEDGER_ATTRIBUTE]
+        if not ledger.empty and any(getattr(ledger, n) != getattr(top, n) for n in SETTINGS):
+            out.append(f"'{path or type(module).__name__}' ({ledger.steps} steps, "
+                       + ", ".join(f"{n}={getattr(ledger, n)!r}" for n in SETTINGS
+                                   if getattr(ledger, n) != getattr(top, n)) + ")")
+    return out
+
+
+def ledgers_in_state_dict(state_dict: Any) -> dict[str, PrivacyLedger]:
+    """Module path -> the ledger saved for it in a state dict's metadata (``{}`` if there is none)."""
+    metadata = getattr(state_dict, "_metadata", None)
+    if not isinstance(metadata, dict):
+        return {}
+    return {path: PrivacyLedger.from_dict(local[LEDGER_KEY]) for path, local in metadata.items()
+            if isinstance(local, dict) and isinstance(local.get(LEDGER_KEY), dict)}
+
+
+def ledger_in_state_dict(state_dict: Any, prefix: str = "") -> PrivacyLedger | None:
+    """The ledger of the weights in a state dict (the largest of those saved in it), or ``None``. ``prefix``:
+    only the modules under it."""
+    path = prefix[:-1] if prefix.endswith(".") else prefix
+    found = [ledger for at, ledger in ledgers_in_state_dict(state_dict).items()
+             if not path or at == path or at.startswith(path + ".")]
+    return merge(found)
 
 
 def read_ledger(checkpoint: str | Path | dict[str, Any]) -> PrivacyLedger | None:
-    """The ledger stored in a checkpoint (a path or an already loaded dict), or ``None`` if it has none.
+    """The ledger stored in a checkpoint or saved state dict (a path or an already loaded dict), or ``None``.
 
-    Read from the weights' state-dict metadata (every checkpoint form, weights-only included), else from the
-    top level of the checkpoint, else from the strategy's callback state (checkpoints written before the ledger
-    existed: its ``steps``). Loading a path unpickles it (``torch.load(weights_only=False)``): only load
-    checkpoints you trust.
+    Read from the weights' state-dict metadata (every checkpoint form, weights-only included, and a
+    ``torch.save``-d ``state_dict()`` of the model or of a submodule), else from the top level of the checkpoint,
+    else from the strategy's callback state (checkpoints written before the ledger existed: its ``steps``).
+    Loading a path unpickles it (``torch.load(weights_only=False)``): only load checkpoints you trust.
     """
     if not isinstance(checkpoint, dict):
         import torch
@@ -156,8 +227,8 @@ def read_ledger(checkpoint: str | Path | dict[str, Any]) -> PrivacyLedger | None
         checkpoint = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
     assert isinstance(checkpoint, dict)
     weights = checkpoint.get("state_dict")
-    if isinstance(weights, dict):
-        ledger = ledger_in_state_dict(weights)
+    for candidate in (weights, checkpoint):
+        ledger = ledger_in_state_dict(candidate) if isinstance(candidate, dict) else None
         if ledger is not None:
             return ledger
     if isinstance(checkpoint.get(LEDGER_KEY), dict):
@@ -173,135 +244,140 @@ def read_ledger(checkpoint: str | Path | dict[str, Any]) -> PrivacyLedger | None
     return None
 
 
-def ledger_in_state_dict(state_dict: Any, prefix: str = "") -> PrivacyLedger | None:
-    """The ledger in a module's state dict (the metadata of the module at ``prefix``), or ``None``."""
-    metadata = getattr(state_dict, "_metadata", None)
-    local = metadata.get(prefix[:-1] if prefix else "") if isinstance(metadata, dict) else None
-    data = local.get(LEDGER_KEY) if isinstance(local, dict) else None
-    return PrivacyLedger.from_dict(data) if isinstance(data, dict) else None
-
-
 def attach_ledger(module: Any, source: str | Path | dict[str, Any] | PrivacyLedger) -> PrivacyLedger | None:
-    """Attach the ledger of ``source`` (a checkpoint path or dict, or a ledger) to ``module``; returns it.
+    """Attach the ledger of ``source`` (a checkpoint path or dict, a saved state dict, or a ledger) to ``module``
+    and every module in it that owns parameters, replacing what they held; returns it.
 
-    From then on the module's ``state_dict()`` carries the ledger (:func:`_state_dict_hook`).
+    From then on every ``state_dict()`` of the module or of a submodule carries it (:func:`hook_state_dict`).
     """
     ledger = source if isinstance(source, PrivacyLedger) else read_ledger(source)
     if ledger is not None:
-        object.__setattr__(module, LEDGER_ATTRIBUTE, ledger)
-        hook_state_dict(module)
+        for _, sub in module.named_modules():
+            if sub is module or _owns_parameters(sub):
+                object.__setattr__(sub, LEDGER_ATTRIBUTE, ledger)
+                hook_state_dict(sub)
+            elif LEDGER_ATTRIBUTE in sub.__dict__:
+                object.__delattr__(sub, LEDGER_ATTRIBUTE)
     return ledger
 
 
+def attach_checkpoint_ledger(module: Any, checkpoint: dict[str, Any]) -> None:
+    """``load_from_checkpoint`` of a checkpoint whose weights carry no ledger in their metadata (written before the
+    state-dict copy): attach the one at its top level or in the strategy's callback state, if any."""
+    if ledger_in_state_dict(checkpoint.get("state_dict")) is None and hasattr(module, "named_modules"):
+        ledger = read_ledger(checkpoint)
+        if ledger is not None:
+            _take(module, [(module, ledger, True)])
+
+
+def begin_fit(module: Any, ledger: PrivacyLedger) -> None:
+    """Attach the fit's ledger to ``module`` and mark it live: loads into the module during the fit keep the larger
+    count (:func:`load_with_ledgers`)."""
+    attach_ledger(module, ledger)
+    _LIVE.add(id(ledger))
+
+
+def end_fit(module: Any, ledger: PrivacyLedger) -> None:
+    """Attach the fit's ledger again (to the original layers the strategy swapped back) and stop counting in it."""
+    attach_ledger(module, ledger)
+    _LIVE.discard(id(ledger))
+
+
+def live(ledger: Any) -> bool:
+    """Whether a running DP fit counts its steps in ``ledger``."""
+    return isinstance(ledger, PrivacyLedger) and id(ledger) in _LIVE
+
+
 def hook_state_dict(module: Any) -> None:
-    """Give ``module`` the state-dict hook that checks its buffers and writes its ledger (once; idempotent)."""
+    """Give ``module`` the state-dict hook that checks its state and writes its ledger (once; idempotent)."""
     if not any(hook is _state_dict_hook for hook in module._state_dict_hooks.values()):
         module.register_state_dict_post_hook(_state_dict_hook)
 
 
 class StateDictGuard:
-    """What every ``state_dict()`` of a module with the ledger hook runs first (:func:`_state_dict_hook`): ``check``
-    raises to refuse the state dict. Implemented by :class:`~lightning_dpts.training.buffers.BufferGuard`; defined
-    here so that this module does not import the buffers module (which imports this one)."""
+    """What every ``state_dict()`` of a module with the hook runs first (:func:`_state_dict_hook`): ``check_saved``
+    raises to refuse the module's own saved state. Implemented by
+    :class:`~lightning_dpts.training.state_guard.StateGuard`; defined here so that this module does not import that
+    one (which imports this one)."""
 
-    def check(self) -> None:
+    def check_saved(self, module: Any) -> None:
         raise NotImplementedError
 
 
-def _attached_guard(module: Any) -> StateDictGuard | None:
-    """The state-dict guard attached to a module (``GUARD_ATTRIBUTE``), or ``None``."""
-    guard = getattr(module, GUARD_ATTRIBUTE, None)
-    return guard if isinstance(guard, StateDictGuard) else None
-
-
 def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]) -> None:
-    """Every ``state_dict()`` of a module with a ledger: refuse buffers changed by a DP fit, then add the ledger.
+    """Every ``state_dict()`` of a hooked module: refuse its own state if a DP fit changed it, then add its ledger.
 
-    The buffer check (:class:`~lightning_dpts.training.buffers.BufferGuard`, attached during a DP fit and after a
-    refusal) runs before anything can be written: Lightning builds the whole checkpoint dict, this state dict
-    included, before it saves the file.
+    The state check (:class:`~lightning_dpts.training.state_guard.StateGuard`, attached to every module during a DP
+    fit and after a refusal) runs before anything can be written: torch builds the whole state dict, and Lightning
+    the whole checkpoint dict, before a file is saved.
     """
-    guard = _attached_guard(module)
-    if guard is not None:
-        guard.check()
-    ledger = ledger_of(module)
-    if ledger is not None:
-        local_metadata[LEDGER_KEY] = ledger.to_dict()
+    guard = module.__dict__.get(GUARD_ATTRIBUTE)
+    if isinstance(guard, StateDictGuard):
+        guard.check_saved(module)
+    if isinstance(module.__dict__.get(LEDGER_ATTRIBUTE), PrivacyLedger):
+        ledger = ledger_of(module)
+        if ledger is not None:
+            local_metadata[LEDGER_KEY] = ledger.to_dict()
 
 
-def _take_loaded_ledger(module: Any, loaded: PrivacyLedger) -> Any:
-    """What loading weights that carry ``loaded`` does to ``module``'s ledger (returned as a function to call
-    once the weights are loaded; raises before loading if it must refuse).
+def _take(module: Any, pairs: list[tuple[Any, PrivacyLedger, bool]]) -> None:
+    """Give each module of ``pairs`` its loaded ledger: replaced where all of the module's parameters were loaded
+    (``whole``), else (some of them, or a running fit's ledger) the larger count is kept."""
+    for sub, loaded, whole in pairs:
+        current = sub.__dict__.get(LEDGER_ATTRIBUTE)
+        if isinstance(current, PrivacyLedger) and (live(current) or not whole):
+            if not live(current):  # a part of the module keeps its own count: a ledger of its own from now on
+                current = PrivacyLedger(**{f.name: getattr(current, f.name) for f in dataclasses.fields(current)})
+                object.__setattr__(sub, LEDGER_ATTRIBUTE, current)
+            current.steps = max(current.steps, loaded.steps)
+            current.epochs = max(current.epochs, loaded.epochs)
+            current.seeded = current.seeded or loaded.seeded
+        else:
+            object.__setattr__(sub, LEDGER_ATTRIBUTE, loaded)
+            hook_state_dict(sub)
 
-    Outside a DP fit the weights bring their ledger: it replaces the module's. During a DP fit (the module's
-    buffers are guarded, :mod:`lightning_dpts.training.buffers`) the strategy keeps counting in the fit's ledger
-    object, so that object stays and takes the larger of the two counts: weights swapped mid-fit (e.g. a callback
-    restoring earlier weights) never lower the count, whose steps already touched the data. Weights whose ledger
-    was accounted with other settings cannot join the fit's count and are refused.
-    """
-    current = ledger_of(module)
-    if current is None or _attached_guard(module) is None:
-        return functools.partial(attach_ledger, module, loaded)
-    if not loaded.empty and not current.empty:
-        for name in ("noise_multiplier", "max_grad_norm", "sampling_spec", "noise", "bands"):
-            mine, theirs = getattr(current, name), getattr(loaded, name)
-            if mine is not None and theirs is not None and mine != theirs:
-                raise ConfigurationError(
-                    "state_dict", f"{name}={theirs!r}",
-                    f"weights loaded during a DP fit carry a privacy ledger accounted with {name}={theirs!r}, but "
-                    f"the fit's ledger has {name}={mine!r}: their steps cannot join this fit's count. Load weights "
-                    "before the fit starts",
-                )
 
-    def merge() -> None:
-        current.steps = max(current.steps, loaded.steps)
-        current.epochs = max(current.epochs, loaded.epochs)
-        current.seeded = current.seeded or loaded.seeded
-
-    return merge
+def load_with_ledgers(load: Callable[..., Any], module: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+    """``load(module, state_dict, ...)`` (torch's ``load_state_dict``) for a state dict that carries ledgers, then
+    the ledger follows the parameters (module docstring): a module all of whose parameters are loaded takes the
+    ledger saved for it or for the nearest module above it; one with only some of them loaded keeps the larger of
+    that and its own; a module without parameters takes the ledger saved for it, if any; a module that holds a
+    running fit's ledger keeps the larger count. Refuses, before loading, weights whose ledger cannot join a running
+    fit's count (other sigma, C or sampling)."""
+    saved = ledgers_in_state_dict(state_dict)
+    keys = set(state_dict.keys())
+    pairs: list[tuple[Any, PrivacyLedger, bool]] = []
+    for path, sub in module.named_modules():
+        prefix = f"{path}." if path else ""
+        own = [prefix + name for name, _ in sub.named_parameters(recurse=False)]
+        present = sum(key in keys for key in own)
+        if not (present if own else path in saved):
+            continue
+        at = path
+        while at not in saved and at:
+            at = at.rpartition(".")[0]
+        if at in saved:
+            pairs.append((sub, saved[at], present == len(own)))
+    for sub, loaded, _ in pairs:
+        current = sub.__dict__.get(LEDGER_ATTRIBUTE)
+        if live(current) and not loaded.empty and not current.empty:
+            for name in SETTINGS:
+                mine, theirs = getattr(current, name), getattr(loaded, name)
+                if mine is not None and theirs is not None and mine != theirs:
+                    raise ConfigurationError(
+                        "state_dict", f"{name}={theirs!r}",
+                        f"weights loaded during a DP fit carry a privacy ledger accounted with {name}={theirs!r}, but "
+                        f"the fit's ledger has {name}={mine!r}: their steps cannot join this fit's count. Load weights "
+                        "before the fit starts",
+                    )
+    result = load(module, state_dict, *args, **kwargs)
+    _take(module, pairs)
+    return result
 
 
 def install_load_hook() -> None:
-    """Make loading weights into a LightningModule attach the ledger they carry. Idempotent.
+    """Make loading weights attach the ledger they carry (done on ``import lightning_dpts``; kept for callers of the
+    earlier API). Idempotent."""
+    import lightning_dpts
 
-    * ``LightningModule.load_state_dict`` (every way of loading weights into a LightningModule: by hand,
-      ``load_from_checkpoint``, ``trainer.fit(ckpt_path=...)``, GluonTS ``Predictor.deserialize``) attaches the
-      ledger of the state dict's metadata, if it has one (:func:`_take_loaded_ledger`: during a DP fit the
-      fit's count never goes down); a state dict without one leaves the module's ledger as it is.
-    * ``lightning.pytorch.core.saving._load_state`` (``load_from_checkpoint``) also attaches the ledger at the
-      checkpoint's top level or in its callback state (checkpoints written before the state-dict copy).
-
-    Both wrappers call the original unchanged and only add the attribute.
-    """
-    import lightning as L
-    from lightning.pytorch.core import saving
-
-    loader = L.LightningModule.load_state_dict
-    if not getattr(loader, "_dpts_ledger_hook", False):
-
-        @functools.wraps(loader)
-        def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-            ledger = ledger_in_state_dict(state_dict)
-            take = None if ledger is None else _take_loaded_ledger(self, ledger)  # may refuse before loading
-            result = loader(self, state_dict, *args, **kwargs)
-            if take is not None:
-                take()
-            return result
-
-        load_state_dict._dpts_ledger_hook = True  # type: ignore[attr-defined]
-        L.LightningModule.load_state_dict = load_state_dict  # type: ignore[method-assign]
-
-    original = saving._load_state
-    if getattr(original, "_dpts_ledger_hook", False):
-        return
-
-    @functools.wraps(original)
-    def _load_state(cls: Any, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        obj = original(cls, checkpoint, *args, **kwargs)
-
-        if isinstance(obj, L.LightningModule) and isinstance(checkpoint, dict):
-            attach_ledger(obj, checkpoint)
-        return obj
-
-    _load_state._dpts_ledger_hook = True  # type: ignore[attr-defined]
-    saving._load_state = _load_state
+    lightning_dpts.install_load_hooks()

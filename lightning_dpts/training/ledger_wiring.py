@@ -27,7 +27,15 @@ from lightning_dpts.training.guards import (
     has_accountant,
     spec_or_none,
 )
-from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger, attach_ledger, ledger_of
+from lightning_dpts.training.ledger import (
+    LEDGER_KEY,
+    PrivacyLedger,
+    begin_fit,
+    conflicting_ledgers,
+    end_fit,
+    ledger_of,
+    merge,
+)
 
 __all__ = ["LedgerWiring"]
 
@@ -64,6 +72,8 @@ class LedgerWiring:
     _world_size: int
     resolve: Callable[[L.Trainer], float]
     _make_noise: Callable[[Entropy], NoiseSource]
+    _buffer_guard: Any
+    _before_swaps: PrivacyLedger | None
 
     def begin(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PrivacyLedger:
         """Start this fit's ledger and noise (idempotent per fit; AccountantCallback calls it too).
@@ -78,7 +88,16 @@ class LedgerWiring:
         if self._restored is not None:
             ledger = self._restored
         else:
-            attached = ledger_of(pl_module)
+            mixed = conflicting_ledgers(pl_module)
+            if mixed:
+                raise ConfigurationError(
+                    "model", ", ".join(mixed),
+                    "carry privacy ledgers accounted with other settings than the rest of the model (weights of DP "
+                    "runs with another sigma, C, sampling or noise put together): the accountant composes identical "
+                    "steps only. Train the parts with one configuration, or start from freshly initialised weights",
+                )
+            # the layers the strategy swapped at setup hold their ledger on the originals (kept aside until the end)
+            attached = merge(x for x in (ledger_of(pl_module), self._before_swaps) if x is not None)
             ledger = PrivacyLedger(**vars(attached)) if attached is not None else PrivacyLedger()
         self._restored = None
         self.step_cap = None  # a reused strategy forgets its previous fit's cap (AccountantCallback sets this fit's)
@@ -114,7 +133,7 @@ class LedgerWiring:
         if spec is not None:
             ledger.sampling_spec = repr(spec)
         self.ledger = ledger
-        attach_ledger(pl_module, ledger)
+        begin_fit(pl_module, ledger)  # every module that owns parameters holds it; loads during the fit never lower it
         entropy = resolve_entropy(self._seed, "seed")
         if entropy.seeded:
             ledger.seeded = True
@@ -142,6 +161,15 @@ class LedgerWiring:
         :mod:`lightning_dpts.resume`)."""
         return self.ledger.steps + 1, self.ledger.epochs + int(self._new_epoch)
 
+    def remember_ledger(self, pl_module: L.LightningModule) -> None:
+        """At ``setup``, before the layer swaps: the model's ledger (a swapped layer's new module holds none)."""
+        self._before_swaps = ledger_of(pl_module)
+
+    def end_ledger(self, pl_module: L.LightningModule) -> None:
+        """At the end of a fit (after the layer swaps are undone): the module's layers, the original ones again,
+        hold the fit's ledger, which no fit counts in any more."""
+        end_fit(pl_module, self.ledger)
+
     def state_dict(self) -> dict[str, Any]:
         """Sigma, C and the privacy ledger (with the noise kind and bands) - never a seed, a generator state or a
         BandMF band (nothing that reproduces noise).
@@ -161,7 +189,11 @@ class LedgerWiring:
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        """Also write the ledger at the top level of the checkpoint (read by ``load_from_checkpoint``)."""
+        """Refuse a checkpoint holding state that changed during the fit (the state guard, exactly: callbacks' state
+        too, which no state-dict hook sees), then write the ledger at the top level of the checkpoint (read by
+        ``load_from_checkpoint``). Lightning builds the whole checkpoint dict before it writes the file."""
+        if self._buffer_guard is not None:
+            self._buffer_guard.check()
         checkpoint[LEDGER_KEY] = self.ledger.to_dict()
 
     def charge_restored(self, steps: int, epochs: int) -> None:

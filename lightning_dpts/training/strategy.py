@@ -26,8 +26,10 @@ Run-time guarantees (docs/privacy.md, rules 7 and 8), checked at every optimizer
   probe finds a mix);
 * a batch without windows (Poisson sampling) takes the noise-only step;
 * every noisy step is counted once in the model's :class:`~lightning_dpts.training.ledger.PrivacyLedger`.
-* no buffer of the model changes during the fit (:class:`~lightning_dpts.training.buffers.BufferGuard`: at every
-  step, in every ``state_dict()`` of the module, so before any checkpoint, and at the end of training).
+* no state of the model or of a callback changes during the fit (:class:`~lightning_dpts.training.state_guard.
+  StateGuard`: buffers, metric states, callback state, tensor attributes; at every step, in every ``state_dict()``
+  of any submodule and every checkpoint, so before anything is written, and at the end of training); callbacks that
+  ``monitor`` a metric computed without noise (EarlyStopping on ``train_loss``) are refused before the first step.
 
 On several processes (Lightning ``strategy="ddp"``, docs/distributed.md) the step is the same mechanism on one
 global structured sample: every rank clips its share of the windows, the clipped sums are added over the ranks
@@ -58,11 +60,11 @@ from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.mechanisms import NoiseSpec, noise_from_name
-from lightning_dpts.training.buffers import BufferGuard
 from lightning_dpts.training.engine import NoiseSource, NonFiniteGradientError, PerWindowClipper
 from lightning_dpts.training.guards import (
     check_distributed,
     check_layers_after_setup,
+    check_monitors,
     check_noise_spec,
     check_optimizer,
     check_optimizer_params,
@@ -70,6 +72,7 @@ from lightning_dpts.training.guards import (
     check_trainable,
     check_trainer,
     detach_ddp_averaging,
+    say_where_logs_go,
     spec_or_none,
 )
 from lightning_dpts.training.independence import IndependenceChecks
@@ -85,6 +88,7 @@ from lightning_dpts.training.options import (
     positive,
 )
 from lightning_dpts.training.probe_batches import copy_batch
+from lightning_dpts.training.state_guard import StateGuard
 from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
@@ -271,6 +275,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self.ledger = PrivacyLedger()
         self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
         self._restored: PrivacyLedger | None = None
+        self._before_swaps: PrivacyLedger | None = None  # the module's ledger at setup, before the layer swaps
         self._begun = False
         self._new_epoch = True
         self._batches_since_step = 0
@@ -287,7 +292,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
         self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
-        self._buffer_guard: BufferGuard | None = None  # the module's buffers at the fit's start (refused if changed)
+        self._buffer_guard: StateGuard | None = None  # the fit's state guard (state that changes is refused)
         #: Test-facing seam for :mod:`lightning_dpts.audit` (not a constructor option, and nothing a fit needs): a
         #: callable ``observer(module, strategy, step, noisy)`` called at every noisy step after the noisy averaged
         #: gradient ``noisy`` (one tensor per trainable parameter, copies) is computed and before the optimizer
@@ -379,10 +384,12 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         check_trainer(trainer)
         self.resolve(trainer)
         self._rank, self._world_size = rank_and_world_size(trainer)
+        say_where_logs_go(trainer)
         if self._world_size > 1:
             self._check_distributed(trainer)
         if self.surgery is not None:  # setup twice without teardown
             return
+        self.remember_ledger(pl_module)  # before the swaps: a swapped layer's replacement holds no ledger
         self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
         if self.surgery.swaps:
             rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
@@ -400,7 +407,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         check_schedulers(trainer, self.data_dependent_schedulers)
         if self._world_size > 1:
             self._ddp = detach_ddp_averaging(trainer)
-        self._buffer_guard = BufferGuard.start(pl_module)  # after any restored checkpoint, before sanity validation
+        released = check_monitors(trainer)  # stopping or checkpoint rules on noise-free metrics: refused here
+        # after any restored checkpoint, before sanity validation
+        self._buffer_guard = StateGuard.start(pl_module, trainer.callbacks, exempt=released)
 
     def _refresh_trainable(self, pl_module: L.LightningModule) -> None:
         """Take the trainable parameters again at ``on_fit_start``, before any step, if they changed since this
@@ -500,7 +509,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             if self._spot_batch is not None and not self.isolated:
                 self._spot_check(pl_module)
             if self._buffer_guard is not None:
-                self._buffer_guard.check_step()  # a buffer changed by a forward of this step: refused before any save
+                self._buffer_guard.check_step()  # state changed since the last step: refused before this update
         except ConfigurationError as err:
             if self._world_size == 1:
                 raise
@@ -525,8 +534,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._batches_since_step = 0
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data)
-            self._buffer_guard.check()
+        if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data) and
+            self._buffer_guard.check()  # state written by the last step's on_train_batch_end
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._clipper is not None:
@@ -545,6 +554,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
 
     def _undo(self, pl_module: L.LightningModule) -> None:
         """Remove the Opacus hooks and per-sample state, and put the original layers back (idempotent)."""
+        begun = self._begun
         self._clear()
         if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
             self._buffer_guard.release(pl_module)
@@ -561,6 +571,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         if self.surgery is not None:
             self.surgery.restore()
             self.surgery = None
+        if begun:  # the original layers hold the fit's ledger again
+            self.end_ledger(pl_module)
         self._use_params([])
         self._isolated = None
         self._isolated_sums = None

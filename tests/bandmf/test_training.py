@@ -52,6 +52,8 @@ def _module_with_unused_parameter():
 class _GradRecorder(Callback):
     """Records the unused parameter's (noise-only) gradient after the strategy wrote it."""
 
+    dp_post_processing = True  # the noisy gradients: functions of the released iterates
+
     def __init__(self) -> None:
         self.grads: list[torch.Tensor] = []
 

@@ -41,7 +41,9 @@ def _zeros(n: int = LAMBDA) -> dict[str, torch.Tensor]:
 
 
 class _Weights(Callback):
-    """Records the weight vector after every training batch."""
+    """Records the weight vector after every training batch (a function of the noisy weights only)."""
+
+    dp_post_processing = True
 
     def __init__(self) -> None:
         self.after: list[torch.Tensor] = []

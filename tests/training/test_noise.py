@@ -32,6 +32,8 @@ def _noise(seed: int) -> GaussianNoise:
 class _GradSpy(Callback):
     """Records ``p.grad`` after the strategy has written the noisy gradient (place it after the strategy)."""
 
+    dp_post_processing = True  # the noisy gradients: functions of the released iterates
+
     def __init__(self) -> None:
         self.grads: list[torch.Tensor] = []
 

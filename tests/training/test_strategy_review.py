@@ -212,6 +212,8 @@ def test_freezing_between_two_fits_is_accepted_and_the_frozen_layer_stays(draws)
 # Noise drawn in the background: the same mechanism, draw for draw
 # --------------------------------------------------------------------------------------------------------------
 class _Recorder(Callback):
+    dp_post_processing = True  # the noisy gradients: functions of the released iterates
+
     def __init__(self) -> None:
         self.grads: list[torch.Tensor] = []
 
