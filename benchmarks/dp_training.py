@@ -1,10 +1,15 @@
-"""Time (and memory) per training step with DP (DPForecastStrategy, Algorithm 2) against the same model and batch
-without DP.
+"""DP training against plain training: what a user waits for (default), or the step-by-step harness (``--per-step``).
 
-Usage::
+Default: the total fit time and peak memory of a default DP fit against the same fit without DP, next to the
+per-step median (``benchmarks/dp_fit.py``, whose docstring gives the method)::
 
-    python benchmarks/dp_training.py [--batch-size 256] [--steps 30] [--repeats 3] [--models sff,dlinear,deepar]
-        [--batch-sizes 64,256,1024] [--threads 1] [--kinds plain,dp,dp_acc] [--memory]
+    OMP_NUM_THREADS=1 python benchmarks/dp_training.py [--configs sff:64,...] [--steps 300] [--repeats 3]
+
+``--per-step``: time (and memory) per training step with DP (DPForecastStrategy, Algorithm 2) against the same model
+and batch without DP::
+
+    python benchmarks/dp_training.py --per-step [--batch-size 256] [--steps 30] [--repeats 3]
+        [--models sff,dlinear,deepar] [--batch-sizes 64,256,1024] [--threads 1] [--kinds plain,dp,dp_acc] [--memory]
 
 For each model and batch size Lambda, the same initial weights and the same fixed batch of Lambda windows are
 trained with a plain ``Trainer`` and with ``Trainer(callbacks=[DPForecastStrategy(...)])``, ``--repeats`` times,
@@ -58,6 +63,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -382,7 +388,13 @@ def peak_memory(module, dm, warmup: int, extra: list[Callback]) -> tuple[int, bo
 
 
 def main() -> None:
+    if "--per-step" not in sys.argv[1:]:
+        import dp_fit
+
+        dp_fit.main(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-step", action="store_true", help="the step-by-step harness (this parser)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--batch-sizes", default=None, help="comma-separated list (overrides --batch-size)")
     parser.add_argument("--steps", type=int, default=30)

@@ -149,8 +149,8 @@ class FitConfig:
             entropy (docs/privacy.md, rule 7), so two runs differ. An integer >= 0 makes the run reproducible for
             experiments only: its guarantee does not hold against anyone who knows the seed, and the log, the
             report (``"seeded": true``) and the checkpoint say so; the seed itself is never written anywhere.
-        secure_mode: draw the DP noise and the batch sampling from the operating system's CSPRNG (Opacus'
-            ``secure_mode`` threat model; needs ``seed=None``).
+        secure_mode: draw the DP noise and the batch sampling from cryptographically secure generators the operating
+            system seeds (Opacus' ``secure_mode`` threat model; needs ``seed=None``).
         logger: the Lightning logger of the training logs under ``private/logs/`` (they hold the noise-free
             training loss of private batches, so they are private): ``"csv"`` (default, ``CSVLogger``),
             ``"tensorboard"`` (``TensorBoardLogger``; the DP settings appear in the HParams dashboard) or

@@ -5,9 +5,16 @@ A ``dpts fit`` run keeps two public files for this (counts and settings only, ne
 * ``checkpoints/last.ckpt``: a full Lightning checkpoint written at the end of every training epoch (weights,
   optimizer state, loop state, the strategy's :class:`~lightning_dpts.training.ledger.PrivacyLedger`), written
   atomically;
-* :data:`RUN_LEDGER` (``ledger.json``): the run's configuration as given and its ledger, rewritten after
-  *every* noisy step. It counts every noisy step this run directory ever took, including steps taken after the
-  last checkpoint (lost at an interruption) and the steps of an earlier continuation from an older checkpoint.
+* :data:`RUN_LEDGER` (``ledger.json``): the run's configuration as given and its ledger. It counts every noisy step
+  this run directory ever took, including steps taken after the last checkpoint (lost at an interruption) and the
+  steps of an earlier continuation from an older checkpoint. It is written ahead of the steps
+  (:data:`RESERVED_STEPS`): before a step whose count the file does not cover touches the data, the file is
+  rewritten to cover it and the next steps of the fit, ``RESERVED_STEPS`` in all at most, with the epochs they may
+  start (``"counts": "reserved"``; per-epoch accounting reserves within the current epoch), so a process killed at
+  any point (``kill -9`` between any two instructions) leaves a file that over-counts by fewer than
+  ``RESERVED_STEPS`` steps and never under-counts; the exact counts are written at the end of training and when
+  training stops on an exception (``"counts": "exact"``). One write per ``RESERVED_STEPS`` steps (per epoch with
+  per-epoch accounting) instead of one per step.
 
 Resuming (:func:`check_resume`, :func:`make_run_ledger_callback`) continues ``last.ckpt`` with the stored
 configuration and accounts ``max(ledger.json, checkpoint)`` noisy steps before any new one (docs/privacy.md rule
@@ -39,13 +46,16 @@ from typing import Any
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["LAST_CHECKPOINT", "RUN_LEDGER", "ResumeState", "check_resume", "resumed_config",
+__all__ = ["LAST_CHECKPOINT", "RESERVED_STEPS", "RUN_LEDGER", "ResumeState", "check_resume", "resumed_config",
            "write_run_ledger"]
 
 #: The run's ledger file (public: counts, settings and the configuration as given).
 RUN_LEDGER = "ledger.json"
 #: The checkpoint ``--resume`` continues (public: the DP model's state at the end of the last epoch).
 LAST_CHECKPOINT = "checkpoints/last.ckpt"
+#: Noisy steps one write of ``ledger.json`` reserves ahead (a crash over-counts by fewer; the per-step write it
+#: replaces cost 0.06-0.36 ms, measured)
+RESERVED_STEPS = 32
 #: Options that may differ from the stored configuration on ``--resume`` (they change no training setting).
 RESUME_MAY_CHANGE = ("verbose", "resume", "output_dir", "overwrite")
 
@@ -58,7 +68,8 @@ def _stored_config(config: Any) -> dict[str, Any]:
 
 
 def write_run_ledger(path: Path, config: Any, ledger: dict[str, Any]) -> None:
-    """Write ``ledger.json`` (tmp file and ``os.replace``: a kill leaves the old or the new file, never half)."""
+    """Write ``ledger.json`` with exact counts (tmp file and ``os.replace``: a kill leaves the old or the new file,
+    never half)."""
     _write_ledger_text(path, _config_text(config), ledger)
 
 
@@ -67,9 +78,11 @@ def _config_text(config: Any) -> str:
     return json.dumps(_stored_config(config), indent=2)
 
 
-def _write_ledger_text(path: Path, config_text: str, ledger: dict[str, Any]) -> None:
-    """:func:`write_run_ledger` with the configuration already serialised (the per-step write)."""
-    text = f'{{"written_by": "lightning_dpts", "config": {config_text}, "ledger": {json.dumps(ledger, indent=2)}}}'
+def _write_ledger_text(path: Path, config_text: str, ledger: dict[str, Any], counts: str = "exact") -> None:
+    """:func:`write_run_ledger` with the configuration already serialised (the write during training); ``counts``:
+    ``"exact"``, or ``"reserved"`` for a write-ahead copy whose counts cover steps not taken yet."""
+    text = (f'{{"written_by": "lightning_dpts", "counts": "{counts}", "config": {config_text}, '
+            f'"ledger": {json.dumps(ledger, indent=2)}}}')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -190,47 +203,84 @@ def check_resume(run_dir: str | Path) -> ResumeState:
     return ResumeState(run_dir, checkpoint, steps, epochs, run_ledger)
 
 
+def _reservation(trainer: Any, batch_idx: int, steps: int, epochs: int) -> tuple[int, int]:
+    """(steps, epochs) a write-ahead ``ledger.json`` covers from the step about to start (after which the ledger counts
+    ``steps`` and ``epochs``): :data:`RESERVED_STEPS` steps at most, none beyond the Trainer's ``max_steps``. Per-epoch
+    accounting (iteration/shuffling top levels: epsilon grows with the epochs) reserves within this epoch only;
+    otherwise the epochs that the reserved steps may start are reserved too (they do not enter epsilon there)."""
+    from lightning_dpts.training.guards import spec_or_none
+
+    ahead = RESERVED_STEPS
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        ahead = min(ahead, trainer.max_steps - trainer.global_step)
+    ahead = max(ahead, 1)
+    per_epoch = trainer.num_training_batches
+    finite = isinstance(per_epoch, int) or (isinstance(per_epoch, float) and math.isfinite(per_epoch))
+    left = int(per_epoch) - batch_idx if finite else None  # steps left in this epoch, this one included
+    spec = spec_or_none(trainer)
+    if spec is not None and spec.accounts_per_epoch:
+        return steps - 1 + (min(ahead, left) if left is not None and left > 0 else 1), epochs
+    if left is None or left <= 0:
+        return steps - 1 + ahead, epochs + ahead - 1  # every further step may start an epoch
+    return steps - 1 + ahead, epochs + -(-max(0, ahead - left) // max(int(per_epoch), 1))
+
+
 def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | None) -> Any:
     """The callback that keeps ``ledger.json`` and ``checkpoints/last.ckpt`` (a Lightning ``Callback``)."""
     import lightning as L
 
     from lightning_dpts.outputs import atomic_path
 
-    config_text = _config_text(config)  # written after every noisy step: serialised once here
+    config_text = _config_text(config)  # written during training: serialised once here
 
     class RunLedgerCallback(L.Callback):
-        """Rewrites ``ledger.json`` after every noisy step, saves ``last.ckpt`` at every epoch's end and when Ctrl-C
-        stops the fit, and on a resume charges the steps the run directory took beyond the checkpoint before the
-        accountant plans.
+        """Keeps ``ledger.json`` ahead of the noisy steps (reserved counts, :data:`RESERVED_STEPS`), saves
+        ``last.ckpt`` at every epoch's end and when Ctrl-C stops the fit, and on a resume charges the steps the run
+        directory took beyond the checkpoint before the accountant plans.
 
         Attributes: ``started`` (training began: the strategy's and the accountant's train-start checks passed),
         ``interrupted`` (Ctrl-C stopped the fit), ``saved`` (``ledger.json`` and ``last.ckpt`` were written for a
-        resume after it)."""
+        resume after it), ``reserved`` (the (steps, epochs) the file covers while training), ``writes`` (writes of
+        ``ledger.json`` by this callback)."""
 
-        started = False
-        interrupted = False
-        saved = False
+        def __init__(self) -> None:
+            self.reserved: tuple[int, int] | None = None
+            self.writes = 0
+            self.started = False
+            self.interrupted = False
+            self.saved = False
 
         def _strategy(self, trainer: L.Trainer) -> Any:
             from lightning_dpts.training import DPForecastStrategy
 
             return next(c for c in trainer.callbacks if isinstance(c, DPForecastStrategy))
 
-        def _write(self, trainer: L.Trainer) -> None:
+        def _write(self, trainer: L.Trainer, reserve: tuple[int, int] | None = None) -> None:
             if trainer.is_global_zero:
-                _write_ledger_text(run_dir / RUN_LEDGER, config_text, self._strategy(trainer).ledger.to_dict())
+                ledger = self._strategy(trainer).ledger.to_dict()
+                if reserve is not None:
+                    ledger["steps"], ledger["epochs"] = max(ledger["steps"], reserve[0]), max(ledger["epochs"],
+                                                                                          reserve[1])
+                _write_ledger_text(run_dir / RUN_LEDGER, config_text, ledger,
+                                   "exact" if reserve is None else "reserved")
+                self.writes += 1
 
         def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             if resume is not None:  # after Lightning restored the checkpoint, before the accountant plans
                 self._strategy(trainer).charge_restored(resume.steps, resume.epochs)
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self.reserved = None
             self._write(trainer)  # after the accountant's: the fit's ledger has begun (charged on a resume)
             self.started = True
 
         def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-            """Ctrl-C: write what ``--resume`` needs, the ledger first (it never counts fewer steps than the
-            checkpoint). Lightning calls this after the strategy's own clean-up, before it exits the process."""
+            """Training stopped in this process: the exact counts replace the reservation. Ctrl-C also writes what
+            ``--resume`` needs, the ledger first (it never counts fewer steps than the checkpoint). Lightning calls
+            this after the strategy's own clean-up, before it exits the process."""
+            if self.reserved is not None:
+                self.reserved = None
+                self._write(trainer)
             if not isinstance(exception, KeyboardInterrupt):
                 return
             self.interrupted = True
@@ -244,15 +294,22 @@ def make_run_ledger_callback(run_dir: Path, config: Any, resume: ResumeState | N
                 return
             self.saved = True
 
-        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self._write(trainer)
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                 batch_idx: int) -> None:
+            # before this batch reaches training_step (the strategy's hooks ran: it lists after the strategy), the
+            # file covers the counts the ledger will have after this step: else reserve this step and the next ones
+            steps, epochs = self._strategy(trainer).counts_after_next_step()
+            if self.reserved is None or steps > self.reserved[0] or epochs > self.reserved[1]:
+                self.reserved = _reservation(trainer, batch_idx, steps, epochs)
+                self._write(trainer, self.reserved)
 
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
+        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self.reserved = None
             self._write(trainer)
 
         def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self._write(trainer)  # the ledger first: it never counts fewer steps than the checkpoint
+            # ledger.json covers at least this epoch's steps (reserved before each of them), so it never counts
+            # fewer steps than the checkpoint
             with atomic_path(run_dir / LAST_CHECKPOINT) as tmp:
                 trainer.save_checkpoint(str(tmp))
 

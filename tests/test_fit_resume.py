@@ -202,3 +202,145 @@ def test_resume_of_a_missing_directory_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         _fit(["--resume", str(tmp_path / "nothing")])
     assert exit_.value.code == 2 and "--resume" in capsys.readouterr().err
+
+
+# -- ledger.json written ahead of the steps (issue 44) ----------------------------------------------------------------
+
+_KILLER = r'''
+import json, os, signal, sys
+import lightning_dpts.resume as resume
+from lightning_dpts.cli import main
+
+where, epoch, batch, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+real = resume.make_run_ledger_callback
+
+def make(*args, **kwargs):
+    callback = real(*args, **kwargs)
+
+    class Killed(type(callback)):
+        def _kill(self, trainer, batch_idx):
+            if trainer.current_epoch == epoch and batch_idx == batch:
+                steps = self._strategy(trainer).ledger.steps  # noisy steps applied to the weights so far
+                with open(side, "w") as handle:
+                    handle.write(json.dumps({"taken": steps}))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_train_batch_start(self, trainer, pl_module, b, batch_idx):  # before the step's reservation
+            if where == "batch_start":
+                self._kill(trainer, batch_idx)
+            super().on_train_batch_start(trainer, pl_module, b, batch_idx)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, b, batch_idx):  # right after the optimizer step
+            if where == "batch_end":
+                self._kill(trainer, batch_idx)
+            super().on_train_batch_end(trainer, pl_module, outputs, b, batch_idx)
+
+    callback.__class__ = Killed
+    return callback
+
+resume.make_run_ledger_callback = make
+main(["fit", *sys.argv[5:]])
+'''
+
+
+@pytest.mark.parametrize("where", ["batch_end", pytest.param("batch_start", marks=pytest.mark.slow)])
+def test_a_run_killed_between_any_two_steps_is_charged_every_step_it_took(tiny_csv, tmp_path, where):
+    """Attacker: kill -9 the training process right after an optimizer step (where the per-step write used to come
+    next: it then undercounted by one step) or right before a step's reservation; resume. ledger.json counts at
+    least every step applied to the weights, and the resumed run is charged for them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out, side = tmp_path / "run", tmp_path / "taken.json"
+    argv = [sys.executable, "-c", _KILLER, where, "1", "2", str(side), "--data", str(tiny_csv), *ARGS,
+            "--output-dir", str(out)]
+    done = subprocess.run(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    taken = json.loads(side.read_text())["taken"]
+    stored = json.loads((out / "ledger.json").read_text())
+    saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["dpts_privacy_ledger"]["steps"]
+    assert stored["counts"] == "reserved" and saved < taken <= stored["ledger"]["steps"]
+    from lightning_dpts.resume import RESERVED_STEPS
+
+    assert stored["ledger"]["steps"] - taken < RESERVED_STEPS + 1  # over-counted by fewer than one reservation
+    assert _fit(["--resume", str(out)]) == 0
+    report = _report(out)
+    new = report["steps"] - saved  # the steps the resumed fit took from the checkpoint's weights
+    assert report["privacy_ledger"]["steps"] == stored["ledger"]["steps"] + new >= taken + new
+    assert _ledger(out)["steps"] == report["privacy_ledger"]["steps"]
+    assert json.loads((out / "ledger.json").read_text())["counts"] == "exact"
+
+
+def test_ledger_json_covers_every_step_before_it_touches_the_data(tiny_csv, tmp_path, monkeypatch):
+    """At every step, when the batch is about to reach training_step and again when its noisy update is about to
+    be applied, ledger.json on disk already counts that step; it is rewritten about once per RESERVED_STEPS steps
+    and per epoch, not after every step."""
+    import lightning as L
+
+    import lightning_dpts.resume as resume
+
+    out = tmp_path / "run"
+    seen: list[tuple[int, int]] = []
+    keepers = []
+    real = resume.make_run_ledger_callback
+
+    def make(*args, **kwargs):
+        keeper = real(*args, **kwargs)
+        keepers.append(keeper)
+
+        class Check(L.Callback):
+            def _on_disk(self) -> int:
+                return json.loads((out / "ledger.json").read_text())["ledger"]["steps"]
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # after the keeper's
+                steps, _ = keeper._strategy(trainer).counts_after_next_step()
+                seen.append((steps, self._on_disk()))
+
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # after the strategy counted it
+                seen.append((keeper._strategy(trainer).ledger.steps, self._on_disk()))
+
+        original = keeper.on_train_batch_start
+
+        def start(trainer, *a):
+            original(trainer, *a)
+            Check().on_train_batch_start(trainer, *a)
+
+        keeper.on_train_batch_start = start
+        check = Check()
+        keeper.on_before_optimizer_step = check.on_before_optimizer_step
+        return keeper
+
+    monkeypatch.setattr(resume, "make_run_ledger_callback", make)
+    assert _fit(["--data", str(tiny_csv), *ARGS, "--output-dir", str(out)]) == 0
+    monkeypatch.undo()
+    report = _report(out)
+    steps, epochs = report["privacy_ledger"]["steps"], report["privacy_ledger"]["epochs"]
+    assert len(seen) == 2 * steps and all(disk >= step for step, disk in seen), seen
+    assert _ledger(out)["steps"] == steps
+    # train start, one reservation per epoch (its steps are fewer than RESERVED_STEPS), train end
+    assert keepers[0].writes <= 2 + epochs + steps // resume.RESERVED_STEPS < 2 + steps
+
+
+def test_a_reservation_covers_the_epochs_its_steps_may_start_and_stays_within_the_epoch_per_epoch():
+    """10 batches per epoch, 3 into the epoch: per-step accounting reserves RESERVED_STEPS steps and the epochs they
+    may start; per-epoch accounting (epsilon grows with the epochs) only the rest of this epoch; never beyond
+    max_steps."""
+    from types import SimpleNamespace
+
+    from lightning_dpts.privacy import SamplingSpec
+    from lightning_dpts.resume import RESERVED_STEPS, _reservation
+
+    def trainer(top_level: str, max_steps: int = -1, batches: float = 10) -> SimpleNamespace:
+        spec = SamplingSpec(num_series=80, min_length=40, context_length=4, prediction_length=4, batch_size=8,
+                            top_level=top_level)
+        return SimpleNamespace(max_steps=max_steps, global_step=100, num_training_batches=batches,
+                               datamodule=SimpleNamespace(sampling_spec=spec))
+
+    assert RESERVED_STEPS == 32
+    # steps 101..132 from batch 3 of 10: 7 in this epoch, then 25 more: 3 more epochs started
+    assert _reservation(trainer("without_replacement"), 3, 101, 11) == (132, 14)
+    assert _reservation(trainer("shuffling"), 3, 101, 11) == (107, 11)
+    assert _reservation(trainer("without_replacement", max_steps=105), 3, 101, 11) == (105, 11)
+    assert _reservation(trainer("without_replacement", batches=float("inf")), 3, 101, 11) == (132, 42)

@@ -477,6 +477,24 @@ def _groups(simple: list[tuple[_Record, torch.Tensor, torch.Tensor]]) -> list[_G
     return out
 
 
+class PassRecords:
+    """What one forward/backward pass recorded for the first ``windows`` windows of its batch
+    (:meth:`PerWindowClipper.pass_records`): per linear map (a :class:`_Record`: its weights with their input blocks,
+    its biases) the calls' batch-first input blocks and output gradients, and the per-window gradients Opacus formed
+    for the other layers (``samples``, by parameter id). ``scale``: the factor from the recorded output gradients to
+    per-window loss gradients. Window ``i``'s gradient as the fast path attributes it is a function of row ``i`` of
+    these tensors alone."""
+
+    __slots__ = ("records", "samples", "windows", "scale")
+
+    def __init__(self, records: list[tuple[_Record, list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]]],
+                 samples: dict[int, torch.Tensor], windows: int, scale: float) -> None:
+        self.records = records
+        self.samples = samples
+        self.windows = windows
+        self.scale = scale
+
+
 class PerWindowClipper:
     """Collects what is needed for per-window norms and clipped sums of one LightningModule.
 
@@ -692,6 +710,36 @@ class PerWindowClipper:
         """The layer of a record, named by its first parameter (e.g. ``'att.in_proj.weight'``)."""
         first = record.weights[0][0] if record.weights else (record.biases[0] if record.biases else None)
         return repr(self._names.get(id(first), "?")) if first is not None else "?"
+
+    def pass_records(self, params: list[nn.Parameter], windows: int, *, copy: bool) -> PassRecords:
+        """What this pass recorded for its first ``windows`` windows, kept apart from the clipper (whose records the
+        next pass overwrites): the independence probe compares two passes with it
+        (:func:`~lightning_dpts.training.probe_batches.largest_window_change`). ``copy``: clone those windows'
+        slices so that the pass's full records can be freed (a probe pass on a batch larger than ``windows``)."""
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            return t[:windows].clone() if copy else t[:windows]
+
+        records = []
+        for record in (*self._records.values(), *self._lstm_records.values()):
+            calls = [(tuple(keep(a) for a in blocks), keep(g)) for blocks, g in record.calls if g is not None]
+            if calls:
+                records.append((record, calls))
+        samples = {}
+        if self.gsm is not None:
+            for p in params:
+                gs = getattr(p, "grad_sample", None)
+                if isinstance(gs, torch.Tensor) and id(p) not in self.native:
+                    samples[id(p)] = keep(gs)
+        return PassRecords(records, samples, windows, self._scale(self._recorded_batch_size()))
+
+    def _recorded_batch_size(self) -> int:
+        """The batch size of the records of this pass (their leading dimension; 0 when nothing was recorded)."""
+        for record in (*self._records.values(), *self._lstm_records.values()):
+            for _, g in record.calls:
+                if g is not None:
+                    return int(g.shape[0])
+        return 0
 
     def per_window_gradients(
         self, params: list[nn.Parameter], windows: list[int] | None = None

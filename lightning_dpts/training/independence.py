@@ -5,9 +5,10 @@ window's own gradient only if ``training_step`` keeps windows apart. :class:`Ind
 :class:`~lightning_dpts.training.DPForecastStrategy`) gathers the evidence before the step's update:
 
 * the probe (:meth:`IndependenceChecks._check_window_independence`): on a synthetic batch shaped like the real one
-  (:mod:`~lightning_dpts.training.probe_batches`), change window 0 and require every other window's gradient to
-  stay within the float tolerance; at the fit's first step and at one random step in each of [2, 4), [4, 8), ...
-  (:meth:`IndependenceChecks._probe_after`);
+  (:mod:`~lightning_dpts.training.probe_batches`; at most 16 windows, in float64 where the module runs in it, and
+  at the fit's first probe also the real batch's size), change window 0 and require every other window's gradient
+  to stay within the float tolerance, compared as the two passes recorded them; at the fit's first step and at one
+  random step in each of [2, 4), [4, 8), ... (:meth:`IndependenceChecks._probe_after`);
 * the spot check (:meth:`IndependenceChecks._spot_check`): one window drawn at random, recomputed alone
   (:mod:`~lightning_dpts.training.isolated`), must have the clipped gradient the batched pass attributes to it; a
   gap beyond the float tolerance is re-examined in float64 (:meth:`IndependenceChecks._reexamine`) and refused only
@@ -21,6 +22,7 @@ The draws of which steps and windows are checked (``_schedule``, ``_choices``) a
 from __future__ import annotations
 
 import random
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,14 +33,21 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.training.engine import NonFiniteGradientError, PerWindowClipper, _row_sq, clip_factors
+from lightning_dpts.training.engine import (
+    NonFiniteGradientError,
+    PassRecords,
+    PerWindowClipper,
+    _row_sq,
+    clip_factors,
+)
 from lightning_dpts.training.isolated import IsolatedGradients, silenced, training_loss
 from lightning_dpts.training.ledger import PrivacyLedger
 from lightning_dpts.training.probe_batches import (
-    PROBE_COMPARED,
+    PROBE_WINDOWS,
     copy_batch,
     in_float64,
     largest_change,
+    largest_window_change,
     num_windows,
     perturb_first_window,
     synthetic_probe,
@@ -48,6 +57,8 @@ from lightning_dpts.training.probe_batches import (
 __all__ = ["IndependenceChecks"]
 
 
+#: What :meth:`IndependenceChecks._compare` returns when ``training_step`` gives no loss to differentiate.
+_NO_LOSS = object()
 #: Reruns of one window under fresh seeds that decide whether ``training_step`` is random on one window.
 STOCHASTIC_RERUNS = 4
 #: Slack between the float64 round-off that a window's measured float32 round-off predicts (times eps64 / eps32 =
@@ -80,13 +91,18 @@ class IndependenceChecks:
     _schedule: random.Random  # the probe's steps (not a privacy draw either)
     _isolated_sums: list[torch.Tensor] | None  # this step's clipped sums from each window alone (then used)
     spot_check_recomputed: int  # steps of this fit whose spot-check gap was round-off (recomputed alone)
+    probes: int  # probes run in this fit
+    _probe_variant: tuple[bool, bool] | None  # (float64, repeating integers): the variant that ran in this fit
+    probe_seconds: float  # wall time the probes of this fit took (s)
 
     _isolated_gradients: Callable[[L.LightningModule], IsolatedGradients]  # the strategy's (built on first use)
     _clear: Callable[[], None]  # the strategy's: drop per-window state left from a previous pass
     _describe_windows: Callable[[L.Trainer, list[int]], str]  # the strategy's: name the series of windows
 
     def _probe_after(self, step: int) -> int:
-        """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it."""
+        """The fit's next probe step after ``step``: uniform in the next interval [2^k, 2^(k+1)) beyond it. A fit of
+        T steps probes at most 1 + floor(log2 T) times (exactly for T = 2^k - 1; 8 times in 255 steps, 10 in
+        1,023)."""
         k = step.bit_length()
         return self._schedule.randrange(1 << k, 1 << (k + 1))
 
@@ -94,13 +110,24 @@ class IndependenceChecks:
         """The probe: change window 0 of a synthetic batch shaped like ``batch``; no other window's per-window
         gradient (as the fast path attributes it) may move by more than the float tolerance.
 
-        The probe batch (:func:`synthetic_probe`) has ``batch``'s keys, trailing shapes and dtypes and its number
-        of windows (at least Lambda), but synthetic values only: scales that differ between windows, observed masks
-        with missing values (the masked values set to 0), integer features that repeat between pairs of windows.
-        Its outcome depends on the model and the batch's structure, never on private values. It runs in float64
-        where the module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7 is found), else in the
-        module's precision; with the repeating integers where the module accepts them (an embedding of
-        cardinality 1 does not), else with zeros.
+        The probe batch (:func:`synthetic_probe`) has ``batch``'s keys, trailing shapes and dtypes, but synthetic
+        values only: scales that differ between windows, observed masks with missing values (the masked values set
+        to 0), integer features that repeat between pairs of windows. Its outcome depends on the model and the
+        batch's structure, never on private values. Two passes (window 0 as drawn, then changed) are compared by
+        :func:`largest_window_change`, record by record and window by window (no per-window gradient is
+        materialised for all windows, nothing is copied to float64 that the pass did not compute in it):
+
+        * every probe: a batch of ``min(n, PROBE_WINDOWS)`` windows (n: the real batch's windows, at least
+          Lambda) in float64 where the module runs in it (tolerance ~1e-13 relative: a cross-window term of 1e-7
+          is found), else in the module's precision; with the repeating integers where the module accepts them
+          (an embedding of cardinality 1 does not), else with zeros;
+        * the fit's first probe, when n > ``PROBE_WINDOWS``, also a batch of n windows in the module's precision
+          (windows 0 to ``PROBE_WINDOWS - 1`` compared): a forward that mixes windows only in larger batches is
+          found before the first noisy step too. Only the compared windows' records of its first pass are kept
+          while the second runs, so its peak memory is that of one forward/backward pass of the real batch.
+
+        Cost (measured, docs/benchmarks.md): two forward/backward passes of at most ``PROBE_WINDOWS`` windows, plus
+        two of the real batch's size at the first probe; at 1 + floor(log2 T) steps of a T-step fit.
 
         A mix found before this fit's first noisy step switches ``per_window="auto"`` to the isolated mode (the
         probe's data are synthetic, so the switch does not depend on private data); otherwise it is a
@@ -110,48 +137,70 @@ class IndependenceChecks:
         size = num_windows(batch)
         if size is None:
             return
+        start = time.perf_counter()
+        saved_grads = [p.grad for p in self._params]  # set aside (restored outside the float64 context)
+        try:
+            for p in self._params:
+                p.grad = None
+            self._probe(pl_module, batch, size)
+        finally:
+            for p, g in zip(self._params, saved_grads, strict=True):
+                p.grad = g
+            self.probes += 1
+            self.probe_seconds += time.perf_counter() - start
+
+    def _probe(self, pl_module: L.LightningModule, batch: Any, size: int) -> None:
+        """:meth:`_check_window_independence` after its bookkeeping (``size``: the real batch's windows)."""
         # several processes: every rank probes Lambda windows at the same steps (begin seeds the choices alike), so
         # that all reach the same verdict at the same step and none is left waiting in the step's all-reduce
         # one process: the batch's own number of windows, at least Lambda (a Poisson batch may be smaller)
         size = max(size, int(self.expected_batch_size or 0), 2) if self._world_size == 1 else \
             max(int(self.expected_batch_size or 2), 2)
-        found: tuple[float, float, int, str, str] | None = None
+        capped = min(size, PROBE_WINDOWS)
+        found: Any = None
+        tried, how = capped, ""
         last: Exception | None = None
-        saved_grads = [p.grad for p in self._params]
-        for p in self._params:
-            p.grad = None
-        for wide, varied in ((True, True), (True, False), (False, True), (False, False)):
-            probe = synthetic_probe(batch, size, varied=varied)
+        variants = [(True, True), (True, False), (False, True), (False, False)]
+        if self._probe_variant is not None:  # the first that ran in this fit (a failed try costs a pass)
+            variants.remove(self._probe_variant)
+            variants.insert(0, self._probe_variant)
+        for wide, varied in variants:
             try:
-                with in_float64(pl_module, probe, enabled=wide) as (probe, dtype):
-                    compared = list(range(min(size, PROBE_COMPARED)))
-                    moved_batch = perturb_first_window(copy_batch(probe), size)  # each pass its own copy: a
-                    base = self._probe_gradients(pl_module, copy_batch(probe), compared)  # training_step may write
-                    moved = self._probe_gradients(pl_module, moved_batch, compared)  # into its input
+                with in_float64(pl_module, synthetic_probe(batch, capped, varied=varied), enabled=wide) as \
+                        (probe, dtype):
+                    outcome = self._compare(pl_module, probe, capped, capped, dtype)
             except Exception as err:  # noqa: BLE001 - the next, more conservative variant
                 last = err
                 continue
-            finally:
-                for p, g in zip(self._params, saved_grads, strict=True):
-                    p.grad = g
-            if base is None or moved is None:
+            self._probe_variant = (wide, varied)
+            if outcome is _NO_LOSS:
                 return
-            found = largest_change(base, moved, dtype, self._param_names())
+            found = outcome
             how = f"{'float64' if dtype == torch.float64 else str(dtype).removeprefix('torch.')}, " + (
                 "repeating integer features" if varied else "integer features 0")
             break
         else:
             assert last is not None
-            if self.per_window == "auto" and self._fit_steps == 0:  # no evidence for the fast path: isolate
-                self._isolate(pl_module, f"the probe could not run on a synthetic batch ({type(last).__name__}: "
-                                         f"{last}), so independence is not established")
+            self._could_not_run(pl_module, last)
+            return
+        if found is None and size > capped and self.probes == 0:  # the fit's first probe: the real batch's size too
+            try:
+                probe = synthetic_probe(batch, size, varied=varied)
+                dtype = next((p.dtype for p in pl_module.parameters() if p.is_floating_point()), torch.float32)
+                outcome = self._compare(pl_module, probe, size, capped, dtype)
+            except Exception as err:  # noqa: BLE001 - as for a probe that cannot run at all
+                self._could_not_run(pl_module, err)
                 return
-            raise last
+            if outcome is _NO_LOSS:
+                return
+            found, tried = outcome, size
+            how = f"{str(dtype).removeprefix('torch.')}, " + (
+                "repeating integer features" if varied else "integer features 0")
         if found is None:
             return
         change, tolerance, window, param, _ = found
         evidence = (
-            f"on a synthetic probe batch of {size} windows ({how}), changing window 0 moved the per-window "
+            f"on a synthetic probe batch of {tried} windows ({how}), changing window 0 moved the per-window "
             f"gradient of window {window} by {change:.3g} in l2 norm (tolerance {tolerance:.3g}; most in parameter "
             f"{param!r})"
         )
@@ -168,6 +217,29 @@ class IndependenceChecks:
             "and the privacy analysis does not apply (docs/privacy.md, rule 8); no update was made from this step. "
             f"{self._refusal_advice()}",
         )
+
+    def _could_not_run(self, pl_module: L.LightningModule, err: Exception) -> None:
+        """The probe raised on the synthetic batch: no evidence for the fast path. Isolate (``per_window="auto"``
+        before the first noisy step) or raise the probe's error."""
+        if self.per_window == "auto" and self._fit_steps == 0:
+            self._isolate(pl_module, f"the probe could not run on a synthetic batch ({type(err).__name__}: {err}), "
+                                     "so independence is not established")
+            return
+        raise err
+
+    def _compare(self, pl_module: L.LightningModule, probe: Any, size: int, compared: int, dtype: torch.dtype
+                 ) -> tuple[float, float, int, str, str] | None | object:
+        """Two passes over the synthetic ``probe`` of ``size`` windows, window 0 changed in the second; the largest
+        change of windows 1 to ``compared - 1`` (:func:`largest_window_change`), ``None``, or ``_NO_LOSS`` when
+        ``training_step`` gives no loss to differentiate. Each pass gets its own copy of the batch (a
+        ``training_step`` may write into its input)."""
+        base = self._probe_pass(pl_module, copy_batch(probe), compared, copy=compared < size)
+        if base is None:
+            return _NO_LOSS
+        moved = self._probe_pass(pl_module, perturb_first_window(probe, size), compared, copy=compared < size)
+        if moved is None:
+            return _NO_LOSS
+        return largest_window_change(base, moved, self._params, self._param_names(), dtype)
 
     def _isolate(self, pl_module: L.LightningModule, reason: str) -> None:
         """``per_window="auto"`` before the fit's first noisy step: compute each window's gradient alone from now on."""
@@ -189,11 +261,11 @@ class IndependenceChecks:
         assert self._clipper is not None
         return [self._clipper._names.get(id(p), f"#{k}") for k, p in enumerate(self._params)]
 
-    def _probe_gradients(
-        self, pl_module: L.LightningModule, batch: Any, windows: list[int]
-    ) -> list[torch.Tensor] | None:
-        """Per-window gradients ``[len(windows), *p.shape]`` (one per trainable parameter, zeros where none) of the
-        module's training loss on ``batch``, as the fast path attributes them (no logging, no step)."""
+    def _probe_pass(self, pl_module: L.LightningModule, batch: Any, windows: int, *, copy: bool
+                    ) -> PassRecords | None:
+        """One forward/backward pass of the module's training loss on ``batch`` (no logging, no step): what the
+        fast path recorded for its first ``windows`` windows (:meth:`PerWindowClipper.pass_records`), ``None``
+        when there is no loss to differentiate."""
         assert self._clipper is not None and self._original_training_step is not None
         devices = sorted({p.device.index or 0 for p in self._params if p.device.type == "cuda"})
         enabled = self._clipper.enabled
@@ -201,7 +273,13 @@ class IndependenceChecks:
             with torch.random.fork_rng(devices=devices), torch.enable_grad(), warnings.catch_warnings(), \
                     silenced(pl_module):
                 warnings.simplefilter("ignore")
-                torch.manual_seed(0)  # the same dropout masks in both probe passes (synthetic data, no privacy draw)
+                # the same dropout masks in both probe passes (synthetic data, no privacy draw); the CPU generator
+                # alone unless the module is on an accelerator (torch.manual_seed formats a stack trace per call for
+                # every accelerator type it lazily seeds: about a millisecond)
+                if devices:
+                    torch.manual_seed(0)
+                else:
+                    torch.default_generator.manual_seed(0)
                 self._clear()
                 self._clipper.enable()
                 for p in self._params:
@@ -210,9 +288,8 @@ class IndependenceChecks:
                 if loss is None or not loss.requires_grad:
                     return None
                 loss.backward()
-                grads = self._clipper.per_window_gradients(self._params, windows)
-                return [torch.zeros(len(windows), *p.shape, dtype=p.dtype, device=p.device) if g is None
-                        else g.detach() for p, g in zip(self._params, grads, strict=True)]
+                del loss
+                return self._clipper.pass_records(self._params, windows, copy=copy)
         finally:
             self._clear()
             if not enabled:

@@ -63,6 +63,9 @@ class LedgerWiring:
     _isolated_sums: Any
     _fit_steps: int
     _next_probe: int | None
+    probes: int
+    _probe_variant: tuple[bool, bool] | None
+    probe_seconds: float
     _stochastic: bool | None
     _schedule: random.Random
     _rank: int
@@ -145,11 +148,18 @@ class LedgerWiring:
         self._isolated_sums = None
         self._fit_steps = 0
         self._next_probe = 1 if self.check_independence and not self.isolated else None
+        self.probes, self.probe_seconds, self._probe_variant = 0, 0.0, None
         self._stochastic = None
         if self._world_size > 1:  # the same probe steps on every rank (which steps are checked is not private)
             self._schedule = random.Random(25)
         self._begun = True
         return ledger
+
+    def counts_after_next_step(self) -> tuple[int, int]:
+        """(steps, epochs) the ledger counts once the next noisy step is taken: what a write-ahead copy of the
+        ledger must cover before that step touches the data (``dpts fit``'s ``ledger.json``,
+        :mod:`lightning_dpts.resume`)."""
+        return self.ledger.steps + 1, self.ledger.epochs + int(self._new_epoch)
 
     def remember_ledger(self, pl_module: L.LightningModule) -> None:
         """At ``setup``, before the layer swaps: the model's ledger (a swapped layer's new module holds none)."""

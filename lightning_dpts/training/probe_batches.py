@@ -1,8 +1,11 @@
-"""Synthetic probe batches and the float tolerance of the window-independence checks (docs/privacy.md, rule 8).
+"""Synthetic probe batches and the comparisons of the window-independence checks (docs/privacy.md, rule 8).
 
-Pure functions on batches, used by :mod:`~lightning_dpts.training.independence`: the probe's batch
-(:func:`synthetic_probe`: the structure of a real batch, synthetic values only), its perturbed copy, the float64
-context, and the tolerance within which a per-window gradient counts as unchanged (:func:`largest_change`).
+Pure functions on batches and recorded passes, used by :mod:`~lightning_dpts.training.independence`: the probe's
+batch (:func:`synthetic_probe`: the structure of a real batch, synthetic values only), its perturbed copy, the
+float64 context, the tolerance within which a per-window gradient counts as unchanged (:func:`window_tolerance`),
+and the two comparisons: :func:`largest_window_change` (the probe: two recorded passes, streamed record by record
+and window by window, never every per-window gradient at once) and :func:`largest_change` (the spot check: given
+per-window gradients).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PROBE_COMPARED", "copy_batch", "in_float64", "largest_change", "num_windows", "perturb_first_window",
-           "synthetic_probe", "window_tolerance"]
+from lightning_dpts.training.engine import PassRecords, _squared_norms
 
-#: at most this many windows of the probe batch have their gradients compared (window 0 and the next ones)
-PROBE_COMPARED = 33
+__all__ = ["PROBE_WINDOWS", "copy_batch", "in_float64", "largest_change", "largest_window_change", "num_windows",
+           "perturb_first_window", "synthetic_probe", "window_tolerance"]
+
+#: The probe's cap: its float64 pass runs on at most this many synthetic windows, and of a larger (full-size) pass
+#: the gradients of this many windows (window 0 and the next ones) are compared. The synthetic batch's structure
+#: (scales and missing-value patterns of period 3, integer features of period 4) repeats every 12 windows.
+PROBE_WINDOWS = 16
 #: c in the tolerance c * eps * sqrt(#params) * (gradient norm scale) of the probe and the spot check
 TOLERANCE_FACTOR = 16.0
 
@@ -190,3 +197,139 @@ def largest_change(
     param = int(torch.stack([d[window] for d in per_param]).argmax())
     return float(diff[window].sqrt()), tolerance, window, names[param], str(dtype)
 
+
+
+def _batch_first(t: torch.Tensor, w: int) -> torch.Tensor:
+    """A recorded tensor ``[w, ..., d]`` as ``[w, T, d]`` (T = 1 for ``[w, d]``)."""
+    return t.reshape(w, -1, t.shape[-1])
+
+
+def _joined(calls: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]], w: int
+            ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A record's calls as input blocks ``[w, T, d_k]`` and output gradients ``[w, T, p]``, calls joined along T."""
+    blocks = [torch.cat([_batch_first(b[k], w) for b, _ in calls], dim=1) if len(calls) > 1
+              else _batch_first(calls[0][0][k], w) for k in range(len(calls[0][0]))]
+    g = torch.cat([_batch_first(g, w) for _, g in calls], dim=1) if len(calls) > 1 else _batch_first(calls[0][1], w)
+    return blocks, g
+
+
+def _same_shapes(a: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]],
+                 b: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(
+        len(xa) == len(xb) and ga.shape == gb.shape and ga.dtype == gb.dtype
+        and all(s.shape == t.shape and s.dtype == t.dtype for s, t in zip(xa, xb, strict=True))
+        for (xa, ga), (xb, gb) in zip(a, b, strict=True))
+
+
+def _rows_differ(x: torch.Tensor, y: torch.Tensor, w: int) -> torch.Tensor:
+    """Per window (row), whether ``x`` and ``y`` differ anywhere (a NaN at the same place in both is no difference)."""
+    ne = x.ne(y)
+    if x.is_floating_point():
+        ne &= ~(x.isnan() & y.isnan())
+    return ne.reshape(w, -1).any(1).cpu()
+
+
+def _window_norms(passed: PassRecords, w: int) -> torch.Tensor:
+    """Squared l2 norm of every window's whole gradient (all parameters) in one pass ``[w]`` (float64), from the
+    exact per-record forms the clipper uses (:func:`~lightning_dpts.training.engine._squared_norms`)."""
+    out = torch.zeros(w, dtype=torch.float64)
+    for record, calls in passed.records:
+        blocks, g = _joined(calls, w)
+        norms, _, _ = _squared_norms(record, [a.transpose(0, 1) for a in blocks], g.transpose(0, 1))
+        out += norms.double().cpu() * passed.scale ** 2
+    for gs in passed.samples.values():
+        out += gs.reshape(w, -1).double().square().sum(1).cpu()
+    return out
+
+
+def largest_window_change(
+    before: PassRecords, after: PassRecords, params: list[nn.Parameter], names: list[str], dtype: torch.dtype
+) -> tuple[float, float, int, str, str] | None:
+    """The probe's comparison of two recorded passes (window 0 changed between them): the largest change of another
+    window's gradient, as the fast path attributes it, beyond the float tolerance, or ``None``.
+
+    Streaming and in the passes' own dtype, so that it costs no more memory than the records themselves:
+
+    1. windows whose recorded rows (every layer's inputs and output gradients, Opacus' per-window gradients) are
+       bitwise equal in both passes have equal gradients (the attribution is a function of those rows alone): no
+       change, nothing computed;
+    2. for each other window, the exact change ``g_j - g'_j`` one window and one parameter at a time: for a linear
+       map ``U^T A + G'^T V`` with ``U = G - G'`` and ``V = A - A'`` (two products of the window's own rows; zero
+       where its rows did not change, so round-off enters only through what changed), else the difference of the
+       Opacus per-window gradients; the tolerance is :func:`window_tolerance` with the largest per-window gradient
+       norm of either pass (all windows compared, window 0 included).
+
+    The guarantee is that of the old comparison of materialised float64 per-window gradients: any window whose
+    gradient moves by more than the tolerance is reported, with the parameter that moved most. Returns (change,
+    tolerance, window, parameter, dtype); window 0 is not compared when there are several windows.
+    """
+    w = before.windows
+    differs = torch.zeros(w, dtype=torch.bool)
+    mine = {id(r): (r, c) for r, c in before.records}
+    theirs = {id(r): (r, c) for r, c in after.records}
+    pairs = []
+    for key in dict.fromkeys([*mine, *theirs]):
+        record, a = mine.get(key, (theirs.get(key, (None, []))[0], []))
+        _, b = theirs.get(key, (record, []))
+        same = _same_shapes(a, b)
+        if same:
+            for (xa, ga), (xb, gb) in zip(a, b, strict=True):
+                for s, t in zip((*xa, ga), (*xb, gb), strict=True):
+                    differs |= _rows_differ(s, t, w)
+        else:  # another number or shape of calls in the other pass: compare the gradients themselves
+            differs[:] = True
+        pairs.append((record, a, b, same))
+    samples = dict.fromkeys([*before.samples, *after.samples])
+    for key in samples:
+        s, t = before.samples.get(key), after.samples.get(key)
+        if s is None or t is None or s.shape != t.shape:
+            differs[:] = True
+        else:
+            differs |= _rows_differ(s, t, w)
+    offset = 1 if w > 1 else 0
+    changed = [j for j in range(offset, w) if bool(differs[j])]
+    if not changed:
+        return None
+    index = {id(p): k for k, p in enumerate(params)}
+    sq = torch.zeros(w, len(params), dtype=torch.float64)
+    scale = before.scale
+
+    def add(j: int, p: torch.Tensor, delta: torch.Tensor) -> None:
+        k = index.get(id(p))
+        if k is not None:
+            sq[j, k] += float(delta.double().square().sum()) * scale ** 2
+
+    for record, a, b, same in pairs:
+        if same:
+            (blocks_a, g_a), (blocks_b, g_b) = _joined(a, w), _joined(b, w)
+            for j in changed:
+                u = g_a[j] - g_b[j]  # [T, p]
+                for p, k in record.weights:
+                    add(j, p, u.T @ blocks_a[k][j] + g_b[j].T @ (blocks_a[k][j] - blocks_b[k][j]))
+                for bias in record.biases:
+                    add(j, bias, u.sum(0))
+        else:
+            joined = [_joined(c, w) if c else None for c in (a, b)]
+            for j in changed:
+                for p, k in record.weights:
+                    ga, gb = (torch.zeros_like(p) if x is None else x[1][j].T @ x[0][k][j] for x in joined)
+                    add(j, p, ga - gb)
+                for bias in record.biases:
+                    ga, gb = (torch.zeros_like(bias) if x is None else x[1][j].sum(0) for x in joined)
+                    add(j, bias, ga - gb)
+    for key in samples:
+        s, t = before.samples.get(key), after.samples.get(key)
+        k = index.get(key)
+        if k is None:
+            continue
+        for j in changed:
+            x = torch.zeros_like(params[k]) if s is None else s[j]
+            y = torch.zeros_like(params[k]) if t is None else t[j]
+            sq[j, k] += float((x.double() - y.double()).square().sum())
+    change = sq.sum(1)
+    largest = max(float(_window_norms(before, w).max()), float(_window_norms(after, w).max()))
+    tolerance = window_tolerance(dtype, sum(p.numel() for p in params), math.sqrt(largest))
+    window = max(changed, key=lambda j: float(change[j]))
+    if math.sqrt(float(change[window])) <= tolerance:
+        return None
+    return math.sqrt(float(change[window])), tolerance, window, names[int(sq[window].argmax())], str(dtype)

@@ -148,9 +148,10 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             for experiments and tests only: **anyone who knows the seed can subtract the noise**; the run then
             warns with :data:`~lightning_dpts.randomness.SEEDED_NOTICE` and the checkpoint metadata says
             ``"seeded": True`` (the seed itself is never written).
-        secure_mode: draw the noise from the operating system's CSPRNG with Opacus' floating-point mitigation
-            (:class:`~lightning_dpts.randomness.GaussianNoise` ``secure=True``; cost measured by
-            ``benchmarks/randomness.py``). Needs ``seed=None``.
+        secure_mode: draw the noise from a cryptographically secure generator that the OS seeds (OpenSSL's
+            CTR-DRBG, else ``os.urandom``), in float64 rounded once: a floating-point mitigation equivalent to Opacus'
+            (:func:`~lightning_dpts.randomness.secure_standard_normal`; about 3x the default draw, 1.0-1.2x the
+            default DP fit: ``benchmarks/randomness.py``, ``benchmarks/dp_training.py``). Needs ``seed=None``.
         per_window: how each window's gradient g_i is computed (docs/privacy.md, rule 8; docs/training.md).
             ``"isolated"``: from the module's own ``training_step`` on a batch of that window alone
             (:mod:`~lightning_dpts.training.isolated`; vmapped, or one pass per window), so no ``forward`` can mix
@@ -162,12 +163,13 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             a probe that cannot run on the synthetic batch, switches the fit to ``"isolated"`` (a warning says so);
             a mix found later is an error as with ``"fast"``.
         check_independence: on the fast path, run the probe: on a synthetic batch shaped like the real one (its
-            keys, its number of windows, missing values and observed masks, integer features that repeat between
-            windows), in float64 where the module runs in it, change window 0 and require every other window's
-            per-window gradient to stay within c * eps * sqrt(#params) * (largest per-window gradient norm) of
-            its value. It runs at the fit's first step and at one random step in each of [2, 4), [4, 8), [8, 16),
-            ... (two extra forward/backward passes of the batch each time). ``False`` skips it (only for a model
-            you have verified yourself).
+            keys, missing values and observed masks, integer features that repeat between windows), change window 0
+            and require every other window's per-window gradient to stay within c * eps * sqrt(#params) * (largest
+            per-window gradient norm) of its value: on min(Lambda, 16) windows in float64 where the module runs in
+            it, and at the first probe also on the real batch's size in the module's precision. It runs at the
+            fit's first step and at one random step in each of [2, 4), [4, 8), [8, 16), ... (two forward/backward
+            passes of at most 16 windows each time, at most 1 + log2 T times in T steps; docs/training.md).
+            ``False`` skips it (only for a model you have verified yourself).
         spot_check: on the fast path, the probability (in [0, 1]; 0.1 by default, about 5% of a non-DP step
             measured, docs/training.md) that a step checks one window drawn at random (a non-private draw): its
             clipped gradient computed with that window alone must equal, within the float tolerance, the one the
@@ -268,6 +270,9 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._isolated_sums: list[torch.Tensor] | None = None
         self._fit_steps = 0  # noisy steps taken in this fit
         self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
+        self.probes = 0  #: probes run in this fit (see check_independence)
+        self.probe_seconds = 0.0  #: wall time the probes of this fit took, in seconds
+        self._probe_variant: tuple[bool, bool] | None = None  # the probe variant that ran in this fit
         self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
         self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
         self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
@@ -492,11 +497,11 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self._batch = batch
         self._clear()
         self._isolated_sums = None
-        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
-            self._next_probe = self._probe_after(self._fit_steps + 1)
-            self._check_window_independence(pl_module, batch)
         for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
             p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
+        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
+            self._next_probe = self._probe_after(self._fit_steps + 1)  # (after the last step's gradients are gone:
+            self._check_window_independence(pl_module, batch)  # the probe's peak memory does not hold them)
         # the spot check's draw: a copy of the batch as it arrived (training_step may write into its input)
         self._spot_batch = None
         if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
