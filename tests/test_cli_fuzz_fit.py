@@ -53,7 +53,7 @@ INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size"
            "--season-length", "--min-series-length", "--bands", "--monte-carlo-samples"}
 CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
 CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
-CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)
+CASES += [(opt, "12.5") for opt in sorted(INTEGER)]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1e31", "nan", "inf", "1e308"])
@@ -103,7 +103,8 @@ def _refused(argv: list[str], option: str, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe\x00"])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe\x00"],
+                         ids=["all-bytes", "png-header", "utf16-bom"])
 def test_fit_binary_config_exits_2(content, tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_bytes(content)
