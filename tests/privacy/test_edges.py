@@ -82,6 +82,7 @@ def test_lambda_equal_to_t(sigma):
     assert got <= two < 2 * got + 1  # finite, and no more than basic composition allows
 
 
+@pytest.mark.slow  # the same budgets run through `dpts privacy steps` in tests/test_cli_fuzz.py (REPORTED)
 def test_huge_budgets_are_bounded_in_work(monkeypatch):
     """Work is counted, not timed: the FFT and convolution points of every composition the searches run (measured,
     Nov 2026: 53 M points in 1,303 kernel calls for the three budgets and the refusal); at most 32 compositions of
