@@ -137,7 +137,14 @@ REPORTED = [
 ]
 
 
-@pytest.mark.parametrize("argv,option", REPORTED, ids=[f"{a[0]}-{a[1]}-{o}" for a, o in REPORTED])
+# the two costliest run in the slow suite: `privacy steps --epsilon 1e6` searches like `--epsilon 1000` and `1e20`,
+# `release noise --releases 1e9` composes like `release epsilon --releases 1e9`
+SLOW_REPORTED = {0, 10}
+
+
+@pytest.mark.parametrize("argv,option", [
+    pytest.param(a, o, id=f"{a[0]}-{a[1]}-{o}", marks=pytest.mark.slow if i in SLOW_REPORTED else ())
+    for i, (a, o) in enumerate(REPORTED)])
 def test_reported_inputs_answer_or_refuse_with_bounded_work(argv, option, monkeypatch):
     work = count_kernel_work(monkeypatch)
     code, err = _run(argv)
@@ -148,7 +155,8 @@ def test_reported_inputs_answer_or_refuse_with_bounded_work(argv, option, monkey
     assert work.total_points <= MAX_POINTS and work.total_calls <= MAX_CALLS, (dict(work.calls), dict(work.points))
 
 
-@pytest.mark.parametrize("argv", [REPORTED[0][0], REPORTED[9][0]], ids=["steps-eps-1e6", "release-1e9"])
+@pytest.mark.parametrize("argv", [pytest.param(REPORTED[0][0], id="steps-eps-1e6", marks=pytest.mark.slow),
+                                  pytest.param(REPORTED[9][0], id="release-1e9")])
 def test_memory_stays_bounded(argv):
     limit = 3 * 1024**3
     code = (

@@ -218,6 +218,7 @@ def test_public_validation_picks_the_best_epoch_and_predictor_works_with_evaluat
     assert np.isfinite(table.to_numpy()).all()
 
 
+@pytest.mark.slow  # the whole example in a fresh process
 def test_validation_example_runs():
     """examples/gluonts_validation.py: public validation series, evaluate_model with MASE and wQL."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
