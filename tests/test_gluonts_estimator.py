@@ -58,6 +58,7 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+@pytest.mark.slow  # a utility claim (a trained model against seasonal naive)
 def test_recipe_model_trains_privately_and_beats_seasonal_naive(series, tmp_path, monkeypatch):
     from lightning_dpts.models import SeasonalLinearEstimator
 

@@ -18,13 +18,12 @@ TABLE = json.loads((pathlib.Path(__file__).parent / "data" / "epsilons_before_i3
 
 def _kind(row: dict) -> tuple:
     config = row["config"]
-    return (config["top_level"], config.get("bottom_level", "with_replacement"), "error" in row,
-            bool(config.get("context_noise")), config.get("instances_per_series", 1) > 1)
+    return config["top_level"], config.get("bottom_level", "with_replacement"), "error" in row
 
 
 def _rows() -> list:
-    """The first row of each kind (top x bottom level, refusal, augmentation, lambda > 1) in the fast suite; the
-    rest of the table (more lengths, relations, bounds of the same kinds) in the slow one."""
+    """The first row of each kind (top x bottom level, refusal or not) in the fast suite; the rest of the table
+    (lambda > 1, augmentation, more lengths, relations and bounds of the same kinds) in the slow one."""
     seen: set[tuple] = set()
     rows = []
     for row in TABLE:

@@ -199,6 +199,7 @@ def test_a_non_finite_gradient_on_one_rank_stops_every_rank_at_the_same_step(run
     assert nan[0]["ledger_steps"] == nan[1]["ledger_steps"]
 
 
+@pytest.mark.slow  # two more processes; the non-finite-gradient test above checks the failure flag on the shared run
 def test_a_layer_frozen_on_one_rank_stops_every_rank_at_that_step_without_waiting(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
