@@ -3,7 +3,8 @@
 command and exits 130; the resumed run then accounts every step once. Before issue 38 Lightning's handler ended the
 process with status 1, no message and, in the first epoch, no checkpoint to resume from.
 
-The test runs ``dpts fit`` in a subprocess and sends it SIGINT once ``ledger.json`` counts a noisy step. No timing
+The test runs ``dpts fit`` in a subprocess and sends it SIGINT once ``ledger.json`` shows a noisy step taken (its
+second, larger reservation). No timing
 is asserted: waiting is bounded by a number of polls, and the subprocess by a generous hang guard."""
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ def test_ctrl_c_writes_what_a_resume_needs_and_says_how(tiny_csv, tmp_path):
                              "--output-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
+        # ledger.json is written ahead of the steps (resume.RESERVED_STEPS): its first count is written before any
+        # step; a larger count is written only once the steps the first one reserved were taken
+        first = 0
         for _ in range(POLLS):
-            if _steps(run) >= 1 or proc.poll() is not None:
+            first = first or _steps(run)
+            if (first and _steps(run) > first) or proc.poll() is not None:
                 break
             time.sleep(0.1)
         assert proc.poll() is None, "the fit ended before it could be interrupted"
