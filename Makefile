@@ -12,7 +12,7 @@ install:
 demo: install
 	dpts fit --output-dir runs/demo --overwrite
 
-# The fast suite on every core (pytest-xdist; PYTEST_WORKERS=1 runs it in one process). One thread per worker:
+# The fast suite on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in one process). One thread per worker:
 # the workers already use every core, and torch's own threads would only compete with them.
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST = -n $(PYTEST_WORKERS) --dist loadfile
