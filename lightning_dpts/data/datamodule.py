@@ -25,6 +25,7 @@ from lightning_dpts.data.sampler import (
     check_float32_range,
 )
 from lightning_dpts.data.sources import BUNDLED_DATASETS, SeriesCollection, to_collection
+from lightning_dpts.data.store import SeriesStore, StoreWindows, is_store_path
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
@@ -219,18 +220,22 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         )
 
         # --- data, splits -----------------------------------------------------------------------------
-        if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
-            data, freq = self._read_file(data, freq, id_column, timestamp_column, value_column)
-            id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
-        collection = to_collection(
-            data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
-        )
+        collection: SeriesCollection | SeriesStore
+        if isinstance(data, SeriesStore) or is_store_path(data):
+            collection = self._open_store(data, freq)  # type: ignore[arg-type]
+        else:
+            if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
+                data, freq = self._read_file(data, freq, id_column, timestamp_column, value_column)
+                id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
+            collection = to_collection(
+                data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
+            )
         self.dropped_series: list[str] = []
         collection = self._drop_short(collection, drop_short_series)
         self.collection = collection
         self.freq = collection.freq
         held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        self.train_lengths = np.array([len(t) - held_out for t in collection.targets], dtype=np.int64)
+        self.train_lengths = _series_lengths(collection) - held_out
 
         # --- the sampling description (validates Lambda, lambda, N, modes, noise, relation) -------------
         self._spec = SamplingSpec(
@@ -258,17 +263,27 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         self.keys, self._feature_kind, static_cat_width, static_real_width = self._plan_fields(inputs, collection)
         self.static_cat = self._static(collection.feat_static_cat, static_cat_width, np.int64, "feat_static_cat")
         self.static_real = self._static(collection.feat_static_real, static_real_width, np.float32, "feat_static_real")
-        dynamic = self._dynamic_features(collection)
-        self._full_store = WindowStore(
-            collection.targets, self.past_length, self.prediction_length, dynamic, names=collection.item_ids
-        )
-        self._train_store = WindowStore(
-            [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
-            self.past_length,
-            self.prediction_length,
-            None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
-            names=collection.item_ids,
-        )
+        self._full_store: WindowStore | StoreWindows
+        self._train_store: WindowStore | StoreWindows
+        if isinstance(collection, SeriesStore):
+            # windows by index arithmetic over the mapped values: no copy of any series (issue 41)
+            kind = "gluonts" if self._feature_kind == "gluonts" else "none"
+            self._full_store = StoreWindows(collection, collection.lengths, self.past_length, self.prediction_length,
+                                            kind)
+            self._train_store = StoreWindows(collection, self.train_lengths, self.past_length,
+                                             self.prediction_length, kind)
+        else:
+            dynamic = self._dynamic_features(collection)
+            self._full_store = WindowStore(
+                collection.targets, self.past_length, self.prediction_length, dynamic, names=collection.item_ids
+            )
+            self._train_store = WindowStore(
+                [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
+                self.past_length,
+                self.prediction_length,
+                None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
+                names=collection.item_ids,
+            )
         self._check_time_feat_width(inputs)
         # With no validation (test) windows, present val_dataloader (test_dataloader) as not overridden so
         # that Lightning has no validation loop (GluonTS modules then monitor train_loss, not val_loss).
@@ -290,6 +305,18 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------------------------------
     # Construction helpers
     # ------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _open_store(data: SeriesStore | str | os.PathLike[str], freq: str | None) -> SeriesStore:
+        """The memory-mapped store ``data`` (:mod:`lightning_dpts.data.store`); ``freq``, if given, must be its own."""
+        store = data if isinstance(data, SeriesStore) else SeriesStore(data)
+        if freq is not None:
+            from lightning_dpts.data.sources import period_freq
+
+            if store.freq is None or period_freq(freq) != store.freq:
+                raise ConfigurationError("freq", freq, f"the series store {str(store.path)!r} has freq={store.freq!r}; "
+                                         "omit freq or rewrite the store")
+        return store
+
     @staticmethod
     def _read_file(path: str | os.PathLike[str], freq: str | None, id_column: str, timestamp_column: str,
                    value_column: str | Sequence[str]) -> tuple[pd.DataFrame, str]:
@@ -326,8 +353,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
 
     def _drop_short(self, collection: SeriesCollection, drop: bool) -> SeriesCollection:
         held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        mask = too_short([len(t) for t in collection.targets], self.prediction_length,
-                         self.test_windows + self.val_windows)
+        lengths = _series_lengths(collection)
+        mask = too_short(lengths, self.prediction_length, self.test_windows + self.val_windows)
         short = [int(i) for i in np.flatnonzero(mask)]
         if not short:
             return collection
@@ -335,7 +362,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             item = collection.item_ids[short[0]]
             raise ConfigurationError(
                 "data",
-                f"series {item!r} of length {len(collection.targets[short[0]])}",
+                f"series {item!r} of length {int(lengths[short[0]])}",
                 f"its training part (length - {held_out} held-out steps) must have >= prediction_length="
                 f"{self.prediction_length} steps; {len(short)} series are too short. Pass "
                 "drop_short_series=True to drop them",
@@ -697,6 +724,13 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             f"bottom_level={s.bottom_level}, {s.steps_per_epoch} steps/epoch, rho={s.top_level_rate:.4g}, "
             f"r={s.bottom_level_rate:.4g}, context_noise={s.context_noise}, forecast_noise={s.forecast_noise}"
         )
+
+
+def _series_lengths(collection: SeriesCollection | SeriesStore) -> np.ndarray:
+    """L_n of every series (int64), from a store's index or the collection's arrays."""
+    if isinstance(collection, SeriesStore):
+        return collection.lengths.copy()
+    return np.array([len(t) for t in collection.targets], dtype=np.int64)
 
 
 def _check_predict_step(trainer: Any) -> None:
