@@ -70,7 +70,7 @@ def _schema(freq: str | None) -> Any:
 
 
 def is_store_path(path: object) -> bool:
-    """``True`` for a path (str or ``os.PathLike``) ending in ``.arrow`` or ``.feather``: read as a :class:`SeriesStore`."""
+    """``True`` for a path (str or ``os.PathLike``) ending in ``.arrow`` or ``.feather``: a :class:`SeriesStore`."""
     return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith((".arrow", ".feather"))
 
 
@@ -285,7 +285,8 @@ class SeriesStore:
                 raise ConfigurationError("data", str(path), "holds null values; a store writes missing values as NaN")
             byte = flat.buffers()[1].address - whole.address + 4 * flat.offset
             if byte % 4:  # Arrow aligns buffers to 8 bytes; a foreign writer might not
-                raise ConfigurationError("data", str(path), "has a misaligned value buffer; rewrite it with write_store")
+                raise ConfigurationError("data", str(path),
+                                         "has a misaligned value buffer; rewrite it with write_store")
             list_offsets = np.asarray(target.offsets)
             offsets.append(byte // 4 + list_offsets[:-1])
             lengths.append(np.diff(list_offsets))
