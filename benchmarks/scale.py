@@ -24,7 +24,8 @@ quiet CPU Trainer. It reports
   ``(peak - fixed) / raw``, where ``fixed`` is the peak of the same fit on a small store of the same kind
   (862 x 1,000 values): the memory that grows with the data, per byte of raw float32 data (target <= 2).
 
-``--ingest`` also converts a long-format Parquet file (item_id, timestamp, value) of the 15M data into a store in a
+``--memory`` adds the kind ``memory``: the plain loop on the in-memory datamodule (the series as a list of numpy
+arrays, the path every other input takes), for comparison. ``--ingest`` also converts a long-format Parquet file (item_id, timestamp, value) of the 15M data into a store in a
 fresh subprocess and reports its time and peak (``store_from_file``; long files are read whole). ``--accountant``
 builds a datamodule over a store of 10^5 series with 10^3 distinct lengths and counts the accountant's work (the
 per-length privacy profiles it evaluates, sigma 3) and time, against 10^3 series with the same lengths.
@@ -98,7 +99,14 @@ def fit_child(store: str, kind: str, steps: int, batch: int) -> dict:
     module = SimpleFeedForwardLightningModule(
         model_kwargs=dict(prediction_length=PREDICTION, context_length=CONTEXT, hidden_dimensions=[64, 64]))
     begin = time.perf_counter()
-    dm = StructuredSubsamplingDataModule(store, batch_size=batch, instances_per_series=1, model=module,
+    data: object = store
+    if kind == "memory":  # the in-memory path (a list of arrays, padded window arrays), for comparison
+        from lightning_dpts.data.store import SeriesStore
+
+        mapped = SeriesStore(store)
+        data = [mapped.series(n).copy() for n in range(mapped.num_series)]
+        del mapped
+    dm = StructuredSubsamplingDataModule(data, batch_size=batch, instances_per_series=1, model=module,
                                          top_level="without_replacement", test_windows=1)
     load = time.perf_counter() - begin
     ends: list[float] = []
@@ -119,6 +127,10 @@ def fit_child(store: str, kind: str, steps: int, batch: int) -> dict:
     if trainer.global_step != steps:
         raise RuntimeError(f"{kind}: {trainer.global_step} of {steps} steps")
     source = dm.collection
+    if kind == "memory":
+        source = type("Sizes", (), {"num_series": source.num_series,
+                                    "num_values": sum(len(t) for t in source.targets)})()
+        source.nbytes = 4 * source.num_values
     return {"load": load, "first": ends[0] - start, "steps_per_s": (len(ends) - 1) / (ends[-1] - ends[0]),
             "peak_mib": _peak_mib(), "raw_mib": source.nbytes / 2**20, "series": source.num_series,
             "values": source.num_values}
@@ -141,14 +153,14 @@ def long_parquet_child(store: str, out: str) -> dict:
     from lightning_dpts.data.store import SeriesStore
 
     s = SeriesStore(store)
-    schema = pa.schema([("item_id", pa.string()), ("timestamp", pa.timestamp("s")), ("value", pa.float32())])
+    schema = pa.schema([("item_id", pa.string()), ("timestamp", pa.timestamp("s")), ("target", pa.float32())])
     with pq.ParquetWriter(out, schema) as writer:
         for n in range(s.num_series):
             size = int(s.lengths[n])
             first = s.starts[n].to_timestamp().value // 10**9  # type: ignore[index]
             stamps = (first + 3600 * np.arange(size)).astype("datetime64[s]")
             writer.write_table(pa.table({"item_id": pa.array([s.item_ids[n]] * size),
-                                         "timestamp": pa.array(stamps), "value": pa.array(s.series(n))},
+                                         "timestamp": pa.array(stamps), "target": pa.array(s.series(n))},
                                         schema=schema))
     return {"bytes": os.path.getsize(out)}
 
@@ -214,6 +226,7 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/dpts-scale")
     parser.add_argument("--ingest", action="store_true")
     parser.add_argument("--accountant", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="also the in-memory datamodule (a list of arrays)")
     parser.add_argument("--keep", action="store_true", help="keep the stores for another run")
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -237,13 +250,14 @@ def main() -> None:
     for size in args.sizes.split(","):
         path = directory / f"traffic_{size}.arrow"
         made = _child("make", str(path), *SIZES[size]) if not path.exists() else {"seconds": float("nan")}
-        rows = {kind: _child("fit", str(path), kind, args.steps, args.batch) for kind in ("plain", "dp")}
+        kinds = ("plain", "dp", "memory") if args.memory else ("plain", "dp")
+        rows = {kind: _child("fit", str(path), kind, args.steps, args.batch) for kind in kinds}
         print(header)
         for kind, r in rows.items():
             print(f"{size:>5} {kind:>5} {r['series']:>7,} {r['values']:>12,} {r['raw_mib']:>8.0f} "
                   f"{made['seconds']:>7.1f} {r['load']:>7.2f} {r['first']:>8.2f} {r['steps_per_s']:>8.2f} "
                   f"{r['peak_mib']:>9.0f} {r['peak_mib'] / r['raw_mib']:>9.2f} "
-                  f"{(r['peak_mib'] - fixed[kind]) / r['raw_mib']:>17.2f}")
+                  f"{(r['peak_mib'] - fixed[kind if kind == 'dp' else 'plain']) / r['raw_mib']:>17.2f}")
         p, d = rows["plain"], rows["dp"]
         print(f"{size:>5} dp/plain: steps/s {d['steps_per_s'] / p['steps_per_s']:.3f}, peak "
               f"{d['peak_mib'] / p['peak_mib']:.3f}, first step {d['first'] / p['first']:.2f}")

@@ -372,18 +372,25 @@ class SeriesStore:
         return other
 
     def to_frame(self) -> pd.DataFrame:
-        """The store as a long-format DataFrame (``item_id``, ``timestamp`` Period or step number, ``target``);
-        materialises every value (for small stores and tests)."""
-        frames = []
-        for n in range(self.num_series):
-            size = int(self.lengths[n])
-            if self.start_ordinals is not None:
-                stamps: Any = pd.period_range(self.starts[n], periods=size, freq=self.freq)  # type: ignore[index]
-            else:
-                stamps = np.arange(size)
-            frames.append(pd.DataFrame({"item_id": self.item_ids[n], "timestamp": stamps,
-                                        "target": self.series(n).astype(np.float64)}))
-        return pd.concat(frames, ignore_index=True)
+        """The store as a long-format table: ``item_id`` (str), ``timestamp`` (Period at ``freq``, or the step
+        number 0, 1, ... when the store has no time stamps) and ``target`` (float64, NaN = missing), series after
+        series; about 24 bytes per value (for the pandas-based jobs and small stores)."""
+        total = self.num_values
+        rows = np.repeat(np.arange(self.num_series, dtype=np.int64), self.lengths)
+        firsts = np.zeros(self.num_series, dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=firsts[1:])
+        steps = np.arange(total, dtype=np.int64) - firsts[rows]
+        stamps: Any
+        if self.start_ordinals is not None and self.freq is not None:
+            from lightning_dpts.data.sources import _multiple
+
+            ordinals = self.start_ordinals[rows] + steps * _multiple(self.freq)
+            stamps = pd.PeriodIndex.from_ordinals(ordinals, freq=self.freq)
+        else:
+            stamps = steps
+        target = np.concatenate([self.series(n) for n in range(self.num_series)]).astype(np.float64)
+        ids = np.asarray(self.item_ids, dtype=object)[rows]  # references to N strings, 8 bytes per value
+        return pd.DataFrame({"item_id": ids, "timestamp": stamps, "target": target})
 
     def __getstate__(self) -> dict[str, Any]:
         # a DataLoader worker re-maps the file (a mapping cannot be pickled): only the metadata travels
@@ -564,7 +571,7 @@ def store_from_file(source: str | os.PathLike[str], path: str | os.PathLike[str]
     Layouts: ``"long"`` (one row per series and time step: ``id_column``, ``timestamp_column``, ``value_column``;
     validated by the rules of :func:`~lightning_dpts.data.sources.long_table`), ``"wide"`` (``timestamp_column``
     plus one column per series, named by its item id; leading and trailing missing values of a column are not part
-    of its series) or ``"auto"`` (long when the file has the id and value columns, else wide).
+    of its series) or ``"auto"`` (long when the file has the id column, else wide).
 
     Memory: a wide Parquet file is converted one column at a time (one series plus the time stamps); a long file
     is read whole (its three columns, about 50 bytes per row at the peak) before the store is written.
@@ -580,7 +587,7 @@ def store_from_file(source: str | os.PathLike[str], path: str | os.PathLike[str]
         raise ConfigurationError("layout", layout, "must be 'auto', 'long' or 'wide'")
     names = _schema_names(source)
     if layout == "auto":
-        layout = "long" if id_column in names and value_column in names else "wide"
+        layout = "long" if id_column in names else "wide"
     if layout == "long":
         from lightning_dpts.data.sources import _from_dataframe
 

@@ -222,3 +222,22 @@ def test_accountant_work_is_flat_in_the_number_of_series(tmp_path, monkeypatch, 
         StructuredSubsamplingAccountant(spec, 2.0).epsilon(100, 1e-6)
         work[num] = calls["profiles"]
     assert work[10**5] == work[10**3] <= bounds.MAX_LENGTH_MEMBERS + 1
+
+
+def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
+    """``dpts fit/predict --data x.arrow``: the table the jobs read from a store is the one they read from the
+    Parquet file it was converted from."""
+    from lightning_dpts.loading import load_long_table
+
+    frame = _long_frame()
+    frame.to_parquet(tmp_path / "data.parquet")
+    store_from_file(tmp_path / "data.parquet", tmp_path / "data.arrow")
+    direct, freq = load_long_table(tmp_path / "data.parquet")
+    mapped, freq_mapped = load_long_table(tmp_path / "data.arrow")
+    assert freq == freq_mapped == "h"
+    pd.testing.assert_series_equal(mapped["item_id"], direct["item_id"])
+    pd.testing.assert_series_equal(mapped["timestamp"], direct["timestamp"])
+    np.testing.assert_array_equal(mapped["target"].to_numpy(), direct["target"].to_numpy().astype(np.float32))
+    with pytest.raises(ConfigurationError) as err:
+        load_long_table(tmp_path / "data.arrow", freq="D")
+    assert err.value.parameter == "freq"
