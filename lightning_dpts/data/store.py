@@ -565,7 +565,7 @@ def _schema_names(path: Path) -> list[str]:
 
 def store_from_file(source: str | os.PathLike[str], path: str | os.PathLike[str], *, layout: str = "auto",
                     id_column: str = "item_id", timestamp_column: str = "timestamp", value_column: str = "target",
-                    freq: str | None = None, overwrite: bool = False) -> SeriesStore:
+                    freq: str | None = None, overwrite: bool = False, batch_rows: int = 1 << 20) -> SeriesStore:
     """Convert a Parquet or CSV file into the store ``path`` and open it.
 
     Layouts: ``"long"`` (one row per series and time step: ``id_column``, ``timestamp_column``, ``value_column``;
@@ -573,8 +573,9 @@ def store_from_file(source: str | os.PathLike[str], path: str | os.PathLike[str]
     plus one column per series, named by its item id; leading and trailing missing values of a column are not part
     of its series) or ``"auto"`` (long when the file has the id column, else wide).
 
-    Memory: a wide Parquet file is converted one column at a time (one series plus the time stamps); a long file
-    is read whole (its three columns, about 50 bytes per row at the peak) before the store is written.
+    Memory: a long file whose rows of each series are together (any order within a series) is converted
+    ``batch_rows`` rows at a time (a long file whose series are interleaved is read whole: about 240 bytes per row
+    at the peak); a wide Parquet file one column at a time (one series plus the time stamps).
 
     Raises:
         ConfigurationError: missing file, unknown format or layout, missing columns, and every value and time
@@ -589,19 +590,97 @@ def store_from_file(source: str | os.PathLike[str], path: str | os.PathLike[str]
     if layout == "auto":
         layout = "long" if id_column in names else "wide"
     if layout == "long":
-        from lightning_dpts.data.sources import _from_dataframe
-
-        table = _read_table(source, [c for c in (id_column, timestamp_column, value_column) if c in names])
-        frame = table.to_pandas()
-        del table
-        for column in (id_column, timestamp_column, value_column):
-            if column not in frame.columns:
-                raise ConfigurationError({id_column: "id_column", timestamp_column: "timestamp_column"}.get(
-                    column, "value_column"), column, f"is not a column of {source.name} (columns: {names})")
-        collection = _from_dataframe(frame, freq, id_column, timestamp_column, value_column)
-        del frame
-        return write_store(collection, path, overwrite=overwrite)
+        for column, parameter in ((id_column, "id_column"), (timestamp_column, "timestamp_column"),
+                                  (value_column, "value_column")):
+            if column not in names:
+                raise ConfigurationError(parameter, column, f"is not a column of {source.name} (columns: {names[:10]})")
+        columns = [id_column, timestamp_column, value_column]
+        try:
+            return _long_to_store(source, path, columns, freq, overwrite, stream=True, rows=batch_rows)
+        except _NotGrouped:  # a series' rows are not together: read the file whole
+            return _long_to_store(source, path, columns, freq, overwrite, stream=False)
     return _wide_to_store(source, path, names, timestamp_column, freq, overwrite)
+
+
+class _NotGrouped(Exception):
+    """A series' rows are not contiguous in the file: it cannot be converted batch by batch."""
+
+
+def _record_batches(source: Path, columns: list[str], rows: int, stream: bool) -> Iterator[Any]:
+    """The file's ``columns`` in record batches of about ``rows`` rows (``stream=False``: one batch)."""
+    if not stream:
+        yield _read_table(source, columns)  # one table: its to_pandas is the whole file
+        return
+    pa = _pa()
+    try:
+        if source.name.lower().endswith((".parquet", ".pq")):
+            import pyarrow.parquet as pq
+
+            yield from pq.ParquetFile(source).iter_batches(batch_size=rows, columns=columns)
+        else:
+            import pyarrow.csv as pcsv
+
+            convert = pcsv.ConvertOptions(null_values=list(_MISSING_CSV_CELLS), strings_can_be_null=True,
+                                          include_columns=columns)
+            blocks = pcsv.ReadOptions(block_size=max(1 << 16, 32 * rows))
+            yield from pcsv.open_csv(source, convert_options=convert, read_options=blocks)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ConfigurationError("data", str(source), f"could not be read ({type(err).__name__}: {err})") from err
+
+
+def _long_to_store(source: Path, path: str | os.PathLike[str], columns: list[str], freq: str | None,
+                   overwrite: bool, *, stream: bool, rows: int = 1 << 20) -> SeriesStore:
+    """A long file into a store, a record batch at a time when ``stream`` (the rows of every series together; else
+    :class:`_NotGrouped`). Every batch is validated by :func:`~lightning_dpts.data.sources.long_table`'s rules (the
+    frequency inferred from the first batch holds for the rest); memory: one batch plus one series."""
+    from lightning_dpts.data.sources import _from_dataframe
+
+    id_column, timestamp_column, value_column = columns
+    writer: SeriesStoreWriter | None = None
+    pending: pd.DataFrame | None = None
+    offset = 0
+
+    def write(frame: pd.DataFrame) -> None:
+        nonlocal writer, freq
+        collection = _from_dataframe(frame, freq, id_column, timestamp_column, value_column)
+        freq = collection.freq
+        if writer is None:
+            writer = SeriesStoreWriter(path, freq, overwrite=overwrite)
+        for n, target in enumerate(collection.targets):
+            name = collection.item_ids[n]
+            if stream and name in writer._seen:
+                raise _NotGrouped(name)
+            writer.add(name, target[:, 0], None if collection.starts is None else collection.starts[n])
+
+    try:
+        for batch in _record_batches(source, columns, rows, stream):
+            frame = batch.to_pandas()
+            frame.index = pd.RangeIndex(offset, offset + len(frame))
+            offset += len(frame)
+            if pending is not None:
+                frame = pd.concat([pending, frame])
+            if not len(frame):
+                continue
+            if stream:  # every series' rows together: one run per id, and no id of an earlier batch
+                ids = frame[id_column].astype(str).to_numpy()
+                names = pd.unique(ids)
+                runs = 1 + int(np.count_nonzero(ids[1:] != ids[:-1]))
+                if runs != len(names) or (writer is not None and any(n in writer._seen for n in names)):
+                    raise _NotGrouped(str(source))
+            last = (frame[id_column] == frame[id_column].iloc[-1]).to_numpy()
+            pending = frame[last]  # the batch's last series may go on in the next batch
+            if (~last).any():
+                write(frame[~last])
+        if pending is not None and len(pending):
+            write(pending)
+        if writer is None:
+            raise ConfigurationError("data", str(source), "has no rows")
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    writer.close()
+    return SeriesStore(path)
 
 
 def _wide_to_store(source: Path, path: str | os.PathLike[str], names: list[str], timestamp_column: str,

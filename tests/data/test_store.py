@@ -241,3 +241,23 @@ def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
     with pytest.raises(ConfigurationError) as err:
         load_long_table(tmp_path / "data.arrow", freq="D")
     assert err.value.parameter == "freq"
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_long_files_convert_batch_by_batch_or_whole_alike(tmp_path, suffix, interleaved) -> None:
+    """Rows of each series together: converted in record batches (a series split across batches is joined);
+    interleaved series are detected and the file is read whole. Either way the store of the whole table."""
+    frame = _long_frame(seed=4)
+    if interleaved:
+        frame = frame.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    source = tmp_path / f"data{suffix}"
+    frame.to_parquet(source, row_group_size=50) if suffix == ".parquet" else frame.to_csv(source, index=False)
+    store = store_from_file(source, tmp_path / "data.arrow", batch_rows=37)
+    reference = write_store(_long_frame(seed=4).assign(timestamp=lambda f: f["timestamp"].dt.to_period("h")),
+                            tmp_path / "reference.arrow")
+    order = [reference.item_ids.index(i) for i in store.item_ids]
+    for n, m in enumerate(order):
+        np.testing.assert_array_equal(store.series(n), reference.series(m))
+        assert store.starts[n] == reference.starts[m]
+    assert sorted(store.item_ids) == sorted(reference.item_ids)
