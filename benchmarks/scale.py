@@ -25,10 +25,12 @@ quiet CPU Trainer. It reports
   (862 x 1,000 values): the memory that grows with the data, per byte of raw float32 data (target <= 2).
 
 ``--memory`` adds the kind ``memory``: the plain loop on the in-memory datamodule (the series as a list of numpy
-arrays, the path every other input takes), for comparison. ``--ingest`` also converts a long-format Parquet file (item_id, timestamp, value) of the 15M data into a store in a
-fresh subprocess and reports its time and peak (``store_from_file``; long files are read whole). ``--accountant``
-builds a datamodule over a store of 10^5 series with 10^3 distinct lengths and counts the accountant's work (the
-per-length privacy profiles it evaluates, sigma 3) and time, against 10^3 series with the same lengths.
+arrays, the path every other input takes), for comparison. ``--ingest`` also converts a long-format Parquet file
+(item_id, timestamp, target; one row group per series) of the same data into a store in a fresh subprocess and
+reports its time and peak (``store_from_file``, a million rows at a time). ``--accountant`` builds datamodules
+over stores of 10^5 series with 10^3 distinct lengths (60..1059; context 500, horizon 24) and counts the
+accountant's work (the per-length privacy profiles it evaluates, sigma 3) and its time for epsilon after 1,000
+steps, against 10^3 series with the same lengths, for both bottom levels.
 
 Every measurement runs in its own subprocess; run one size at a time on a shared machine.
 """
@@ -194,7 +196,7 @@ def accountant_child(directory: str) -> dict:
         row = {}
         for bottom in ("with_replacement", "poisson"):
             begin = time.perf_counter()
-            dm = StructuredSubsamplingDataModule(str(path), context_length=24, prediction_length=12, batch_size=64,
+            dm = StructuredSubsamplingDataModule(str(path), context_length=500, prediction_length=24, batch_size=64,
                                                  instances_per_series=1, bottom_level=bottom, test_windows=1)
             built = time.perf_counter() - begin
             calls["members"] = 0
@@ -261,8 +263,8 @@ def main() -> None:
         p, d = rows["plain"], rows["dp"]
         print(f"{size:>5} dp/plain: steps/s {d['steps_per_s'] / p['steps_per_s']:.3f}, peak "
               f"{d['peak_mib'] / p['peak_mib']:.3f}, first step {d['first'] / p['first']:.2f}")
-        if args.ingest and size == "15M":
-            parquet = directory / "traffic_15M_long.parquet"
+        if args.ingest:
+            parquet = directory / f"traffic_{size}_long.parquet"
             _child("long", str(path), str(parquet))
             ing = _child("ingest", str(parquet), str(directory / "ingested.arrow"))
             print(f"  ingest long Parquet ({os.path.getsize(parquet) / 2**20:.0f} MiB, {p['values']:,} rows) -> "
