@@ -4,7 +4,8 @@ Used by ``tests/training/test_ddp_store.py`` (not collected by pytest itself). E
 the same ``<out>/store.arrow`` path and writes to ``<out>/store<r>.json``: whether the store's values are a view of
 the file mapping (listed in ``/proc/self/maps``, not owned by numpy), the series indices and past windows of its
 share of every training batch of 20 passes (rank 0 also the single-process reference batches from the shared
-entropy), and the weights after a 4-step DP fit (every rank must end with the same weights: one noisy update).
+entropy), and the weights after a 4-step DP fit (every rank must end with the same weights: one noisy update; the
+fit runs first, it starts the process group).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def main(out: Path) -> None:
     maps = Path("/proc/self/maps").read_text()
     result: dict = {"rank": rank, "mapped": str((out / "store.arrow").resolve()) in maps,
                     "owns_values": bool(store.values.flags.owndata), "writeable": bool(store.values.flags.writeable)}
+    # the fit first: it starts the process group the sampler phase then broadcasts over
+    model = Tiny()
+    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
+    t = trainer(out, [strategy], max_steps=4, logger=False, enable_checkpointing=False)
+    t.fit(model, datamodule=dm)
+    result.update(weights=weights(model), ledger_steps=strategy.ledger.steps, global_step=t.global_step)
+    dm = datamodule(out)
     fake = types.SimpleNamespace(world_size=2, global_rank=rank,
                                  strategy=types.SimpleNamespace(root_device=torch.device("cpu")))
     dm.trainer = fake
@@ -47,11 +55,6 @@ def main(out: Path) -> None:
         result["reference"] = [[{"rows": b["series_index"].tolist(), "past": b["past_target"].tolist()}
                                 for b in (dm.sampler.batch(p, s) for s in range(len(dm.sampler)))]
                                for p in range(passes)]
-    model, dm = Tiny(), datamodule(out)
-    strategy = DPForecastStrategy(noise_multiplier=SIGMA, max_grad_norm=CLIP)
-    t = trainer(out, [strategy], max_steps=4, logger=False, enable_checkpointing=False)
-    t.fit(model, datamodule=dm)
-    result.update(weights=weights(model), ledger_steps=strategy.ledger.steps, global_step=t.global_step)
     (out / f"store{rank}.json").write_text(json.dumps(result))
 
 
