@@ -26,7 +26,7 @@ where the data live, never among the files a run publishes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -713,11 +713,22 @@ def _wide_to_store(source: Path, path: str | os.PathLike[str], names: list[str],
     first = int(steps.min()) if len(steps) else 0
     span = int(steps.max()) - first + 1 if len(steps) else 0
     slot = steps - first
-    parquet = source.name.lower().endswith((".parquet", ".pq"))
-    whole = None if parquet else _read_table(source, None)
+    if source.name.lower().endswith((".parquet", ".pq")):
+        import pyarrow.parquet as pq
+
+        opened = pq.ParquetFile(source)  # one column at a time
+
+        def read(column: str) -> pd.Series:
+            return opened.read(columns=[column]).column(0).to_pandas()
+    else:
+        whole = _read_table(source, None)
+
+        def read(column: str) -> pd.Series:
+            return whole.column(column).to_pandas()
+
     with SeriesStoreWriter(path, pfreq, overwrite=overwrite) as writer:
         for column in series_columns:
-            col = (_read_table(source, [column]) if parquet else whole).column(column).to_pandas()  # type: ignore
+            col = read(column)
             values = _numeric_column(col, "value_column", column, None)
             full = np.full(span, np.nan)
             full[slot] = values
@@ -728,8 +739,3 @@ def _wide_to_store(source: Path, path: str | os.PathLike[str], names: list[str],
             writer.add(column, full[a:b], int((first + a) * multiple))
     return SeriesStore(path)
 
-
-def iter_series(store: SeriesStore) -> Iterable[tuple[str, np.ndarray]]:
-    """(item id, values view) of every series, in store order."""
-    for n in range(store.num_series):
-        yield store.item_ids[n], store.series(n)
