@@ -107,8 +107,12 @@ def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test
 
     top_level = config.top_level if config.bands is None else top_level_from_name(config.bands_top_level,
                                                                                   bands=config.bands)
+    from lightning_dpts.loading import store_of
+
+    store = store_of(table)  # a table read from a series store, unchanged: sample from the mapped store (issue 41)
     return StructuredSubsamplingDataModule(
-        table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
+        table if store is None else store, batch_size=config.batch_size,
+        instances_per_series=config.instances_per_series,
         top_level=top_level, bottom_level=config.bottom_level, relation=relation,
         context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
         secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",

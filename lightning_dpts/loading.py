@@ -6,6 +6,7 @@ Shared by ``dpts fit``, ``dpts predict``, ``dpts synth`` and ``dpts privacy --da
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pandas as pd
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["MISSING_CSV_CELLS", "drop_short_series", "format_stamps", "load_fit_table", "load_long_table",
-           "timestamp_style"]
+           "store_of", "timestamp_style"]
 
 #: The only CSV cells read as a missing value (docs/data.md: "NaN/empty/None is a missing value").
 MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
@@ -86,7 +87,23 @@ def _store_table(path: Path, freq: str | None) -> tuple[pd.DataFrame, str]:
     table = store.to_frame()
     table.attrs["source_columns"] = ("item_id", "timestamp", "target")
     table.attrs["timestamp_style"] = {"format": None, "anchor": None}
+    _STORE_TABLES[id(table)] = (weakref.ref(table), store)
     return table, store.freq
+
+
+#: id(table) -> (weak reference to the table, its store): the tables read from a store, unchanged (a filtered or
+#: clipped table is another object, so it is never mistaken for its store).
+_STORE_TABLES: dict[int, tuple[Any, Any]] = {}
+
+
+def store_of(table: Any) -> Any:
+    """The :class:`~lightning_dpts.data.store.SeriesStore` ``table`` was read from by :func:`load_long_table`, if
+    ``table`` is that very object (not a filtered, clipped or copied table), else ``None``: the datamodule then
+    samples from the mapped store instead of the table's values (the same values; issue 41)."""
+    entry = _STORE_TABLES.get(id(table))
+    if entry is None or entry[0]() is not table:
+        return None
+    return entry[1]
 
 
 def timestamp_style(stamps: pd.Series, freq: str) -> dict[str, Any]:

@@ -245,6 +245,13 @@ def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
     with pytest.raises(ConfigurationError) as err:
         load_long_table(tmp_path / "data.arrow", freq="D")
     assert err.value.parameter == "freq"
+    # the fit samples from the mapped store only for the very table read from it: a clipped (or filtered) table is
+    # another object and keeps its own values (training on the unclipped store would break the value bound)
+    from lightning_dpts.loading import drop_short_series, store_of
+
+    assert isinstance(store_of(mapped), SeriesStore) and store_of(direct) is None
+    assert store_of(mapped.assign(target=mapped["target"].clip(-1, 1))) is None
+    assert store_of(drop_short_series(mapped, 80)[0]) is None and store_of(drop_short_series(mapped, 1)[0]) is not None
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
