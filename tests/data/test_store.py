@@ -254,6 +254,23 @@ def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
     assert store_of(drop_short_series(mapped, 80)[0]) is None and store_of(drop_short_series(mapped, 1)[0]) is not None
 
 
+
+def test_fit_reads_series_lengths_without_building_the_series(tmp_path) -> None:
+    """``dpts fit`` chooses its test windows from the lengths (first to last stamp, gaps included): read from the
+    table's ordinals or the store's index, equal to the lengths of the series the datamodule builds."""
+    from lightning_dpts.data.sources import to_collection
+    from lightning_dpts.geometry import _series_spans
+    from lightning_dpts.loading import load_long_table
+
+    frame = _long_frame().drop(index=[5, 6, 7, 100, 200])  # missing time stamps inside two series
+    frame.to_parquet(tmp_path / "gaps.parquet")
+    table, freq = load_long_table(tmp_path / "gaps.parquet", freq="h")
+    built = [len(t) for t in to_collection(table, freq=freq).targets]
+    assert _series_spans(table, freq) == built == [60, 90, 75, 120]
+    store_from_file(tmp_path / "gaps.parquet", tmp_path / "gaps.arrow", freq="h")
+    assert _series_spans(load_long_table(tmp_path / "gaps.arrow")[0], freq) == built
+
+
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_long_files_convert_batch_by_batch_or_whole_alike(tmp_path, suffix, interleaved) -> None:
