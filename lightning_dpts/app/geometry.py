@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
+from lightning_dpts.app.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
 
 __all__ = ["build_datamodule", "fit_test_windows", "resolve_config", "resolve_with_test_windows"]
 
