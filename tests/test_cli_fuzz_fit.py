@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.config import FIT_RANGES
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FIT_RANGES
 
 NON_NUMERIC = ["abc", "", "1,5", "0x10", "one", "--", "1e", "[1]"]
 NOT_FINITE = ["nan", "inf", "-inf", "1e400", "-1e400"]

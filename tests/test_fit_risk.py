@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy.risk import metric_names
 
 FAST = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",

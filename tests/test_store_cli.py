@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.data.store import SeriesStore, store_from_file
 
 

@@ -320,8 +320,9 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
     @staticmethod
     def _read_file(path: str | os.PathLike[str], freq: str | None, id_column: str, timestamp_column: str,
                    value_column: str | Sequence[str]) -> tuple[pd.DataFrame, str]:
-        """A long-format CSV/Parquet file as ``dpts fit`` reads it (:func:`lightning_dpts.loading.load_long_table`)."""
-        from lightning_dpts.loading import load_long_table
+        """A long-format CSV/Parquet file as ``dpts fit`` reads it
+        (:func:`~lightning_dpts.data.loading.load_long_table`)."""
+        from lightning_dpts.data.loading import load_long_table
 
         if not os.path.isfile(path):
             raise ConfigurationError("data", str(path), "is neither a bundled dataset name "
@@ -652,7 +653,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         and ``future_observed_values``), in the order of :meth:`evaluation_windows` for that split, so
         ``trainer.predict`` outputs line up with ``evaluation_windows(dm.predict_split)``. Deterministic: no
         training randomness is used. GluonTS modules have no ``predict_step``; see
-        :func:`lightning_dpts.export.attach_quantile_predict_step`: without it, ``trainer.predict`` on a GluonTS
+        :func:`lightning_dpts.app.export.attach_quantile_predict_step`: without it, ``trainer.predict`` on a GluonTS
         module is refused here (Lightning's default step would fail inside GluonTS' ``forward``).
         """
         _check_predict_step(getattr(self, "trainer", None))
@@ -747,6 +748,6 @@ def _check_predict_step(trainer: Any) -> None:
     raise ConfigurationError(
         "predict_step", type(module).__name__,
         "a GluonTS module has no predict_step, and Lightning's default cannot feed it a batch dict: call "
-        "lightning_dpts.export.attach_quantile_predict_step(module) before trainer.predict (it returns forecast "
+        "lightning_dpts.app.export.attach_quantile_predict_step(module) before trainer.predict (it returns forecast "
         "quantiles [B, L_F, Q]), or forecast with the GluonTS predictor (estimator.create_predictor)",
     )

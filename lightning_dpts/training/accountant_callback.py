@@ -108,7 +108,7 @@ class AccountantCallback(StepAccountant):
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
         hyperparameters: the DP settings logged once per run through every logger's ``log_hyperparams`` under
             the key ``"dp"`` (sigma, C, delta, budget, Lambda, lambda, sampling levels and rates, relation,
-            theorem; see :func:`lightning_dpts.hparams.dp_hyperparameters`), set in ``on_train_start``.
+            theorem; see :func:`lightning_dpts.training.hparams.dp_hyperparameters`), set in ``on_train_start``.
     """
 
     def __init__(
@@ -165,16 +165,16 @@ class AccountantCallback(StepAccountant):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Hold back TensorBoard's HParams session until ``on_train_start`` adds the DP settings to it (one session
-        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.hparams`)."""
+        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.training.hparams`)."""
         if stage == "fit":
-            from lightning_dpts.hparams import defer_tensorboard_hparams
+            from lightning_dpts.training.hparams import defer_tensorboard_hparams
 
             defer_tensorboard_hparams(trainer.loggers)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """A fit refused before ``on_train_start`` logged: write the held-back session as it is. The table's thread
         has ended (:meth:`EpsilonTable.stop` waits for it), whatever ended the fit."""
-        from lightning_dpts.hparams import release_tensorboard_hparams
+        from lightning_dpts.training.hparams import release_tensorboard_hparams
 
         if self.table is not None:
             self.table.stop()
@@ -454,7 +454,7 @@ class AccountantCallback(StepAccountant):
             f"noise={strategy.noise_kind}, bands={spec.bands}, sigma={sigma:.4g}) within the budget "
             f"epsilon={self.epsilon}; logged as {acc.log_name!r}"
         )
-        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
+        from lightning_dpts.training.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         hp = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=None,
@@ -470,10 +470,10 @@ class AccountantCallback(StepAccountant):
                              sigma: float) -> None:
         """Log the DP settings once per run to every logger (``log_hyperparams``, key ``"dp"``).
 
-        The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
+        The dict is :func:`lightning_dpts.training.hparams.dp_hyperparameters` (no seed or randomness in it); it is
         also kept as :attr:`hyperparameters` for reports.
         """
-        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
+        from lightning_dpts.training.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         self.hyperparameters = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,

@@ -158,7 +158,7 @@ class LedgerWiring:
     def counts_after_next_step(self) -> tuple[int, int]:
         """(steps, epochs) the ledger counts once the next noisy step is taken: what a write-ahead copy of the
         ledger must cover before that step touches the data (``dpts fit``'s ``ledger.json``,
-        :mod:`lightning_dpts.resume`)."""
+        :mod:`lightning_dpts.app.resume`)."""
         return self.ledger.steps + 1, self.ledger.epochs + int(self._new_epoch)
 
     def remember_ledger(self, pl_module: L.LightningModule) -> None:

@@ -231,7 +231,7 @@ def test_accountant_work_is_flat_in_the_number_of_series(tmp_path, monkeypatch, 
 def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
     """``dpts fit/predict --data x.arrow``: the table the jobs read from a store is the one they read from the
     Parquet file it was converted from."""
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     frame = _long_frame()
     frame.to_parquet(tmp_path / "data.parquet")
@@ -247,7 +247,7 @@ def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
     assert err.value.parameter == "freq"
     # the fit samples from the mapped store only for the very table read from it: a clipped (or filtered) table is
     # another object and keeps its own values (training on the unclipped store would break the value bound)
-    from lightning_dpts.loading import drop_short_series, store_of
+    from lightning_dpts.data.loading import drop_short_series, store_of
 
     assert isinstance(store_of(mapped), SeriesStore) and store_of(direct) is None
     assert store_of(mapped.assign(target=mapped["target"].clip(-1, 1))) is None
@@ -259,8 +259,8 @@ def test_fit_reads_series_lengths_without_building_the_series(tmp_path) -> None:
     """``dpts fit`` chooses its test windows from the lengths (first to last stamp, gaps included): read from the
     table's ordinals or the store's index, equal to the lengths of the series the datamodule builds."""
     from lightning_dpts.data.sources import to_collection
-    from lightning_dpts.geometry import _series_spans
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.app.geometry import _series_spans
+    from lightning_dpts.data.loading import load_long_table
 
     frame = _long_frame().drop(index=[5, 6, 7, 100, 200])  # missing time stamps inside two series
     frame.to_parquet(tmp_path / "gaps.parquet")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
+from lightning_dpts.app.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
 
 __all__ = ["build_datamodule", "fit_test_windows", "resolve_config", "resolve_with_test_windows"]
 
@@ -104,7 +104,7 @@ def _series_spans(table: pd.DataFrame, freq: str) -> list[int] | None:
     the store's index or the table's Period ordinals without building the series (issue 41: the series themselves
     cost ~160 bytes per value); ``None`` when the time stamps are not Periods of ``freq``."""
     from lightning_dpts.data.sources import _multiple, period_freq
-    from lightning_dpts.loading import store_of
+    from lightning_dpts.data.loading import store_of
 
     store = store_of(table)
     if store is not None:
@@ -127,7 +127,7 @@ def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test
 
     top_level = config.top_level if config.bands is None else top_level_from_name(config.bands_top_level,
                                                                                   bands=config.bands)
-    from lightning_dpts.loading import store_of
+    from lightning_dpts.data.loading import store_of
 
     store = store_of(table)  # a table read from a series store, unchanged: sample from the mapped store (issue 41)
     return StructuredSubsamplingDataModule(
