@@ -103,8 +103,8 @@ def _series_spans(table: pd.DataFrame, freq: str) -> list[int] | None:
     """Every series' length in steps (first to last time stamp, gaps included, as the datamodule builds them), from
     the store's index or the table's Period ordinals without building the series (issue 41: the series themselves
     cost ~160 bytes per value); ``None`` when the time stamps are not Periods of ``freq``."""
-    from lightning_dpts.data.sources import _multiple, period_freq
     from lightning_dpts.data.loading import store_of
+    from lightning_dpts.data.sources import _multiple, period_freq
 
     store = store_of(table)
     if store is not None:

@@ -258,9 +258,9 @@ def test_jobs_read_a_store_as_they_read_the_parquet_file(tmp_path) -> None:
 def test_fit_reads_series_lengths_without_building_the_series(tmp_path) -> None:
     """``dpts fit`` chooses its test windows from the lengths (first to last stamp, gaps included): read from the
     table's ordinals or the store's index, equal to the lengths of the series the datamodule builds."""
-    from lightning_dpts.data.sources import to_collection
     from lightning_dpts.app.geometry import _series_spans
     from lightning_dpts.data.loading import load_long_table
+    from lightning_dpts.data.sources import to_collection
 
     frame = _long_frame().drop(index=[5, 6, 7, 100, 200])  # missing time stamps inside two series
     frame.to_parquet(tmp_path / "gaps.parquet")
