@@ -373,12 +373,14 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
             raise ConfigurationError("steps", args.steps, "must be >= 1")
         sigma = calibrate_noise_multiplier(spec, args.epsilon, args.delta, steps=args.steps, bound=args.bound)
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=args.bound)
+        risk = acc.risk(args.steps, args.delta) if args.bound == "upper" else None
         if args.json:
-            print(json.dumps({"noise_multiplier": sigma}))
+            print(json.dumps({"noise_multiplier": sigma, **_risk_json(risk)}))
         else:
             print(f"noise multiplier {sigma:.6g} reaches epsilon <= {args.epsilon:g} at delta={args.delta:g} "
                   f"after {args.steps} steps ({acc.compositions(args.steps)} {acc.unit}s; {acc.theorem}, "
                   f"{acc.kind} bound)")
+            _print_risk(risk)
         return 0
 
     acc = StructuredSubsamplingAccountant(spec, args.noise_multiplier, bound=args.bound)
@@ -412,12 +414,28 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
 
     # steps
     n = acc.max_steps(args.epsilon, args.delta)
+    risk = acc.risk(n, args.delta) if args.bound == "upper" and n > 0 else None
     if args.json:
-        print(json.dumps({"steps": n}))
+        print(json.dumps({"steps": n, **_risk_json(risk)}))
     else:
         print(f"at most {n} steps stay within epsilon={args.epsilon:g}, delta={args.delta:g} "
               f"({acc.theorem}, {acc.kind} bound, composed per {acc.unit})")
+        _print_risk(risk)
     return 0
+
+
+def _risk_json(risk) -> dict:
+    """The read-outs of ``dpts privacy noise/steps`` as JSON (issue 43): none for the optimistic lower bound."""
+    return {} if risk is None else {"risk": risk.to_dict()}
+
+
+def _print_risk(risk) -> None:
+    """One line of membership-attack read-outs after the run that the line above describes (upper bounds)."""
+    if risk is None:
+        return
+    tprs = ", ".join(f"TPR@{a:g} <= {t:.4g}" for a, t in zip(risk.fprs, risk.tprs, strict=True))
+    print(f"membership risk for the unit of privacy after those steps: {tprs}; mu-GDP <= {risk.mu:.4g} "
+          f"(for delta >= {risk.delta:g})")
 
 
 def _fit_config(args: argparse.Namespace):

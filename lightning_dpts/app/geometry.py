@@ -84,12 +84,11 @@ def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: 
         return config.test_windows, "given (--test-windows)"
     if planned is not None:
         return planned
-    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.layout import inspect_model
     from lightning_dpts.data.sources import to_collection
     from lightning_dpts.evaluation import choose_test_windows
 
-    past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
-                                                                         or config.prediction_length)
+    past = inspect_model(module)[1] or (config.context_length or config.prediction_length)
     lengths = _series_spans(table, freq)
     if lengths is None:
         lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",

@@ -41,6 +41,8 @@ __all__ = [
     "SeriesStoreWriter",
     "StoreWindows",
     "is_store_path",
+    "open_store",
+    "series_lengths",
     "store_from_file",
     "write_store",
 ]
@@ -497,6 +499,29 @@ class StoreWindows:
         feats = np.concatenate([table, age], axis=-1)
         feats[~inside] = 0.0
         return feats
+
+
+def open_store(data: SeriesStore | str | os.PathLike[str], freq: str | None = None) -> SeriesStore:
+    """The store ``data`` (a :class:`SeriesStore` or the path of one); ``freq``, if given, must be the store's own.
+
+    Raises:
+        ConfigurationError: ``freq`` differs from the store's (``freq``), and the rules of :class:`SeriesStore`.
+    """
+    store = data if isinstance(data, SeriesStore) else SeriesStore(data)
+    if freq is not None:
+        from lightning_dpts.data.sources import period_freq
+
+        if store.freq is None or period_freq(freq) != store.freq:
+            raise ConfigurationError("freq", freq, f"the series store {str(store.path)!r} has freq={store.freq!r}; "
+                                     "omit freq or rewrite the store")
+    return store
+
+
+def series_lengths(collection: Any) -> np.ndarray:
+    """L_n of every series (int64): a store's index, or the lengths of a collection's arrays."""
+    if isinstance(collection, SeriesStore):
+        return collection.lengths.copy()
+    return np.array([len(t) for t in collection.targets], dtype=np.int64)
 
 
 def write_store(data: Any, path: str | os.PathLike[str], *, freq: str | None = None, id_column: str = "item_id",
