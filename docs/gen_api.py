@@ -25,6 +25,8 @@ MODULES = [
     ("lightning_dpts.outputs", None),
     ("lightning_dpts.privacy.montecarlo", None),
     ("lightning_dpts.data.bminsep", None),
+    ("lightning_dpts.data.store",
+     ["SeriesStore", "SeriesStoreWriter", "StoreWindows", "store_from_file", "write_store"]),
     ("lightning_dpts.training.correlated_noise", None),
     ("lightning_dpts.distributed", None),
     ("lightning_dpts.synthetic", None),

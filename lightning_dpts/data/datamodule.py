@@ -17,23 +17,22 @@ from lightning_dpts.data.evaluation_windows import EvaluationWindow, gluonts_pai
 from lightning_dpts.data.layout import (
     _require_int,
     check_time_feat_width,
+    collect,
     drop_short,
-    dynamic_features,
     inspect_model,
     plan_fields,
-    read_file,
     static_block,
     too_short,
     window_lengths,
+    window_stores,
 )
 from lightning_dpts.data.model_checks import lag_amplification_warning
 from lightning_dpts.data.sampler import (
     EpochDataLoader,
     FixedWindows,
     StructuredSampler,
-    WindowStore,
 )
-from lightning_dpts.data.sources import BUNDLED_DATASETS, to_collection
+from lightning_dpts.data.store import series_lengths
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
@@ -154,18 +153,13 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         )
 
         # --- data, splits -----------------------------------------------------------------------------
-        if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
-            data, freq = read_file(data, freq, id_column, timestamp_column, value_column)
-            id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
-        collection = to_collection(
-            data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
-        )
+        collection = collect(data, freq, id_column, timestamp_column, value_column)
         collection, self.dropped_series = drop_short(collection, drop_short_series, self.prediction_length,
                                                      self.test_windows + self.val_windows)
         self.collection = collection
         self.freq = collection.freq
         held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        self.train_lengths = np.array([len(t) - held_out for t in collection.targets], dtype=np.int64)
+        self.train_lengths = series_lengths(collection) - held_out
 
         # --- the sampling description (validates Lambda, lambda, N, modes, noise, relation) -------------
         self._spec = SamplingSpec(
@@ -195,17 +189,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
                                        "feat_static_cat")
         self.static_real = static_block(collection, collection.feat_static_real, static_real_width, np.float32,
                                         "feat_static_real")
-        dynamic = dynamic_features(collection, self._feature_kind)
-        self._full_store = WindowStore(
-            collection.targets, self.past_length, self.prediction_length, dynamic, names=collection.item_ids
-        )
-        self._train_store = WindowStore(
-            [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
-            self.past_length,
-            self.prediction_length,
-            None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
-            names=collection.item_ids,
-        )
+        self._full_store, self._train_store = window_stores(collection, self.train_lengths, self.past_length,
+                                                            self.prediction_length, self._feature_kind)
         check_time_feat_width(inputs, self._train_store)
         # With no validation (test) windows, present val_dataloader (test_dataloader) as not overridden so
         # that Lightning has no validation loop (GluonTS modules then monitor train_loss, not val_loss).

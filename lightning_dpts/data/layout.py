@@ -16,11 +16,12 @@ import pandas as pd
 
 from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
 from lightning_dpts.data.sampler import WindowStore, check_float32_range
-from lightning_dpts.data.sources import BUNDLED_DATASETS, SeriesCollection
+from lightning_dpts.data.sources import BUNDLED_DATASETS, SeriesCollection, to_collection
+from lightning_dpts.data.store import SeriesStore, StoreWindows, is_store_path, open_store, series_lengths
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["check_time_feat_width", "drop_short", "dynamic_features", "inspect_model", "plan_fields", "read_file",
-           "static_block", "too_short", "window_lengths"]
+__all__ = ["check_time_feat_width", "collect", "drop_short", "dynamic_features", "inspect_model", "plan_fields",
+           "read_file", "static_block", "too_short", "window_lengths", "window_stores"]
 
 _TARGET_KEYS = ("past_target", "past_observed_values", "future_target", "future_observed_values")
 _PRODUCIBLE = set(_TARGET_KEYS) | {
@@ -64,6 +65,38 @@ def read_file(path: str | os.PathLike[str], freq: str | None, id_column: str, ti
         raise ConfigurationError("value_column", value_column, "must be one column name when data is a file")
     return load_long_table(path, id_column, timestamp_column, value_column, freq)
 
+def collect(data: Any, freq: str | None, id_column: str, timestamp_column: str,
+            value_column: str | Sequence[str]) -> SeriesCollection | SeriesStore:
+    """The datamodule's input as a :class:`~lightning_dpts.data.sources.SeriesCollection`, or, for a series store
+    (a :class:`~lightning_dpts.data.store.SeriesStore` or a ``.arrow`` path), the memory-mapped store itself."""
+    if isinstance(data, SeriesStore) or is_store_path(data):
+        return open_store(data, freq)
+    if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
+        data, freq = read_file(data, freq, id_column, timestamp_column, value_column)
+        id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
+    return to_collection(data, freq=freq, id_column=id_column, timestamp_column=timestamp_column,
+                         value_column=value_column)
+
+
+def window_stores(collection: SeriesCollection | SeriesStore, train_lengths: np.ndarray, past_length: int,
+                  prediction_length: int, feature_kind: str) -> tuple[Any, Any]:
+    """(all windows, training windows): :class:`~lightning_dpts.data.store.StoreWindows` over a store (index
+    arithmetic over the mapping, no copy; issue 41), else padded :class:`~lightning_dpts.data.sampler.WindowStore`
+    arrays of the series and of their training parts."""
+    if isinstance(collection, SeriesStore):
+        kind = "gluonts" if feature_kind == "gluonts" else "none"
+        return (StoreWindows(collection, collection.lengths, past_length, prediction_length, kind),
+                StoreWindows(collection, train_lengths, past_length, prediction_length, kind))
+    dynamic = dynamic_features(collection, feature_kind)
+    full = WindowStore(collection.targets, past_length, prediction_length, dynamic, names=collection.item_ids)
+    train = WindowStore(
+        [t[:n] for t, n in zip(collection.targets, train_lengths, strict=True)], past_length, prediction_length,
+        None if dynamic is None else [d[:n] for d, n in zip(dynamic, train_lengths, strict=True)],
+        names=collection.item_ids,
+    )
+    return full, train
+
+
 def inspect_model(
     model: Any,
 ) -> tuple[dict[str, tuple[int, ...]] | None, int | None, int | None, int | None]:
@@ -89,7 +122,8 @@ def drop_short(collection: SeriesCollection, drop: bool, prediction_length: int,
     """The collection without the series whose training part (length minus ``held_out_windows`` windows of
     ``prediction_length``) is shorter than ``prediction_length``, and their names; refused unless ``drop``."""
     held_out = held_out_windows * prediction_length
-    mask = too_short([len(t) for t in collection.targets], prediction_length, held_out_windows)
+    lengths = series_lengths(collection)  # a store's index: no series is read (issue 41)
+    mask = too_short(lengths, prediction_length, held_out_windows)
     short = [int(i) for i in np.flatnonzero(mask)]
     if not short:
         return collection, []
@@ -97,7 +131,7 @@ def drop_short(collection: SeriesCollection, drop: bool, prediction_length: int,
         item = collection.item_ids[short[0]]
         raise ConfigurationError(
             "data",
-            f"series {item!r} of length {len(collection.targets[short[0]])}",
+            f"series {item!r} of length {int(lengths[short[0]])}",
             f"its training part (length - {held_out} held-out steps) must have >= prediction_length="
             f"{prediction_length} steps; {len(short)} series are too short. Pass "
             "drop_short_series=True to drop them",
