@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy.pld import MAX_COMPOSED_POINTS
 
 from .work import count_kernel_work
@@ -162,7 +162,7 @@ def test_memory_stays_bounded(argv):
     limit = 3 * 1024**3
     code = (
         f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
-        "from lightning_dpts.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from lightning_dpts.app.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 2), proc.stderr

@@ -307,9 +307,8 @@ def test_drop_short_series_is_linear_time(monkeypatch):
     list of short ones (quadratic). Work is counted, not timed: the indices of the short series are made by the
     module's ``int``, replaced here by an int that counts its equality comparisons; a hash set compares each kept
     index at most once (n), a list scan about n^2/8 times."""
-    import types
-
-    from lightning_dpts.data import datamodule as module
+    from lightning_dpts.data import layout as module
+    from lightning_dpts.data.layout import drop_short
     from lightning_dpts.data.sources import SeriesCollection
 
     comparisons = [0]
@@ -324,10 +323,9 @@ def test_drop_short_series_is_linear_time(monkeypatch):
     n = 20_000
     coll = SeriesCollection([np.zeros((40 if i % 2 else 5, 1)) for i in range(n)], [str(i) for i in range(n)],
                             None, None, True)
-    fake = types.SimpleNamespace(test_windows=1, val_windows=0, prediction_length=4)
     monkeypatch.setattr(module, "int", CountingInt, raising=False)
     with pytest.warns(UserWarning, match=f"dropped {n // 2} of {n}"):
-        kept = StructuredSubsamplingDataModule._drop_short(fake, coll, True)
+        kept, _ = drop_short(coll, True, prediction_length=4, held_out_windows=1)
     monkeypatch.undo()
     assert kept.num_series == n // 2 and kept.item_ids[:2] == ["1", "3"]
     assert 0 < comparisons[0] <= n, comparisons[0]  # measured: n // 2 (one per kept index found in the set)
