@@ -12,9 +12,15 @@ For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event c
 * the reference: the ideal one-run bound for the same number of canaries, from scores drawn directly from the two
   Gaussians N(+-mu/2, 1) the Gaussian mechanism at this epsilon implies (mu from delta(epsilon) of mu-GDP): what
   any score can reach with this estimator and this many canaries;
-* cost: the wall-clock seconds of every run (state the machine's load next to them).
+* cost: the wall-clock seconds of every run (state the machine's load next to them);
+* issue 42: every power run also reports ``white_box_gauss`` (the primary bound in the audit's geometry: the canary
+  scores read as Gaussian, Agrawal et al. 2026); ``--runs R`` pools R independent runs; ``ci`` is the regression
+  check a user runs in CI (:data:`CI_CHECK`: 512 canaries, 5 steps, confidence 0.999): its false-alarm rate over
+  ``--ci-seeds`` correct runs and its power against runs with half the noise (``_noise_scale=0.5``), with CPU
+  seconds per run.
 
-Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--canaries M --steps S] [--json results.json]``
+Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--canaries M --steps S] [--runs R] [--ci-seeds 100]
+[--skip power sharp ideal ci] [--json results.json]``
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore")
+
+#: the CI regression check (docs/audit.md): ``run_audit(**CI_CHECK)``; fails if the primary bound exceeds the
+#: accountant's epsilon
+CI_CHECK = {"canaries": 512, "steps": 5, "confidence": 0.999, "black_box": False}
 
 
 def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
@@ -45,7 +55,27 @@ def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
 
 def _row(kind: str, epsilon: float, seed: int, result, seconds: float) -> dict:  # noqa: ANN001
     return {"kind": kind, "epsilon": epsilon, "seed": seed, "accountant": result.accountant_epsilon,
+            "canaries": result.canaries, "runs": result.runs, "primary": result.primary,
             **{name: float(b["epsilon"]) for name, b in result.bounds.items()}, "seconds": round(seconds, 1)}
+
+
+def _ci_summary(rows: list[dict]) -> None:
+    """False alarms of the CI check on correct runs and its power on half-noise runs, with Clopper-Pearson 95%
+    intervals, and the CPU seconds per run."""
+    from scipy.stats import beta
+
+    for kind in ("ci_correct", "ci_half_noise"):
+        sel = [r for r in rows if r["kind"] == kind]
+        if not sel:
+            continue
+        hits = sum(r[r["primary"]] > r["accountant"] for r in sel)
+        n = len(sel)
+        lo = 0.0 if hits == 0 else beta.ppf(0.025, hits, n - hits + 1)
+        hi = 1.0 if hits == n else beta.ppf(0.975, hits + 1, n - hits)
+        also = sum(r["white_box_fdp"] > r["accountant"] for r in sel)
+        cpu = sorted(r["cpu_seconds"] for r in sel)
+        print(f"{kind}: primary above the accountant in {hits}/{n} runs (95% CI {lo:.3f}-{hi:.3f}); "
+              f"assumption-free f-DP bound above in {also}/{n}; CPU s/run median {cpu[n // 2]} max {cpu[-1]}")
 
 
 def main() -> None:
@@ -55,7 +85,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--canaries", type=int, default=None, help="canaries of the power runs (default: the audit's)")
     parser.add_argument("--steps", type=int, default=None, help="steps of the power runs (default: the audit's)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=("power", "sharp", "ideal"))
+    parser.add_argument("--runs", type=int, default=1, help="independent runs pooled per power audit")
+    parser.add_argument("--ci-seeds", type=int, default=100, help="correct runs of the CI check (false alarms)")
+    parser.add_argument("--ci-power-seeds", type=int, default=20, help="half-noise runs of the CI check (power)")
+    parser.add_argument("--epsilons", type=float, nargs="*", default=[8.0, 4.0])
+    parser.add_argument("--skip", nargs="*", default=[], choices=("power", "sharp", "ideal", "ci"))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from lightning_dpts.audit.models import WindowMixingForecaster
@@ -66,15 +100,17 @@ def main() -> None:
     print(f"load average: {os.getloadavg()}")
 
     def record(kind: str, epsilon: float, seed: int, **kwargs) -> None:  # noqa: ANN003
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = run_audit(epsilon=epsilon, seed=seed, progress=None, **kwargs)
         rows.append(_row(kind, epsilon, seed, result, time.perf_counter() - start))
+        rows[-1]["cpu_seconds"] = round(time.process_time() - cpu, 1)
         print(json.dumps(rows[-1]), flush=True)
 
     for seed in range(args.seeds):
         if "power" not in args.skip:
-            for epsilon in (8.0, 4.0):
-                record("default", epsilon, seed, quick=args.quick, canaries=args.canaries, steps=args.steps)
+            for epsilon in args.epsilons:
+                record("default" if args.runs == 1 else f"runs{args.runs}", epsilon, seed, quick=args.quick,
+                       canaries=args.canaries, steps=args.steps, runs=args.runs)
         if "sharp" not in args.skip:
             record("quarter_noise", 2.0, seed, canaries=2048 if not args.quick else 1024, steps=5, black_box=False,
                    _noise_scale=0.25)
@@ -86,6 +122,12 @@ def main() -> None:
                 ideal = _ideal(epsilon, 1e-5, m, seed)
                 rows.append({"kind": "ideal_gaussian", "epsilon": epsilon, "seed": seed, "canaries": m, **ideal})
                 print(json.dumps(rows[-1]), flush=True)
+    if "ci" not in args.skip:
+        for seed in range(args.ci_seeds):
+            record("ci_correct", 8.0, 1000 + seed, **CI_CHECK)
+        for seed in range(args.ci_power_seeds):
+            record("ci_half_noise", 8.0, 2000 + seed, _noise_scale=0.5, **CI_CHECK)
+        _ci_summary(rows)
     print(f"load average: {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as handle:

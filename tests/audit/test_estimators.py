@@ -553,7 +553,7 @@ def test_gaussian_scores_assumption_fails_on_randomized_response():
     truthful = rng.random(20000) < expit(1.0)
     scores = np.where(truthful, included, ~included).astype(float)
     bound = gaussian_scores_lower_bound(scores, included, delta=1e-5)
-    assert bound.normality_pvalue < 1e-6
+    assert bound.epsilon > 1.0 and bound.normality_pvalue < 1e-6
 
 
 def test_pool_runs_concatenates_and_tightens():
