@@ -667,7 +667,8 @@ def gaussian_scores_lower_bound(
     ``normality_pvalue`` is a diagnostic, not a guarantee; use :func:`one_run_fdp_lower_bound` there.
 
     Args:
-        scores, included: as in :func:`one_run_epsilon_lower_bound` (at least 2 canaries in each world).
+        scores, included: as in :func:`one_run_epsilon_lower_bound` (with fewer than 2 canaries in a world the
+            bound is 0.0).
         delta: the δ of the reported ε, in (0, 1).
         confidence: probability in (0, 1).
         runs: independent runs pooled into ``scores`` (:func:`pool_runs`); recorded only.
@@ -679,8 +680,9 @@ def gaussian_scores_lower_bound(
         raise ConfigurationError("runs", runs, "an integer >= 1")
     x1, x0 = s[inc], s[~inc]
     n1, n0 = x1.size, x0.size
-    if n1 < 2 or n0 < 2:
-        raise ConfigurationError("included", f"{n1} in, {n0} out", "at least 2 canaries in each world")
+    if n1 < 2 or n0 < 2:  # no spread to estimate in one world: nothing shown
+        return AuditBound(epsilon=0.0, confidence=confidence, delta=delta, method="gaussian_scores",
+                          guesses=int(s.size), correct=0, canaries=int(s.size), mu=0.0, runs=int(runs))
     df = n1 + n0 - 2
     pooled = math.sqrt((float(np.sum((x1 - x1.mean()) ** 2)) + float(np.sum((x0 - x0.mean()) ** 2))) / df)
     scale = math.sqrt(1.0 / n1 + 1.0 / n0)

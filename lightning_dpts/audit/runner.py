@@ -47,9 +47,10 @@ __all__ = ["PRIMARY", "PRIMARY_GAUSSIAN", "AuditResult", "options_from_fit_confi
            "run_audit", "write_audit"]
 
 #: The bound the verdict reads, chosen from the configuration before any run (the maximum over several bounds would
-#: hold only at a lower confidence): in the audit's own geometry (its model, every piece in every batch) the white-box
-#: scores are exactly Gaussian and :data:`PRIMARY_GAUSSIAN` (Agrawal et al. 2026) is used; anywhere else
-#: :data:`PRIMARY` (Mahloujifar et al.'s assumption-free f-DP analysis).
+#: hold only at a lower confidence): where nothing is sampled (one window per series, every series in every batch:
+#: the audit's default geometry) the white-box scores are sums of Gaussian likelihood ratios and
+#: :data:`PRIMARY_GAUSSIAN` (Agrawal et al. 2026) is used; anywhere else :data:`PRIMARY` (Mahloujifar et al.'s
+#: assumption-free f-DP analysis).
 PRIMARY = "white_box_fdp"
 PRIMARY_GAUSSIAN = "white_box_gauss"
 #: Defaults of the full audit and of ``quick=True`` (canaries, steps).
@@ -234,6 +235,8 @@ def run_audit(
     overwrite: bool = False,
     progress: Callable[[str], None] | None = print,
     runs: int = 1,
+    canary_shape: str = "shift",
+    canary_offset: int | None = None,
     _noise_scale: float = 1.0,
 ) -> AuditResult:
     """Audit DP-SGD training empirically: train once with canaries, return lower bounds on epsilon.
@@ -277,6 +280,10 @@ def run_audit(
         runs: independent trainings, each with ``canaries`` fresh coins; their canaries are pooled into one game
             (:func:`~lightning_dpts.audit.estimators.pool_runs`), so R runs prove what one run with R times the
             canaries would. The result's ``steps`` are per run; ``included`` and the scores are concatenated.
+        canary_shape: the event each canary is inside its w steps (:data:`~lightning_dpts.audit.canaries.SHAPES`:
+            ``"shift"``, ``"spike"``, ``"zigzag"``).
+        canary_offset: each canary's position in its piece (default random); 0 puts it where every window of a
+            piece of ``context_length + prediction_length`` steps contains it (no window sampling to hide it).
         _noise_scale: **test seam, not an option**: multiplies the std of the noise the training actually adds,
             while sigma and the accountant's epsilon stay those of the configuration (the sharpness tests use 1/4).
 
@@ -316,6 +323,12 @@ def run_audit(
     if _noise_scale != 1.0:
         _positive_float("_noise_scale", _noise_scale)
     runs = _positive_int("runs", runs, 1, 1000)
+    from lightning_dpts.audit.canaries import SHAPES
+
+    if canary_shape not in SHAPES:
+        raise ConfigurationError("canary_shape", canary_shape, f"must be one of {', '.join(SHAPES)}")
+    if canary_offset is not None:
+        _positive_int("canary_offset", canary_offset, 0)
     if output_dir is not None:
         from lightning_dpts.outputs import check_output_dir
 
@@ -326,7 +339,8 @@ def run_audit(
             prediction_length=prediction_length, chunk_length=chunk_length, batch_size=batch_size,
             relation=relation, magnitude=magnitude, max_grad_norm=max_grad_norm, scale_series=scale_series,
             module=module, strategy_options=strategy_options, windows_per_canary=windows_per_canary,
-            black_box=black_box, confidence=confidence, seed=seed, _noise_scale=_noise_scale))
+            black_box=black_box, confidence=confidence, seed=seed, canary_shape=canary_shape,
+            canary_offset=canary_offset, _noise_scale=_noise_scale))
 
     from lightning_dpts.randomness import numpy_generator, resolve_entropy
 
@@ -354,7 +368,7 @@ def run_audit(
 
     plan = plan_canaries(lengths, count=m, relation=relation, past_length=context_length,
                          prediction_length=prediction_length, magnitude=magnitude,
-                         rng=numpy_generator(entropy, _ENTROPY_PLACES))
+                         rng=numpy_generator(entropy, _ENTROPY_PLACES), shape=canary_shape, offset=canary_offset)
     coins = plan.included
 
     import lightning as L
@@ -402,7 +416,7 @@ def run_audit(
     windows = canary_windows(plan, lengths, dm.past_length, prediction_length, windows_per_canary,
                              numpy_generator(entropy, _ENTROPY_PLACES, 1))
     scorer = WhiteBoxScorer(plan, windows, world_in, world_out, max_grad_norm=max_grad_norm,
-                            noise_std=sigma * max_grad_norm, batch_size=batch_size)
+                            noise_std=sigma * max_grad_norm, batch_size=batch_size, center=module is not None)
     strategy.audit_observer = scorer
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
@@ -423,13 +437,14 @@ def run_audit(
         "prediction_length": prediction_length, "chunk_length": chunk_length, "batch_size": batch_size,
         "relation": {"level": relation.level, "size": relation.size, "value_bound": relation.value_bound},
         "magnitude": magnitude, "scale_series": scale_series, "max_grad_norm": max_grad_norm,
-        "windows_per_canary": windows_per_canary,
+        "windows_per_canary": windows_per_canary, "canary_shape": canary_shape, "canary_offset": canary_offset,
         "confidence": confidence, "model": type(model).__name__, "seeded": seed is not None,
         "sampling_spec": {"top_level_rate": spec.top_level_rate, "bottom_level_rate": spec.bottom_level_rate,
                           "num_start_positions": spec.num_start_positions}}
-    # fixed by the configuration, before any score is seen: the audit's own model with every piece in every batch
-    # is exactly the Gaussian mechanism the accountant composes, and its white-box scores are Gaussian
-    exact = module is None and spec.top_level_rate == 1.0 and spec.bottom_level_rate == 1.0
+    # fixed by the configuration, before any score is seen: with one window per series and every series in every
+    # batch (no sampling at all, hidden or credited) the training is exactly the Gaussian mechanism the accountant
+    # composes, whatever the module, and the white-box scores are sums of Gaussian likelihood ratios
+    exact = spec.top_level_rate == 1.0 and spec.num_start_positions == 1
     result = AuditResult(accountant_epsilon, delta, float(sigma), steps, m, coins, bounds, scorer.scores, black,
                          config, noise_scale=float(_noise_scale), primary=PRIMARY_GAUSSIAN if exact else PRIMARY)
     result.seconds = time.perf_counter() - started
