@@ -15,9 +15,14 @@ For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event c
 * cost: the wall-clock seconds of every run (state the machine's load next to them);
 * issue 42: every power run also reports ``white_box_gauss`` (the primary bound in the audit's geometry: the canary
   scores read as Gaussian, Agrawal et al. 2026); ``--runs R`` pools R independent runs; ``ci`` is the regression
-  check a user runs in CI (:data:`CI_CHECK`: 512 canaries, 5 steps, confidence 0.999): its false-alarm rate over
+  check a user runs in CI (``CHECK_OPTIONS``: 512 canaries, 5 steps, confidence 0.999): its false-alarm rate over
   ``--ci-seeds`` correct runs and its power against runs with half the noise (``_noise_scale=0.5``), with CPU
-  seconds per run.
+  seconds per run;
+* ``models``: the modules ``dpts fit`` trains (``fit_model``: seasonal_linear, dlinear, combination) at epsilon = 8
+  with spike canaries in pieces of the bundled series, in two geometries: nothing sampled (one window per piece,
+  every piece in every batch: ``--model-canaries`` per run, ``--model-runs`` runs pooled) and subsampled whole
+  series (``dpts fit``'s geometry: one window per series per step, a quarter of the series per step, 20 steps);
+  next to it the Gaussian-score bound on ideal scores with as many canaries (what the estimator could reach).
 
 Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--canaries M --steps S] [--runs R] [--ci-seeds 100]
 [--skip power sharp ideal ci] [--json results.json]``
@@ -33,16 +38,18 @@ import warnings
 
 warnings.filterwarnings("ignore")
 
-#: the CI regression check (docs/audit.md): ``run_audit(**CI_CHECK)``; fails if the primary bound exceeds the
-#: accountant's epsilon
-CI_CHECK = {"canaries": 512, "steps": 5, "confidence": 0.999, "black_box": False}
 
 
 def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
     import numpy as np
     from scipy.optimize import brentq
 
-    from lightning_dpts.audit import gaussian_dp_epsilon, one_run_epsilon_lower_bound, one_run_fdp_lower_bound
+    from lightning_dpts.audit import (
+        gaussian_dp_epsilon,
+        gaussian_scores_lower_bound,
+        one_run_epsilon_lower_bound,
+        one_run_fdp_lower_bound,
+    )
 
     mu = brentq(lambda u: gaussian_dp_epsilon(u, delta) - epsilon, 1e-3, 40.0)
     rng = np.random.default_rng(seed)
@@ -50,7 +57,8 @@ def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
     scores = rng.normal(size=m) + np.where(included, mu / 2, -mu / 2)
     return {"mu": mu,
             "one_run": one_run_epsilon_lower_bound(scores, included, delta=delta).epsilon,
-            "fdp": one_run_fdp_lower_bound(scores, included, delta=delta).epsilon}
+            "fdp": one_run_fdp_lower_bound(scores, included, delta=delta).epsilon,
+            "gauss": gaussian_scores_lower_bound(scores, included, delta=delta).epsilon}
 
 
 def _row(kind: str, epsilon: float, seed: int, result, seconds: float) -> dict:  # noqa: ANN001
@@ -89,10 +97,14 @@ def main() -> None:
     parser.add_argument("--ci-seeds", type=int, default=100, help="correct runs of the CI check (false alarms)")
     parser.add_argument("--ci-power-seeds", type=int, default=20, help="half-noise runs of the CI check (power)")
     parser.add_argument("--epsilons", type=float, nargs="*", default=[8.0, 4.0])
-    parser.add_argument("--skip", nargs="*", default=[], choices=("power", "sharp", "ideal", "ci"))
+    parser.add_argument("--models", nargs="*", default=["seasonal_linear", "dlinear", "combination"])
+    parser.add_argument("--model-canaries", type=int, default=2)
+    parser.add_argument("--model-runs", type=int, default=60)
+    parser.add_argument("--skip", nargs="*", default=[], choices=("power", "sharp", "ideal", "ci", "models"))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from lightning_dpts.audit.models import WindowMixingForecaster
+    from lightning_dpts.audit.runner import CHECK_OPTIONS as CI_CHECK
     from lightning_dpts.audit.runner import DEFAULT_SIZE, QUICK_SIZE, run_audit
 
     m = args.canaries or (QUICK_SIZE if args.quick else DEFAULT_SIZE)[0]
@@ -122,6 +134,18 @@ def main() -> None:
                 ideal = _ideal(epsilon, 1e-5, m, seed)
                 rows.append({"kind": "ideal_gaussian", "epsilon": epsilon, "seed": seed, "canaries": m, **ideal})
                 print(json.dumps(rows[-1]), flush=True)
+    if "models" not in args.skip:
+        from lightning_dpts.audit.models import fit_model
+
+        for name in args.models:
+            factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)
+            record(f"model_{name}", 8.0, 0, canaries=args.model_canaries, steps=5, runs=args.model_runs,
+                   context_length=13, module=factory, canary_shape="spike")
+            record(f"model_{name}_subsampled", 8.0, 0, canaries=256, steps=20, context_length=13, module=factory,
+                   canary_shape="spike", chunk_length=None, batch_size=37)
+            ideal = _ideal(8.0, 1e-5, args.model_canaries * args.model_runs, 0)
+            rows.append({"kind": f"model_{name}_ideal", "epsilon": 8.0, "seed": 0, **ideal})
+            print(json.dumps(rows[-1]), flush=True)
     if "ci" not in args.skip:
         for seed in range(args.ci_seeds):
             record("ci_correct", 8.0, 1000 + seed, **CI_CHECK)

@@ -43,8 +43,8 @@ import numpy as np
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
-__all__ = ["PRIMARY", "PRIMARY_GAUSSIAN", "AuditResult", "options_from_fit_config", "plot_audit", "relation_from",
-           "run_audit", "write_audit"]
+__all__ = ["CHECK_OPTIONS", "PRIMARY", "PRIMARY_GAUSSIAN", "AuditResult", "options_from_fit_config", "plot_audit",
+           "relation_from", "run_audit", "write_audit"]
 
 #: The bound the verdict reads, chosen from the configuration before any run (the maximum over several bounds would
 #: hold only at a lower confidence): where nothing is sampled (one window per series, every series in every batch:
@@ -56,6 +56,9 @@ PRIMARY_GAUSSIAN = "white_box_gauss"
 #: Defaults of the full audit and of ``quick=True`` (canaries, steps).
 DEFAULT_SIZE = (32768, 5)
 QUICK_SIZE = (1024, 5)
+#: the CI regression check, ``dpts audit --check`` (docs/audit.md): about 1-2 CPU-seconds a run; it fails when the
+#: primary bound exceeds the accountant's epsilon (false alarms and power measured by benchmarks/audit.py)
+CHECK_OPTIONS: dict[str, Any] = {"canaries": 512, "steps": 5, "confidence": 0.999, "black_box": False}
 _ENTROPY_INIT, _ENTROPY_DATA, _ENTROPY_NOISE, _ENTROPY_PLACES = 102, 103, 104, 105
 
 
