@@ -65,6 +65,7 @@ def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
 def _row(kind: str, epsilon: float, seed: int, result, seconds: float) -> dict:  # noqa: ANN001
     return {"kind": kind, "epsilon": epsilon, "seed": seed, "accountant": result.accountant_epsilon,
             "canaries": result.canaries, "runs": result.runs, "primary": result.primary,
+            "confidence": result.bounds[result.primary]["confidence"], "mu": result.bounds["white_box_gauss"]["mu"],
             **{name: float(b["epsilon"]) for name, b in result.bounds.items()}, "seconds": round(seconds, 1)}
 
 

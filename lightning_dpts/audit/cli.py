@@ -48,7 +48,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
                             "data are audited (the options below override them)")
     audit.add_argument("--quick", action="store_true", help="1024 canaries, 5 steps (default 32768, 5)")
     audit.add_argument("--check", action="store_true",
-                       help="the CI regression check: 512 canaries, 5 steps, confidence 0.999, white-box only; exit "
+                       help="the CI regression check: 512 canaries, 5 steps, white-box only; exit "
                             "code 1 if the primary bound exceeds the accountant's epsilon (docs/audit.md)")
     audit.add_argument("--runs", type=int, default=None, metavar="R",
                        help="independent trainings whose canaries are pooled, in [1, 1000] (default 1)")
@@ -65,7 +65,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
                        help="difference between a canary's two worlds per step (default: the value bound, else 100)")
     audit.add_argument("--max-grad-norm", type=float, default=None, metavar="C", help="clipping norm (default 1)")
     audit.add_argument("--confidence", type=float, default=None,
-                       help="confidence of the bounds (default 0.95; 0.999 with --check)")
+                       help="confidence of the bounds, in (0, 1) (default 0.999)")
     audit.add_argument("--no-black-box", action="store_true", help="skip the black-box (final model) score")
     audit.add_argument("--seed", type=int, default=None,
                        help="explicit seed for the canaries' coins, sampling, initialisation and DP noise, for "
@@ -117,8 +117,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     from lightning_dpts.console import dpts_console
 
     with dpts_console(False) as console:
-        confidence = args.confidence if args.confidence is not None else options.pop("confidence", 0.95)
-        options.pop("confidence", None)
+        confidence = args.confidence if args.confidence is not None else 0.999
         black_box = options.pop("black_box", True) and not args.no_black_box
         result = run_audit(quick=args.quick, relation=relation, confidence=confidence,
                            black_box=black_box, output_dir=args.output_dir, overwrite=args.overwrite,

@@ -22,7 +22,7 @@ def test_quick_audit_writes_public_and_private_files(tmp_path, capsys) -> None: 
     assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp", "white_box_gauss",
                                        "black_box_one_run", "black_box_fdp", "black_box_gauss"}
     for bound in printed["bounds"].values():
-        assert 0.0 <= bound["epsilon"] <= printed["accountant_epsilon"] and bound["confidence"] == 0.95
+        assert 0.0 <= bound["epsilon"] <= printed["accountant_epsilon"] and bound["confidence"] == 0.999
     public = json.loads((out / "report.json").read_text())
     assert "bounds" not in public and public["canaries"] == 64 and public["steps"] == 2
     for rel in ("private/audit.json", "private/audit.png", "private/scores.csv"):
