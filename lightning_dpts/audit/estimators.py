@@ -16,6 +16,10 @@ nothing is shown. What each proves, and what it cannot, is in docs/audit.md.
   tradeoff curve is Gaussian.
 * :func:`one_run_tradeoff_test`: the same analysis against one claimed curve, e.g. the accountant's own
   (:func:`inverse_power_from_privacy_profile`): a rejection refutes the claim.
+* :func:`gaussian_scores_lower_bound`: the scores themselves, not guesses, read as Gaussian with a common spread
+  (after Agrawal et al., "Let's ask Gauss", 2026): a noncentral-t lower confidence limit on the standardized shift
+  μ, reported as ε at δ of μ-GDP. Exact for white-box scores of unsampled DP-SGD; an assumption elsewhere.
+  :func:`pool_runs` joins independent runs into one game for any of these.
 * :func:`clopper_pearson_epsilon_lower_bound`: many independent runs, each with or without one canary
   (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): Clopper-Pearson upper bounds on the attack's false
   positive and false negative rates and the (ε, δ)-DP hypothesis-testing inequalities.
