@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 ARGS = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "8.0", "--delta", "1e-6",
         "--epochs", "20", "--batch-size", "8", "--no-non-dp", "--no-private-plots", "--test-windows", "1",
@@ -37,7 +37,7 @@ def _steps(run: Path) -> int:
 def test_ctrl_c_writes_what_a_resume_needs_and_says_how(tiny_csv, tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_dpts.cli", "fit", "--data", str(tiny_csv), *ARGS,
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_dpts.app.cli", "fit", "--data", str(tiny_csv), *ARGS,
                              "--output-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:

@@ -25,7 +25,7 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
                     time_column: str | None = None) -> tuple[pd.DataFrame, str]:
     """Read a long-format CSV/Parquet file into columns ``item_id``, ``timestamp`` (Period), ``target``.
 
-    The column names default to ``item_id``, ``timestamp``, ``target`` (:mod:`lightning_dpts.columns`; a file
+    The column names default to ``item_id``, ``timestamp``, ``target`` (:mod:`lightning_dpts.data.columns`; a file
     with the old ``dpts`` defaults ``id`` / ``value`` is read from them with a ``DeprecationWarning``, and the
     keyword ``time_column`` is the deprecated name of ``timestamp_column``). ``table.attrs`` records the columns
     read (``"source_columns"``) and how the file writes its time stamps (``"timestamp_style"``, for writing
@@ -37,7 +37,7 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
     time stamps whose spacing disagrees with ``freq`` (see :func:`lightning_dpts.data.sources.long_table`).
     """
     if time_column is not None:
-        from lightning_dpts.columns import renamed_parameter
+        from lightning_dpts.data.columns import renamed_parameter
 
         renamed_parameter("load_long_table(time_column=...)", "timestamp_column")
         timestamp_column = time_column
@@ -117,7 +117,7 @@ def format_stamps(periods: pd.PeriodIndex, style: dict[str, Any] | None) -> list
 
 
 def load_fit_table(config: Any) -> tuple[pd.DataFrame, str, str]:
-    """The table of a :class:`~lightning_dpts.config.FitConfig` (its ``data`` file, or the bundled
+    """The table of a :class:`~lightning_dpts.app.config.FitConfig` (its ``data`` file, or the bundled
     ``us_employment`` data when ``data`` is ``None``), its frequency and the name the report gives the data."""
     if config.data is None:
         from lightning_dpts.data.sources import load_dataset

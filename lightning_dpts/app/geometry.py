@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
+from lightning_dpts.app.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
 
 __all__ = ["build_datamodule", "fit_test_windows", "resolve_config", "resolve_with_test_windows"]
 
@@ -84,12 +84,11 @@ def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: 
         return config.test_windows, "given (--test-windows)"
     if planned is not None:
         return planned
-    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.layout import inspect_model
     from lightning_dpts.data.sources import to_collection
     from lightning_dpts.evaluation import choose_test_windows
 
-    past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
-                                                                         or config.prediction_length)
+    past = inspect_model(module)[1] or (config.context_length or config.prediction_length)
     lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
                                              value_column="target").targets]
     if config.drop_short_series:
