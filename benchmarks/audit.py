@@ -137,7 +137,7 @@ def main() -> None:
                 rows.append({"kind": "ideal_gaussian", "epsilon": epsilon, "seed": seed, "canaries": m, **ideal})
                 print(json.dumps(rows[-1]), flush=True)
     if "models" not in args.skip:
-        from lightning_dpts.audit.models import fit_model
+        from lightning_dpts.app.audit_models import fit_model
 
         for name in args.models:
             factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)

@@ -11,16 +11,11 @@ mechanism (sampling, clipping, noise, accounting), not a forecaster to use.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import lightning as L
 import torch
 from torch import nn
 
-from lightning_dpts.errors import ConfigurationError
-
-__all__ = ["AuditForecaster", "fit_model"]
+__all__ = ["AuditForecaster"]
 
 
 class AuditForecaster(L.LightningModule):
@@ -78,22 +73,3 @@ class WindowMixingForecaster(AuditForecaster):
         err = (mixed - target) * batch["future_observed_values"]
         return err.pow(2).mean()
 
-
-def fit_model(model: str, freq: str = "M", **options: Any) -> Callable[[int, int, int], L.LightningModule]:
-    """``factory(num_series, past_length, prediction_length)`` for :func:`~lightning_dpts.audit.run_audit`
-    (``module=``): the LightningModule ``dpts fit --model model`` trains (its estimator from
-    :func:`lightning_dpts.forecasters.make_estimator`, so the same architecture, loss, optimizer and learning rate),
-    with ``context_length`` = the audit's past window. ``options``: further :class:`~lightning_dpts.config.FitConfig`
-    fields (e.g. ``season_length``, ``learning_rate``)."""
-    from lightning_dpts.config import MODELS, FitConfig
-
-    if model not in MODELS:
-        raise ConfigurationError("model", model, f"one of {', '.join(MODELS)}")
-
-    def factory(num_series: int, past_length: int, prediction_length: int) -> L.LightningModule:
-        from lightning_dpts.forecasters import make_estimator
-
-        config = FitConfig(model=model, prediction_length=prediction_length, context_length=past_length, **options)
-        return make_estimator(config, freq).create_lightning_module()
-
-    return factory

@@ -164,7 +164,7 @@ def test_a_dpts_fit_model_is_audited() -> None:
     """``fit_model("seasonal_linear")`` trains the module ``dpts fit`` trains; spike canaries, pooled runs, the
     centred white-box score: every bound stays at or below the accountant's epsilon (margin: measured 0.55 of
     epsilon at 120 canaries, here 8)."""
-    from lightning_dpts.audit.models import fit_model
+    from lightning_dpts.app.audit_models import fit_model
 
     result = run_audit(epsilon=8.0, canaries=2, steps=3, runs=4, seed=3, progress=None, context_length=13,
                        module=fit_model("seasonal_linear", season_length=12), canary_shape="spike")
