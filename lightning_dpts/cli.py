@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_parser(sub)
     _add_predict_parser(sub)
     from lightning_dpts.synthetic.cli import add_synth_parser
+    from lightning_dpts.tuning_cli import add_tune_parser
 
+    add_tune_parser(sub)
     add_synth_parser(sub)
     from lightning_dpts.release.cli import add_release_parser
 
@@ -535,6 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lightning_dpts.synthetic.cli import run_synth_command
 
             return run_synth_command(args)
+        if args.command == "tune":
+            from lightning_dpts.tuning_cli import run_tune_command
+
+            return run_tune_command(args)
         if args.command == "audit":
             from lightning_dpts.audit.cli import run_audit_command
 
@@ -547,6 +553,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = {**option_flags(), **_OPTION_NAMES, **RELEASE_OPTION_NAMES}
         if args.command == "synth":
             names.update(SYNTH_OPTION_NAMES)
+        if args.command == "tune":
+            from lightning_dpts.tuning_cli import TUNE_OPTION_NAMES
+
+            names.update(TUNE_OPTION_NAMES)
         if args.command == "audit":
             from lightning_dpts.audit.cli import AUDIT_OPTION_NAMES
 
