@@ -41,6 +41,8 @@ MODULES = [
     ("lightning_dpts.training.correlated_noise", None),
     ("lightning_dpts.distributed", None),
     ("lightning_dpts.synthetic", None),
+    ("lightning_dpts.tuning", ["tune", "Candidate", "default_candidates"]),
+    ("lightning_dpts.privacy.selection", ["RandomStoppingAccountant", "profile_rdp"]),
 ]
 
 
