@@ -101,7 +101,7 @@ def run(name: str, epsilon: float, seed: int, mean_runs: float) -> dict[str, Any
     from lightning_dpts.privacy import StructuredSubsamplingAccountant
     from lightning_dpts.recipe import averaging_callbacks, choose_recipe
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
-    from lightning_dpts.tuning import _datamodule, build_module, default_candidates, plan, tune
+    from lightning_dpts.tuning import _datamodule, build_module, default_candidates, tune
 
     series, freq = load(name)
     h = DATASETS[name]["horizon"]
