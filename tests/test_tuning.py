@@ -54,6 +54,21 @@ def test_tune_end_to_end_ledger_and_private_run_count(tmp_path) -> None:
     assert public["selected"]["index"] == result.index
     private = json.loads((tmp_path / "private" / "tuning.json").read_text())
     assert private["runs"] >= 1 and len(private["history"]) == private["runs"]
+    # the attacker continues training the released model under the same budget: one run's accountant would count
+    # only this run's steps and drop the search, so the continuation is refused before any step
+    import lightning as L
+
+    from lightning_dpts.training import AccountantCallback, DPForecastStrategy
+    from lightning_dpts.tuning import _datamodule
+
+    strategy = DPForecastStrategy(noise_multiplier=ledger.noise_multiplier,
+                                  max_grad_norm=result.candidate.max_grad_norm)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[strategy, AccountantCallback(epsilon=2.0, delta=1e-6)])
+    steps = ledger.steps
+    with pytest.raises(ConfigurationError, match="search"):
+        trainer.fit(result.module, datamodule=_datamodule(_series(), result.candidate, "M", 6, 0))
+    assert ledger_of(result.module).steps == steps
 
 
 def test_dp_score_sensitivity() -> None:

@@ -71,6 +71,18 @@ __all__ = ["AccountantCallback", "EpsilonTable", "PrivacyBudgetExhausted"]
 BAR_INTERVAL = 0.5
 
 
+def _refuse_selected(ledger: Any) -> None:
+    """Refuse to continue weights released by private selection (:func:`lightning_dpts.tuning.tune`): their epsilon
+    covers a search of several runs (Papernot & Steinke 2022, Theorem 2), which this accountant, counting one run's
+    steps, would silently drop."""
+    selection = getattr(ledger, "selection", None)
+    if selection:
+        raise ConfigurationError(
+            "model", f"selected by {selection.get('procedure', 'private selection')}",
+            f"its epsilon={selection.get('epsilon')} covers a search over {selection.get('K')} candidates that "
+            "a continuation cannot add to; train a fresh model, or include the continuation in the search")
+
+
 class AccountantCallback(StepAccountant):
     """Enforce a privacy budget (epsilon, delta) and log the epsilon spent at every optimizer step.
 
@@ -262,6 +274,7 @@ class AccountantCallback(StepAccountant):
                 )
             self._loaded = None
         ledger = strategy.begin(trainer, pl_module)  # the model's ledger: checkpoint, attached, or empty
+        _refuse_selected(ledger)
         if ledger.budget is not None and ledger.budget != (self.epsilon, self.delta):
             rank_zero_warn(
                 f"AccountantCallback: the model's earlier steps were accounted with the budget "
@@ -409,6 +422,7 @@ class AccountantCallback(StepAccountant):
                 "bound", self.bound, "the Monte Carlo accountant gives EVR-verified upper bounds only; use 'upper'"
             )
         ledger = strategy.begin(trainer, pl_module)  # refuses to continue a BandMF ledger
+        _refuse_selected(ledger)
         if not ledger.empty:
             raise ConfigurationError(
                 "datamodule.sampling_spec", "top_level='b_min_sep'",
