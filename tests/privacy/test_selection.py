@@ -190,3 +190,15 @@ def test_attacker_best_of_k_without_the_theorem_is_charged() -> None:
     assert acc.fixed_runs_epsilon(1e-6) > 3 * acc.single_run_epsilon(1e-6)
     # random stopping is covered by the theorem and is cheaper than the fixed-K charge here
     assert acc.epsilon(1e-6) < acc.fixed_runs_epsilon(1e-6)
+
+
+def test_training_rdp_is_above_the_pld_accountant() -> None:
+    """RDP is a looser route to (epsilon, delta) than the PLD of the same theorem: it must never come out tighter."""
+    from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
+    from lightning_dpts.privacy.selection import training_rdp
+
+    spec = SamplingSpec(num_series=150, min_length=200, context_length=60, prediction_length=12, batch_size=64)
+    for sigma, steps in ((3.0, 200), (10.0, 600)):
+        via_rdp = rdp_to_epsilon(training_rdp(spec, sigma, steps), 1e-7)[0]
+        via_pld = StructuredSubsamplingAccountant(spec, sigma).epsilon(steps, 1e-7)
+        assert via_pld <= via_rdp <= 1.6 * via_pld
