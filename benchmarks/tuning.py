@@ -159,7 +159,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--mean-runs", type=float, default=8.0)
     parser.add_argument("--out", default="runs/tuning.jsonl")
+    parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="only print the table of earlier runs' files")
     args = parser.parse_args()
+    if args.summarize:
+        summary([json.loads(line) for path in args.summarize for line in Path(path).read_text().splitlines() if line])
+        return
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -182,15 +186,20 @@ def main() -> None:
 
 
 def summary(rows: list[dict[str, Any]]) -> None:
+    """Mean over seeds; the tuned/fixed ratio with the paired standard error of the per-seed differences."""
     keys = sorted({(r["dataset"], r["epsilon"]) for r in rows})
-    print("dataset | eps | seeds | CRPS fixed | CRPS tuned | tuned/fixed | naive | total eps / one run")
+    print("| dataset | ε | seeds | CRPS fixed | CRPS tuned | tuned / fixed (± s.e.) | seasonal naive "
+          "| search ε / one run |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, eps in keys:
         sel = [r for r in rows if r["dataset"] == name and r["epsilon"] == eps]
         f = statistics.mean(r["fixed_crps"] for r in sel)
         t = statistics.mean(r["tuned_crps"] for r in sel)
-        print(f"{name} | {eps:g} | {len(sel)} | {f:.5f} | {t:.5f} | {t / f:.3f} | "
+        d = [r["tuned_crps"] - r["fixed_crps"] for r in sel]
+        se = statistics.stdev(d) / len(d) ** 0.5 / f if len(d) > 1 else float("nan")
+        print(f"| {name} | {eps:g} | {len(sel)} | {f:.5f} | {t:.5f} | {t / f:.3f} ± {se:.3f} | "
               f"{statistics.mean(r['naive_crps'] for r in sel):.5f} | "
-              f"{statistics.mean(r['ratio_total_to_single'] for r in sel):.2f}")
+              f"{statistics.mean(r['ratio_total_to_single'] for r in sel):.2f} |")
 
 
 if __name__ == "__main__":
