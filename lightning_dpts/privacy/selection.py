@@ -74,6 +74,7 @@ ORDERS = np.array([1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0,
                    24.0, 28.0, 32.0, 40.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0])
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_CHUNK = 1 << 15  # points evaluated at once
 _STEP = 0.01  # Simpson spacing in units of the noise std (the mixtures' components have unit variance)
 
 
@@ -159,9 +160,10 @@ def pair_rdp(means: Sequence[float] | np.ndarray, weights: Sequence[float] | np.
         length = (2.0 * lam + 1.0) * top * (2.0 if opposed else 1.0) + 40.0 + abs(x0)
         n = int(math.ceil(length / _STEP / 2.0)) * 2  # even number of Simpson intervals
         x = x0 + direction * np.linspace(0.0, length, n + 1)
-        lp, lq = _log_pq(x, means, log_w, opposed)
-        t = np.maximum(lp - lq, 0.0)
-        log_f = lq + _log_h(t, float(lam))
+        log_f = np.empty_like(x)
+        for start in range(0, x.size, _CHUNK):  # bounded memory: points x components per chunk
+            lp, lq = _log_pq(x[start:start + _CHUNK], means, log_w, opposed)
+            log_f[start:start + _CHUNK] = lq + _log_h(np.maximum(lp - lq, 0.0), float(lam))
         c = float(np.max(log_f))
         if not np.isfinite(c):
             out[i] = 0.0
