@@ -16,7 +16,8 @@ validation window of H steps before it; the recipe's short-series rule):
 Both are scored on the test windows in CRPS (pooled mean weighted quantile loss, as ``dpts fit`` reports it), next
 to seasonal naive. It also prints the search's total epsilon against one run of the recipe's setting at the noise the
 search uses (PLD accountant, the package's guarantee for a single run): the price of the search. Seeded runs are
-experiments (the guarantee does not hold against anyone who knows the seed).
+experiments (the guarantee does not hold against anyone who knows the seed); a seed fixes the number of runs, the
+same for every dataset and epsilon of that seed. ``--summarize FILE...`` prints the table of earlier runs.
 """
 
 from __future__ import annotations
