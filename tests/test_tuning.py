@@ -39,11 +39,15 @@ def test_plan_charges_the_search_not_one_run() -> None:
 
 
 def test_tune_end_to_end_ledger_and_private_run_count(tmp_path) -> None:
+    import logging
+
     cands = [dataclasses.replace(c, epochs=1) for c in CANDIDATES]
+    level = logging.getLogger("lightning.pytorch").level
     result = tune(_series(), freq="M", prediction_length=6, epsilon=2.0, delta=1e-6, candidates=cands,
                   mean_runs=1.5, seed=0, print_fn=None)
     from lightning_dpts.training.ledger import ledger_of
 
+    assert logging.getLogger("lightning.pytorch").level == level  # silenced per run (it counts runs), restored
     ledger = ledger_of(result.module)
     assert ledger is not None and ledger.steps > 0
     assert ledger.budget == (2.0, 1e-6)
