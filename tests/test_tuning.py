@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.tuning import Candidate, DPScore, plan, tune
 

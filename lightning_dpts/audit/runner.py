@@ -178,12 +178,12 @@ def relation_from(level: str | None, size: int | None, value_bound: float | None
 
 
 def options_from_fit_config(config: Any) -> dict[str, Any]:
-    """The :func:`run_audit` arguments a ``dpts fit`` configuration (:class:`~lightning_dpts.config.FitConfig`)
+    """The :func:`run_audit` arguments a ``dpts fit`` configuration (:class:`~lightning_dpts.app.config.FitConfig`)
     decides: ``epsilon``, ``delta``, the ``relation`` (level, size, value bound), ``max_grad_norm`` (when set),
     ``seed`` and the ``data`` (its file, or the bundled data). The audit keeps its own model and window geometry
     (docs/audit.md: what an audit of a configuration measures)."""
     config.validate()
-    from lightning_dpts.loading import load_fit_table
+    from lightning_dpts.data.loading import load_fit_table
 
     options: dict[str, Any] = {
         "epsilon": float(config.epsilon), "delta": float(config.delta),
@@ -449,9 +449,9 @@ def write_audit(result: AuditResult, output_dir: str | Path, overwrite: bool = F
 def plot_audit(result: AuditResult, path: str | Path) -> None:
     """Bar chart of every lower bound (with its confidence in the label; the primary one in colour) and the
     accountant's epsilon as a line."""
-    from lightning_dpts.plots import _pyplot, save_figure
+    from lightning_dpts.outputs import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(result.bounds)
     values = [float(result.bounds[n]["epsilon"]) for n in names]

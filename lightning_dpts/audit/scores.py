@@ -121,7 +121,7 @@ class WhiteBoxScorer:
         self.steps = 0
 
     def __call__(self, module: L.LightningModule, strategy: Any, step: int, noisy: list[torch.Tensor]) -> None:
-        iso: IsolatedGradients = strategy._isolated_gradients(module)
+        iso: IsolatedGradients = strategy.noisy_step.isolated_gradients(module)
         y = torch.cat([g.reshape(-1) for g in noisy]).to(torch.float64) * self.batch_size
         numel = y.numel()
         leaves_in, spec_in, pw_in, n = iso.split(self.batch_in)

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 warnings.filterwarnings("ignore", message=".*explicit seed")
 

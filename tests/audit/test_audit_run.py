@@ -34,7 +34,7 @@ def test_observer_sees_the_update_the_optimizer_applies() -> None:
     original = scores.WhiteBoxScorer.__call__
 
     def spy(self, module, strategy, step, noisy):  # noqa: ANN001
-        seen.append(([p.detach().clone() for p in strategy._params], [g.clone() for g in noisy]))
+        seen.append(([p.detach().clone() for p in strategy.context.params], [g.clone() for g in noisy]))
         return original(self, module, strategy, step, noisy)
 
     scores.WhiteBoxScorer.__call__ = spy  # type: ignore[method-assign]

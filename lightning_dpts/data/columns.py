@@ -1,8 +1,8 @@
 """One set of column names for long-format data, everywhere: ``item_id``, ``timestamp``, ``target``.
 
 The parameters are ``id_column``, ``timestamp_column`` and ``value_column`` in Python (the datamodule,
-:func:`~lightning_dpts.data.to_collection`, :class:`~lightning_dpts.config.FitConfig`,
-:func:`~lightning_dpts.jobs.predict.predict_to_csv`), in YAML configs, and ``--id-column``,
+:func:`~lightning_dpts.data.to_collection`, :class:`~lightning_dpts.app.config.FitConfig`,
+:func:`~lightning_dpts.app.jobs.predict.predict_to_csv`), in YAML configs, and ``--id-column``,
 ``--timestamp-column``, ``--value-column`` on the command line; their defaults are GluonTS' field names
 ``item_id``, ``timestamp`` and ``target``.
 

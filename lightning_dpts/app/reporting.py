@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.config import FitConfig
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.evaluation import quantile_matrix
 from lightning_dpts.outputs import PRIVATE_DIR
-from lightning_dpts.scoring import quantile_matrix
 
 __all__ = ["EVALUATION_FILE", "PRIVATE_NOTICE", "PUBLIC_NOTICE", "clipping_report", "config_dict", "curve_by_step",
            "dp_metrics", "epsilon_curve", "format_table", "levers", "private_report", "public_report", "risk_report",
@@ -194,8 +194,8 @@ def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str
                     predictions: dict[str, list[Any]]) -> None:
     """Write ``epsilon.png``, the private files (``private_outputs``) and last ``report.json`` with the manifest of
     every file ``run_dir`` registered (``report`` gains its ``"files"``)."""
+    from lightning_dpts.app.plots import plot_epsilon, plot_forecasts
     from lightning_dpts.outputs import write_json
-    from lightning_dpts.plots import plot_epsilon, plot_forecasts
 
     privacy = report["bound"]
     run_dir.register("epsilon.png", "public: epsilon against optimizer step, from the accountant (no data)")
@@ -207,7 +207,7 @@ def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str
                          "private windows, baselines, verdict and levers (noise-free functions of the data)")
         write_json(out / PRIVATE_DIR / EVALUATION_FILE, private)
         if config.private_plots:
-            from lightning_dpts.plots import PRIVATE_PLOT_NOTICE
+            from lightning_dpts.app.plots import PRIVATE_PLOT_NOTICE
 
             run_dir.register(f"{PRIVATE_DIR}/forecasts.png", f"private: {PRIVATE_PLOT_NOTICE}")
             names = dict(zip(table["item_id"], table["title"], strict=True)) if "title" in table else None

@@ -2,7 +2,7 @@
 unclipped truth of a clipped run, the baselines (:mod:`lightning_dpts.baselines`: seasonal naive with calibrated
 intervals, AutoETS, AutoTheta) as GluonTS forecasts, and the pooled metrics
 (:func:`lightning_dpts.evaluation.score_windows`). Computed from the private data without DP: the results belong
-under ``private/`` (or in a DP release, :func:`lightning_dpts.reporting.dp_metrics`)."""
+under ``private/`` (or in a DP release, :func:`lightning_dpts.app.reporting.dp_metrics`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["baseline_forecasts", "quantile_matrix", "raw_evaluation", "score_forecasts", "score_models"]
-
-
-def quantile_matrix(forecast: Any) -> np.ndarray:
-    """The forecast's quantiles at :data:`~lightning_dpts.metrics.DEFAULT_QUANTILES`, shape (horizon, quantiles)."""
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
-
-    return np.stack([np.asarray(forecast.quantile(q), dtype=float) for q in DEFAULT_QUANTILES], axis=-1)
+__all__ = ["baseline_forecasts", "raw_evaluation", "score_forecasts", "score_models"]
 
 
 def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
@@ -26,7 +19,7 @@ def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str,
 
     One window per forecast, pooled: :func:`lightning_dpts.evaluation.score_windows` without histories.
     """
-    from lightning_dpts.evaluation import score_windows
+    from lightning_dpts.evaluation import quantile_matrix, score_windows
 
     n = len(forecasts)
     scores = score_windows([quantile_matrix(f) for f in forecasts], labels, [np.empty(0)] * n, [0] * n, season=1)
@@ -78,7 +71,7 @@ def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int,
 def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
                  windows: list[int], season: int) -> dict[str, dict[str, Any]]:
     """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`)."""
-    from lightning_dpts.evaluation import score_windows
+    from lightning_dpts.evaluation import quantile_matrix, score_windows
 
     histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
     return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)

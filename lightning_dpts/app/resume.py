@@ -115,7 +115,7 @@ def resumed_config(run_dir: str | Path, given: dict[str, Any]) -> Any:
     :data:`RESUME_MAY_CHANGE` whose value differs from the stored one is refused (``ConfigurationError`` naming
     every such option), as is ``output_dir`` other than ``run_dir``.
     """
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -141,7 +141,7 @@ def resumed_config(run_dir: str | Path, given: dict[str, Any]) -> Any:
             "output_dir" in given and given["output_dir"] != FitConfig.output_dir:
         conflicts.append(f"output_dir={given['output_dir']!r} (a resume writes into {str(run_dir)!r})")
     if conflicts:
-        from lightning_dpts.config import option_flags
+        from lightning_dpts.app.config import option_flags
 
         flags = option_flags()
         names = ", ".join(flags.get(c.split("=")[0], c.split("=")[0]) for c in conflicts)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.config import FitConfig
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["bandmf_callbacks", "check_one_step", "cyclic_bandmf", "dp_callbacks", "lag_cost", "noise_multiplier"]

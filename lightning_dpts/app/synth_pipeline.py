@@ -1,4 +1,4 @@
-"""The parts of ``dpts synth`` (:func:`lightning_dpts.jobs.synth.run_synth`): its configuration, reading the private
+"""The parts of ``dpts synth`` (:func:`lightning_dpts.app.jobs.synth.run_synth`): its configuration, reading the private
 data, Train-on-Synthetic-Test-on-Real scoring and writing the release.
 
 :class:`SynthConfig` validates the job's options; :func:`load_series` reads the private data (the bundled
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.columns import accept_time_column_keyword
+from lightning_dpts.data.columns import accept_time_column_keyword
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.synthetic.privacy import RELATIONS, UNITS
 
@@ -42,7 +42,7 @@ class SynthConfig:
         data: long-format CSV/Parquet file, or ``None`` for the bundled ``us_employment`` data.
         id_column, timestamp_column, value_column, freq: as in ``dpts fit`` (default ``item_id``, ``timestamp``,
             ``target``; the old keyword ``time_column`` and data with the old default columns ``id`` / ``value``
-            are accepted with a ``DeprecationWarning``: :mod:`lightning_dpts.columns`).
+            are accepted with a ``DeprecationWarning``: :mod:`lightning_dpts.data.columns`).
         class_column: optional column holding each series' class (conditional generation, Algorithm 1
             with |C| > 1); then ``classes`` must list the classes, which are treated as public.
         classes: the public list of class values (required with ``class_column``).
@@ -189,7 +189,7 @@ def load_series(config: SynthConfig) -> tuple[list[np.ndarray], list[str], list[
 
         table, freq, name = load_dataset("us_employment"), config.freq or "M", "us_employment (bundled)"
     else:
-        from lightning_dpts.loading import load_long_table
+        from lightning_dpts.data.loading import load_long_table
 
         table, freq = load_long_table(config.data, config.id_column, config.timestamp_column, config.value_column,
                                       config.freq)
@@ -269,10 +269,10 @@ def tstr_scores(synthetic: np.ndarray, series: list[np.ndarray], freq: str, hori
     import torch
     from gluonts.time_feature import get_seasonality
 
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.forecasters import make_estimator
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.forecasters import make_estimator
-    from lightning_dpts.scoring import quantile_matrix
+    from lightning_dpts.evaluation import quantile_matrix
 
     length = synthetic.shape[1]
     context = length - horizon
@@ -385,9 +385,9 @@ def plot_real_vs_synthetic(path: Path, real: np.ndarray, synthetic: np.ndarray, 
 
     ``real`` are private windows: the file belongs under ``private/`` (``--no-private-plots`` skips it).
     """
-    from lightning_dpts.plots import _pyplot, save_figure
+    from lightning_dpts.outputs import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
 
     rng = np.random.default_rng()  # which examples are shown is not privacy-relevant
     fig, axes = plt.subplots(count, 3, figsize=(10, 1.8 * count), sharex=True, squeeze=False)

@@ -87,7 +87,7 @@ class FitConfig:
     Attributes (units in brackets):
         data: path of a long-format CSV/Parquet file, or ``None`` for the bundled ``us_employment`` data.
         id_column, timestamp_column, value_column: column names in ``data`` (default ``item_id``, ``timestamp``,
-            ``target``, as everywhere in lightning-dpts: :mod:`lightning_dpts.columns`). The old keyword
+            ``target``, as everywhere in lightning-dpts: :mod:`lightning_dpts.data.columns`). The old keyword
             ``time_column`` is accepted with a ``DeprecationWarning``; data with the old default columns ``id`` /
             ``value`` is read from them (with a ``DeprecationWarning``) when the names are left at their defaults.
         freq: pandas frequency of the series (inferred from the time stamps when ``None``).
@@ -160,7 +160,7 @@ class FitConfig:
         verbose: print third-party warnings, Lightning's info lines and the progress bar (``dpts``'s quiet
             default filters known third-party warnings and shows a progress bar only on a terminal).
         resume: a ``dpts fit`` run directory to continue from its last checkpoint (``checkpoints/last.ckpt``) with
-            its stored configuration (:mod:`lightning_dpts.resume`): the noisy steps it already took are accounted
+            its stored configuration (:mod:`lightning_dpts.app.resume`): the noisy steps it already took are accounted
             once (the final epsilon is that of one uninterrupted run of the same total steps); options that differ
             from the run's, a seeded run, and a directory whose ``ledger.json`` does not match its checkpoint are
             refused before any work. From Python (``run_fit``), fields left at their defaults take the run's
@@ -346,7 +346,7 @@ class FitConfig:
         """
         known = {f.name for f in fields(cls)}
         if "time_column" in values:  # the old key (YAML, dpts privacy --data)
-            from lightning_dpts.columns import renamed_parameter
+            from lightning_dpts.data.columns import renamed_parameter
 
             values = dict(values)
             old = values.pop("time_column")
@@ -477,7 +477,7 @@ class FitConfig:
 
 
 
-from lightning_dpts.columns import accept_time_column_keyword  # noqa: E402 (after the class)
+from lightning_dpts.data.columns import accept_time_column_keyword  # noqa: E402 (after the class)
 
 accept_time_column_keyword(FitConfig)
 

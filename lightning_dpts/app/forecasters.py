@@ -1,12 +1,12 @@
 """The model factory: the GluonTS estimator (whose LightningModule is trained and whose predictor forecasts) of a
-:class:`~lightning_dpts.config.FitConfig`, the seasons it reads (:func:`model_seasons`) and DeepAR's lags. The
+:class:`~lightning_dpts.app.config.FitConfig`, the seasons it reads (:func:`model_seasons`) and DeepAR's lags. The
 baselines (seasonal naive with intervals, AutoETS, AutoTheta) live in :mod:`lightning_dpts.baselines`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lightning_dpts.config import LEGACY_DEFAULTS, FitConfig
+from lightning_dpts.app.config import LEGACY_DEFAULTS, FitConfig
 
 __all__ = ["deepar_lags", "make_estimator", "model_seasons", "season_length"]
 
@@ -15,7 +15,7 @@ def make_estimator(config: FitConfig, freq: str) -> Any:
     """The estimator whose LightningModule and predictor we use (GluonTS defaults as in the paper, B.2).
 
     Options still unset (``None``, e.g. a config not passed through
-    :func:`~lightning_dpts.geometry.resolve_config`) take :data:`LEGACY_DEFAULTS`, or the recipe's constants for
+    :func:`~lightning_dpts.app.geometry.resolve_config`) take :data:`LEGACY_DEFAULTS`, or the recipe's constants for
     ``combination`` (the default) and ``seasonal_linear``.
     """
     h = config.prediction_length

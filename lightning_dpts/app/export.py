@@ -20,7 +20,7 @@ kept, and that checkpoint then needs ``load_from_checkpoint(path, weights_only=F
 Only the DP-trained model is exported. The optional non-DP reference model of ``dpts fit`` is trained on the
 private data without noise and is never written to disk.
 
-``dpts predict --model DIR --data PATH`` (:func:`lightning_dpts.jobs.predict.predict_to_csv`) writes the
+``dpts predict --model DIR --data PATH`` (:func:`lightning_dpts.app.jobs.predict.predict_to_csv`) writes the
 forecasts of every series in a long-format file, starting after the series' last time stamp, as quantiles in a CSV
 file, with :func:`load_predictor` and :func:`forecast_table`.
 """
@@ -266,12 +266,12 @@ def forecast_table(forecasts: Sequence[Any], quantiles: Sequence[float], *, id_c
     """GluonTS forecasts as a long table: the id column, the time stamp column (named ``id_column`` and
     ``timestamp_column``), ``horizon`` (1..H), ``mean``, one column per quantile level (named like ``"0.1"``).
 
-    Time stamps are written as :func:`lightning_dpts.loading.format_stamps` writes them for ``timestamp_style``
+    Time stamps are written as :func:`lightning_dpts.data.loading.format_stamps` writes them for ``timestamp_style``
     (the input's own format, e.g. ``2024-06-01`` for a monthly input that wrote ``2024-05-01``); without a
     style, the period's start date in ISO 8601."""
     import warnings
 
-    from lightning_dpts.loading import format_stamps
+    from lightning_dpts.data.loading import format_stamps
 
     levels = check_quantiles(quantiles)
     frames = []

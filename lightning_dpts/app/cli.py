@@ -1,11 +1,11 @@
 """The ``dpts`` command.
 
 ``dpts privacy epsilon|steps|noise`` runs the structured-subsampling accountant (without torch, unless
-``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.planning`);
-``dpts fit`` runs the main job (train a private forecaster, evaluate, report; :mod:`lightning_dpts.jobs.fit`, its
-options declared once by :class:`~lightning_dpts.config.FitConfig`); ``dpts predict`` forecasts new data with the
-exported model (:mod:`lightning_dpts.jobs.predict`); ``dpts synth`` releases a DP synthetic dataset by Private
-Evolution (:mod:`lightning_dpts.jobs.synth`); ``dpts release epsilon|noise`` accounts inference-time privacy of
+``--data`` asks for the geometry ``dpts fit`` would train on; :mod:`lightning_dpts.app.planning`);
+``dpts fit`` runs the main job (train a private forecaster, evaluate, report; :mod:`lightning_dpts.app.jobs.fit`, its
+options declared once by :class:`~lightning_dpts.app.config.FitConfig`); ``dpts predict`` forecasts new data with the
+exported model (:mod:`lightning_dpts.app.jobs.predict`); ``dpts synth`` releases a DP synthetic dataset by Private
+Evolution (:mod:`lightning_dpts.app.jobs.synth`); ``dpts release epsilon|noise`` accounts inference-time privacy of
 released forecasts. Invalid values and combinations exit with status 2 and a message naming the option; no parser
 accepts an abbreviated option (``allow_abbrev=False``), so a shortened option never sets another one.
 """
@@ -27,7 +27,7 @@ EXIT_REFUSED_DURING_TRAINING = 3
 EXIT_INTERRUPTED = 130
 
 # Python parameter name (as raised in ConfigurationError) -> command-line option, for the options that are not
-# FitConfig fields (those derive from their declarations: lightning_dpts.config.option_flags).
+# FitConfig fields (those derive from their declarations: lightning_dpts.app.config.option_flags).
 _OPTION_NAMES = {
     "num_series": "--num-series",
     "min_length": "--min-length",
@@ -105,7 +105,7 @@ def _add_privacy_options(parser: argparse.ArgumentParser, *, needs_noise: bool, 
     if needs_epsilon:
         priv.add_argument("--epsilon", type=float, required=True, metavar="E", help="target epsilon")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    from lightning_dpts.planning import add_planning_options
+    from lightning_dpts.app.planning import add_planning_options
 
     add_planning_options(parser, needs_steps=needs_steps, multi_steps=multi_steps)
 
@@ -128,22 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bandmf_parser(psub)
     _add_fit_parser(sub)
     _add_predict_parser(sub)
-    from lightning_dpts.synthetic.cli import add_synth_parser
-    from lightning_dpts.tuning_cli import add_tune_parser
+    from lightning_dpts.app.synth_cli import add_synth_parser
+    from lightning_dpts.app.tune_cli import add_tune_parser
 
     add_tune_parser(sub)
     add_synth_parser(sub)
-    from lightning_dpts.release.cli import add_release_parser
+    from lightning_dpts.app.release_cli import add_release_parser
 
     add_release_parser(sub)
-    from lightning_dpts.audit.cli import add_audit_parser
+    from lightning_dpts.app.audit_cli import add_audit_parser
 
     add_audit_parser(sub)
     return parser
 
 
 def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
-    from lightning_dpts.config import add_config_arguments
+    from lightning_dpts.app.config import add_config_arguments
 
     fit = sub.add_parser(
         "fit", help="train, evaluate and report a private forecaster (the main job)", allow_abbrev=False,
@@ -152,7 +152,7 @@ def _add_fit_parser(sub: argparse._SubParsersAction) -> None:
     )
     fit.add_argument("--config", metavar="YAML", help="YAML file with FitConfig fields (see examples/fit_default.yaml)")
     add_config_arguments(fit)  # one option per FitConfig field; unset: --config, then the field's default
-    from lightning_dpts.columns import add_deprecated_time_column
+    from lightning_dpts.data.columns import add_deprecated_time_column
 
     add_deprecated_time_column(fit)  # the old --time-column, as --timestamp-column
 
@@ -171,7 +171,7 @@ def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
     for name, default in (("id_column", "item_id"), ("timestamp_column", "timestamp"), ("value_column", "target")):
         predict.add_argument("--" + name.replace("_", "-"), default=None, metavar="COLUMN",
                              help=f"column in --data (default: the name the dpts fit run read, else {default})")
-    from lightning_dpts.columns import add_deprecated_time_column
+    from lightning_dpts.data.columns import add_deprecated_time_column
 
     add_deprecated_time_column(predict)
     predict.add_argument("--freq", default=None, help="pandas frequency (default: the model's)")
@@ -184,8 +184,8 @@ def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from lightning_dpts.console import dpts_console
-    from lightning_dpts.jobs.predict import predict_to_csv
+    from lightning_dpts.app.console import dpts_console
+    from lightning_dpts.app.jobs.predict import predict_to_csv
 
     with dpts_console(args.verbose):
         table = predict_to_csv(args.model, args.data, args.output, id_column=args.id_column,
@@ -293,7 +293,7 @@ def _run_bandmf(args: argparse.Namespace) -> int:
     values = {format(e, "g"): {"estimate": acc.delta_estimate(e), "upper": acc.delta_upper(e)} for e in args.epsilon}
     if args.num_examples is not None and args.num_examples < 1:
         raise ConfigurationError("num_examples", args.num_examples, "must be an integer >= 1")
-    from lightning_dpts.console import warn_delta_above_one_over_n
+    from lightning_dpts.app.console import warn_delta_above_one_over_n
 
     warn_delta_above_one_over_n(max(v["upper"] for v in values.values()), args.num_examples, "examples")
     if args.json:
@@ -310,7 +310,7 @@ def _run_bandmf(args: argparse.Namespace) -> int:
 
 
 def _run_bandmf_cyclic(args: argparse.Namespace, coefficients: tuple[float, ...]) -> int:
-    from lightning_dpts.console import warn_delta_above_one_over_n
+    from lightning_dpts.app.console import warn_delta_above_one_over_n
     from lightning_dpts.privacy.accountant import MIN_DELTA, AmplifiedBandMFAccountant
 
     if args.num_examples is not None and args.num_examples < 1:
@@ -351,7 +351,7 @@ def _run_bandmf_cyclic(args: argparse.Namespace, coefficients: tuple[float, ...]
 
 
 def _run_privacy(args: argparse.Namespace) -> int:
-    from lightning_dpts.console import dpts_console
+    from lightning_dpts.app.console import dpts_console
 
     # warnings (delta >= 1/N) to stderr, once, as "WARNING: ...": stdout may be one JSON object
     with dpts_console(False, write=lambda text: print(text, file=sys.stderr)):
@@ -359,8 +359,8 @@ def _run_privacy(args: argparse.Namespace) -> int:
 
 
 def _run_privacy_quiet(args: argparse.Namespace) -> int:
-    from lightning_dpts.console import warn_delta_above_one_over_n
-    from lightning_dpts.planning import resolve_planning
+    from lightning_dpts.app.console import warn_delta_above_one_over_n
+    from lightning_dpts.app.planning import resolve_planning
     from lightning_dpts.privacy.accountant import StructuredSubsamplingAccountant, calibrate_noise_multiplier
     from lightning_dpts.privacy.risk import FPRS
 
@@ -375,12 +375,14 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
             raise ConfigurationError("steps", args.steps, "must be >= 1")
         sigma = calibrate_noise_multiplier(spec, args.epsilon, args.delta, steps=args.steps, bound=args.bound)
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=args.bound)
+        risk = acc.risk(args.steps, args.delta) if args.bound == "upper" else None
         if args.json:
-            print(json.dumps({"noise_multiplier": sigma}))
+            print(json.dumps({"noise_multiplier": sigma, **_risk_json(risk)}))
         else:
             print(f"noise multiplier {sigma:.6g} reaches epsilon <= {args.epsilon:g} at delta={args.delta:g} "
                   f"after {args.steps} steps ({acc.compositions(args.steps)} {acc.unit}s; {acc.theorem}, "
                   f"{acc.kind} bound)")
+            _print_risk(risk)
         return 0
 
     acc = StructuredSubsamplingAccountant(spec, args.noise_multiplier, bound=args.bound)
@@ -414,16 +416,32 @@ def _run_privacy_quiet(args: argparse.Namespace) -> int:
 
     # steps
     n = acc.max_steps(args.epsilon, args.delta)
+    risk = acc.risk(n, args.delta) if args.bound == "upper" and n > 0 else None
     if args.json:
-        print(json.dumps({"steps": n}))
+        print(json.dumps({"steps": n, **_risk_json(risk)}))
     else:
         print(f"at most {n} steps stay within epsilon={args.epsilon:g}, delta={args.delta:g} "
               f"({acc.theorem}, {acc.kind} bound, composed per {acc.unit})")
+        _print_risk(risk)
     return 0
 
 
+def _risk_json(risk) -> dict:
+    """The read-outs of ``dpts privacy noise/steps`` as JSON (issue 43): none for the optimistic lower bound."""
+    return {} if risk is None else {"risk": risk.to_dict()}
+
+
+def _print_risk(risk) -> None:
+    """One line of membership-attack read-outs after the run that the line above describes (upper bounds)."""
+    if risk is None:
+        return
+    tprs = ", ".join(f"TPR@{a:g} <= {t:.4g}" for a, t in zip(risk.fprs, risk.tprs, strict=True))
+    print(f"membership risk for the unit of privacy after those steps: {tprs}; mu-GDP <= {risk.mu:.4g} "
+          f"(for delta >= {risk.delta:g})")
+
+
 def _fit_config(args: argparse.Namespace):
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     values: dict = {}
     if getattr(args, "config", None):
@@ -450,15 +468,15 @@ def _fit_config(args: argparse.Namespace):
     config = FitConfig.from_mapping(values, source=None)
     if config.resume is not None:  # the run's own configuration; the options given here must agree with it
         config.validate()
-        from lightning_dpts.resume import resumed_config
+        from lightning_dpts.app.resume import resumed_config
 
         config = resumed_config(config.resume, {key: getattr(config, key) for key in values})
     return config
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    from lightning_dpts.console import dpts_console
-    from lightning_dpts.jobs.fit import run_fit
+    from lightning_dpts.app.console import dpts_console
+    from lightning_dpts.app.jobs.fit import run_fit
 
     config = _fit_config(args)
     out = config.output_dir
@@ -472,7 +490,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     except ConfigurationError:
         raise
     except KeyboardInterrupt as err:  # Ctrl-C: say what was kept and how to continue
-        from lightning_dpts.jobs.fit import FitInterrupted
+        from lightning_dpts.app.jobs.fit import FitInterrupted
 
         text = err.message() if isinstance(err, FitInterrupted) else _interrupted_outside_training(out)
         print(f"dpts: {text}", file=sys.stderr)
@@ -495,7 +513,7 @@ def _interrupted_outside_training(out: str) -> str:
     """What a Ctrl-C outside training (loading, evaluation, writing) leaves: a resumable run or nothing to resume."""
     from pathlib import Path
 
-    from lightning_dpts.resume import LAST_CHECKPOINT, RUN_LEDGER
+    from lightning_dpts.app.resume import LAST_CHECKPOINT, RUN_LEDGER
 
     run = Path(out)
     if (run / RUN_LEDGER).is_file() and (run / LAST_CHECKPOINT).is_file():
@@ -530,35 +548,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "predict":
             return _run_predict(args)
         if args.command == "release":
-            from lightning_dpts.release.cli import run_release
+            from lightning_dpts.app.release_cli import run_release
 
             return run_release(args)
         if args.command == "synth":
-            from lightning_dpts.synthetic.cli import run_synth_command
+            from lightning_dpts.app.synth_cli import run_synth_command
 
             return run_synth_command(args)
         if args.command == "tune":
-            from lightning_dpts.tuning_cli import run_tune_command
+            from lightning_dpts.app.tune_cli import run_tune_command
 
             return run_tune_command(args)
         if args.command == "audit":
-            from lightning_dpts.audit.cli import run_audit_command
+            from lightning_dpts.app.audit_cli import run_audit_command
 
             return run_audit_command(args)
     except ConfigurationError as err:
-        from lightning_dpts.config import option_flags
-        from lightning_dpts.release.cli import RELEASE_OPTION_NAMES
-        from lightning_dpts.synthetic.cli import SYNTH_OPTION_NAMES
+        from lightning_dpts.app.config import option_flags
+        from lightning_dpts.app.release_cli import RELEASE_OPTION_NAMES
+        from lightning_dpts.app.synth_cli import SYNTH_OPTION_NAMES
 
         names = {**option_flags(), **_OPTION_NAMES, **RELEASE_OPTION_NAMES}
         if args.command == "synth":
             names.update(SYNTH_OPTION_NAMES)
         if args.command == "tune":
-            from lightning_dpts.tuning_cli import TUNE_OPTION_NAMES
+            from lightning_dpts.app.tune_cli import TUNE_OPTION_NAMES
 
             names.update(TUNE_OPTION_NAMES)
         if args.command == "audit":
-            from lightning_dpts.audit.cli import AUDIT_OPTION_NAMES
+            from lightning_dpts.app.audit_cli import AUDIT_OPTION_NAMES
 
             names.update(AUDIT_OPTION_NAMES)
         option = names.get(err.parameter, err.parameter)

@@ -1,6 +1,6 @@
 """``dpts audit``: an empirical privacy audit of DP-SGD training (docs/audit.md).
 
-Wiring into the ``dpts`` command (``lightning_dpts/cli.py``): ``add_audit_parser(sub)`` in ``build_parser``, and in
+Wiring into the ``dpts`` command (``lightning_dpts/app/cli.py``): ``add_audit_parser(sub)`` in ``build_parser``, and in
 ``main`` ``run_audit_command(args)`` for ``args.command == "audit"``; :data:`AUDIT_OPTION_NAMES` maps every
 parameter a :class:`~lightning_dpts.errors.ConfigurationError` of the audit can name to its option.
 """
@@ -73,7 +73,7 @@ def _from_config(path: str) -> dict[str, Any]:
     """The audited fields of a dpts fit YAML (:func:`~lightning_dpts.audit.runner.options_from_fit_config`)."""
     import yaml
 
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     try:
         with open(path) as handle:
@@ -103,7 +103,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
             options[name] = value
     if args.level is not None or args.size is not None or args.value_bound is not None:
         relation = relation_from(args.level, args.size, args.value_bound, relation)
-    from lightning_dpts.console import dpts_console
+    from lightning_dpts.app.console import dpts_console
 
     with dpts_console(False) as console:
         result = run_audit(quick=args.quick, relation=relation, confidence=args.confidence,

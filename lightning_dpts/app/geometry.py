@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
+from lightning_dpts.app.config import LEGACY_DEFAULTS, RECIPE_FIELDS, FitConfig
 
 __all__ = ["build_datamodule", "fit_test_windows", "resolve_config", "resolve_with_test_windows"]
 
@@ -84,17 +84,36 @@ def fit_test_windows(config: FitConfig, planned: tuple[int, str] | None, table: 
         return config.test_windows, "given (--test-windows)"
     if planned is not None:
         return planned
-    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.layout import inspect_model
     from lightning_dpts.data.sources import to_collection
     from lightning_dpts.evaluation import choose_test_windows
 
-    past = StructuredSubsamplingDataModule._inspect_model(module)[1] or (config.context_length
-                                                                         or config.prediction_length)
-    lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
-                                             value_column="target").targets]
+    past = inspect_model(module)[1] or (config.context_length or config.prediction_length)
+    lengths = _series_spans(table, freq)
+    if lengths is None:
+        lengths = [len(t) for t in to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
+                                                 value_column="target").targets]
     if config.drop_short_series:
         lengths = [n for n in lengths if n >= 2 * config.prediction_length] or lengths
     return choose_test_windows(lengths, past, config.prediction_length)
+
+
+def _series_spans(table: pd.DataFrame, freq: str) -> list[int] | None:
+    """Every series' length in steps (first to last time stamp, gaps included, as the datamodule builds them), from
+    the store's index or the table's Period ordinals without building the series (issue 41: the series themselves
+    cost ~160 bytes per value); ``None`` when the time stamps are not Periods of ``freq``."""
+    from lightning_dpts.data.loading import store_of
+    from lightning_dpts.data.sources import _multiple, period_freq
+
+    store = store_of(table)
+    if store is not None:
+        return [int(n) for n in store.lengths]
+    stamps = table["timestamp"]
+    if not isinstance(stamps.dtype, pd.PeriodDtype) or stamps.dtype.freq.freqstr != period_freq(freq):
+        return None
+    steps = pd.Series(stamps.array.asi8 // _multiple(period_freq(freq)))
+    grouped = steps.groupby(table["item_id"].to_numpy(), sort=False)
+    return [int(n) for n in (grouped.max() - grouped.min() + 1).to_numpy()]
 
 
 def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test_windows: int,
@@ -107,8 +126,12 @@ def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test
 
     top_level = config.top_level if config.bands is None else top_level_from_name(config.bands_top_level,
                                                                                   bands=config.bands)
+    from lightning_dpts.data.loading import store_of
+
+    store = store_of(table)  # a table read from a series store, unchanged: sample from the mapped store (issue 41)
     return StructuredSubsamplingDataModule(
-        table, batch_size=config.batch_size, instances_per_series=config.instances_per_series,
+        table if store is None else store, batch_size=config.batch_size,
+        instances_per_series=config.instances_per_series,
         top_level=top_level, bottom_level=config.bottom_level, relation=relation,
         context_noise=config.context_noise, forecast_noise=config.forecast_noise, seed=config.seed,
         secure_mode=config.secure_mode, model=module, freq=freq, id_column="item_id", timestamp_column="timestamp",

@@ -6,6 +6,7 @@ Shared by ``dpts fit``, ``dpts predict``, ``dpts synth`` and ``dpts privacy --da
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pandas as pd
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["MISSING_CSV_CELLS", "drop_short_series", "format_stamps", "load_fit_table", "load_long_table",
-           "timestamp_style"]
+           "store_of", "timestamp_style"]
 
 #: The only CSV cells read as a missing value (docs/data.md: "NaN/empty/None is a missing value").
 MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
@@ -23,9 +24,10 @@ MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
 def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_column: str = "timestamp",
                     value_column: str = "target", freq: str | None = None, *,
                     time_column: str | None = None) -> tuple[pd.DataFrame, str]:
-    """Read a long-format CSV/Parquet file into columns ``item_id``, ``timestamp`` (Period), ``target``.
+    """Read a long-format CSV/Parquet file (or a series store, ``.arrow``: :mod:`lightning_dpts.data.store`) into
+    columns ``item_id``, ``timestamp`` (Period), ``target``.
 
-    The column names default to ``item_id``, ``timestamp``, ``target`` (:mod:`lightning_dpts.columns`; a file
+    The column names default to ``item_id``, ``timestamp``, ``target`` (:mod:`lightning_dpts.data.columns`; a file
     with the old ``dpts`` defaults ``id`` / ``value`` is read from them with a ``DeprecationWarning``, and the
     keyword ``time_column`` is the deprecated name of ``timestamp_column``). ``table.attrs`` records the columns
     read (``"source_columns"``) and how the file writes its time stamps (``"timestamp_style"``, for writing
@@ -37,13 +39,17 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
     time stamps whose spacing disagrees with ``freq`` (see :func:`lightning_dpts.data.sources.long_table`).
     """
     if time_column is not None:
-        from lightning_dpts.columns import renamed_parameter
+        from lightning_dpts.data.columns import renamed_parameter
 
         renamed_parameter("load_long_table(time_column=...)", "timestamp_column")
         timestamp_column = time_column
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError("data", str(path), "no such file")
+    from lightning_dpts.data.store import is_store_path
+
+    if is_store_path(path):
+        return _store_table(path, freq)
     name = path.name.lower()
     try:
         if name.endswith((".parquet", ".pq")):
@@ -53,7 +59,7 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
             # "null", "#N/A", ...) stay text, so a value column holding them is refused, not silently emptied
             raw = pd.read_csv(path, keep_default_na=False, na_values=list(MISSING_CSV_CELLS))
         else:
-            raise ConfigurationError("data", str(path), "must be a .csv, .csv.gz or .parquet file")
+            raise ConfigurationError("data", str(path), "must be a .csv, .csv.gz, .parquet or .arrow (store) file")
     except ConfigurationError:
         raise
     except Exception as err:  # unreadable file: say which and why
@@ -65,6 +71,39 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
                                   first_line=2 if name.endswith((".csv", ".csv.gz", ".txt")) else None)
     table.attrs["timestamp_style"] = timestamp_style(raw[table.attrs["source_columns"][1]], used_freq)
     return table, used_freq
+
+
+def _store_table(path: Path, freq: str | None) -> tuple[pd.DataFrame, str]:
+    """A series store (:mod:`lightning_dpts.data.store`, ``.arrow``) as the long table the jobs read."""
+    from lightning_dpts.data.sources import period_freq
+    from lightning_dpts.data.store import SeriesStore
+
+    store = SeriesStore(path)
+    if store.freq is None or store.start_ordinals is None:
+        raise ConfigurationError("data", str(path), "is a series store without time stamps; write it with starts "
+                                 "and freq (write_store of a long table, or store_from_file)")
+    if freq is not None and period_freq(freq) != store.freq:
+        raise ConfigurationError("freq", freq, f"the series store {path.name} has freq={store.freq!r}; omit --freq")
+    table = store.to_frame()
+    table.attrs["source_columns"] = ("item_id", "timestamp", "target")
+    table.attrs["timestamp_style"] = {"format": None, "anchor": None}
+    _STORE_TABLES[id(table)] = (weakref.ref(table), store)
+    return table, store.freq
+
+
+#: id(table) -> (weak reference to the table, its store): the tables read from a store, unchanged (a filtered or
+#: clipped table is another object, so it is never mistaken for its store).
+_STORE_TABLES: dict[int, tuple[Any, Any]] = {}
+
+
+def store_of(table: Any) -> Any:
+    """The :class:`~lightning_dpts.data.store.SeriesStore` ``table`` was read from by :func:`load_long_table`, if
+    ``table`` is that very object (not a filtered, clipped or copied table), else ``None``: the datamodule then
+    samples from the mapped store instead of the table's values (the same values; issue 41)."""
+    entry = _STORE_TABLES.get(id(table))
+    if entry is None or entry[0]() is not table:
+        return None
+    return entry[1]
 
 
 def timestamp_style(stamps: pd.Series, freq: str) -> dict[str, Any]:
@@ -117,7 +156,7 @@ def format_stamps(periods: pd.PeriodIndex, style: dict[str, Any] | None) -> list
 
 
 def load_fit_table(config: Any) -> tuple[pd.DataFrame, str, str]:
-    """The table of a :class:`~lightning_dpts.config.FitConfig` (its ``data`` file, or the bundled
+    """The table of a :class:`~lightning_dpts.app.config.FitConfig` (its ``data`` file, or the bundled
     ``us_employment`` data when ``data`` is ``None``), its frequency and the name the report gives the data."""
     if config.data is None:
         from lightning_dpts.data.sources import load_dataset

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
+from lightning_dpts.outputs import pyplot, save_figure
 
 __all__ = ["PRIVATE_PLOT_NOTICE", "plot_epsilon", "plot_forecasts", "read_epsilon_log", "save_figure"]
 
@@ -33,15 +34,6 @@ PRIVATE_PLOT_NOTICE = (
 _COLORS = {"dp": "C0", "non_dp": "C1", "seasonal_naive": "C2", "autoets": "C4"}
 _LABELS = {"dp": "private model (DP-SGD)", "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive",
            "autoets": "AutoETS"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def read_epsilon_log(metrics_csv: str | Path, name: str = "epsilon") -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +60,7 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
         theorem, kind: the accountant's theorem and bound kind (e.g. ``"Theorem 4.4"``, ``"tight"``).
         spent: the exact final epsilon of the report (marked with a dot), if known.
     """
-    plt = _pyplot()
+    plt = pyplot()
     steps = np.asarray(steps)
     epsilon = np.asarray(epsilon, dtype=float)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -90,23 +82,6 @@ def plot_epsilon(path: str | Path, steps: Sequence[int] | np.ndarray, epsilon: S
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, dpi=120)
-
-
-def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Save ``fig`` as a PNG at ``path`` atomically (:func:`lightning_dpts.outputs.atomic_path`) and close it.
-
-    No time stamp is written into the file (matplotlib's PNG metadata names only its version), so a plot of public
-    numbers is the same bytes in every run.
-    """
-    from lightning_dpts.outputs import atomic_path
-
-    plt = _pyplot()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format="png")
-    finally:
-        plt.close(fig)
-    return Path(path)
 
 
 def _dates(start: Any, length: int, offset: int = 0) -> Any:
@@ -133,7 +108,7 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
     """
     if not inputs or count < 1:
         raise ConfigurationError("count", min(count, len(inputs)), "needs at least one forecast window to plot")
-    plt = _pyplot()
+    plt = pyplot()
     count = min(count, len(inputs))
     fig, axes = plt.subplots(count, 1, figsize=(7.5, 2.4 * count + 0.6), squeeze=False)
     order = [k for k in ("dp", "non_dp", "seasonal_naive", "autoets") if k in forecasts]

@@ -62,7 +62,7 @@ def _load(args: argparse.Namespace) -> tuple[list, str]:
     else:
         if not Path(args.data).is_file():
             raise ConfigurationError("data", args.data, "no such file (or a bundled dataset name)")
-        from lightning_dpts.loading import load_long_table
+        from lightning_dpts.data.loading import load_long_table
 
         table, freq = load_long_table(args.data, args.id_column, args.timestamp_column, args.value_column, args.freq)
         collection = to_collection(table, freq=freq, id_column="item_id", timestamp_column="timestamp",
@@ -92,7 +92,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    """Run ``dpts tune``; ConfigurationError propagates (exit status 2 in :func:`lightning_dpts.cli.main`)."""
+    """Run ``dpts tune``; ConfigurationError propagates (exit status 2 in :func:`lightning_dpts.app.cli.main`)."""
     _check(args)  # before reading data or importing torch
     candidates = None
     if args.candidates is not None:

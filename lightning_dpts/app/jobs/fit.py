@@ -3,27 +3,27 @@
 :func:`run_fit` is what ``dpts fit`` runs. Phases:
 
 1. load and validate the data (the bundled ``us_employment`` by default, or a long-format CSV/Parquet file;
-   :mod:`lightning_dpts.loading`) and fill the unset options (the recipe; :mod:`lightning_dpts.geometry`);
-2. build the GluonTS torch LightningModule (:mod:`lightning_dpts.forecasters`) and the
+   :mod:`lightning_dpts.data.loading`) and fill the unset options (the recipe; :mod:`lightning_dpts.app.geometry`);
+2. build the GluonTS torch LightningModule (:mod:`lightning_dpts.app.forecasters`) and the
    :class:`~lightning_dpts.data.StructuredSubsamplingDataModule`;
 3. take the noise multiplier as given or calibrate it for (epsilon, delta, epochs) with the accountant
-   (:mod:`lightning_dpts.budget`);
+   (:mod:`lightning_dpts.app.budget`);
 4. train with :class:`~lightning_dpts.training.DPForecastStrategy` and
    :class:`~lightning_dpts.training.AccountantCallback` (stops before the budget is exceeded);
 5. optionally train the same model without DP for the same number of steps;
 6. forecast the held-out test windows (``--evaluation rolling`` or ``last``) with GluonTS predictors and score
    them (CRPS = mean weighted quantile loss as GluonTS reports it, MASE, MAE of the median, interval coverage)
    next to the yardstick: seasonal naive with calibrated intervals, AutoETS and AutoTheta
-   (:mod:`lightning_dpts.baselines`, :mod:`lightning_dpts.scoring`) and the non-DP twin;
+   (:mod:`lightning_dpts.baselines`, :mod:`lightning_dpts.app.scoring`) and the non-DP twin;
 7. write the run directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
    every file written atomically), split by what the (epsilon, delta) guarantee covers
-   (:mod:`lightning_dpts.reporting`). At the top, public: ``report.json`` (configuration, epsilon, delta, sigma,
+   (:mod:`lightning_dpts.app.reporting`). At the top, public: ``report.json`` (configuration, epsilon, delta, sigma,
    C, sampling spec, ledger, recipe, the epsilon curve and the ``"files"`` manifest saying for each file whether
    the guarantee covers it), ``epsilon.png`` (from the accountant, no data), the DP model (``dp-model.ckpt``,
-   ``predictor/``, ``model.json``; :mod:`lightning_dpts.export`). Under ``private/``, computed from the private
+   ``predictor/``, ``model.json``; :mod:`lightning_dpts.app.export`). Under ``private/``, computed from the private
    data without DP and not covered: ``evaluation.json`` (metrics of every model on the held-out windows,
    baselines, verdict, levers), ``forecasts.png`` (``private_plots=False`` skips it) and the Lightning logs
-   ``logs/`` (noise-free training loss; the DP settings as hyperparameters, :mod:`lightning_dpts.hparams`).
+   ``logs/`` (noise-free training loss; the DP settings as hyperparameters, :mod:`lightning_dpts.training.hparams`).
    ``private_outputs=False`` writes nothing under ``private/``; the terminal shows the evaluation either way.
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.config import FitConfig
 from lightning_dpts.errors import ConfigurationError, TrainingRefused
 from lightning_dpts.outputs import PRIVATE_DIR
 
@@ -102,9 +102,9 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
     default: the process's memo.
     """
     config.validate()  # first, before the heavy imports: a bad option is refused at once
-    from lightning_dpts.budget import dp_callbacks, noise_multiplier
+    from lightning_dpts.app.budget import dp_callbacks, noise_multiplier
+    from lightning_dpts.app.resume import check_resume, resumed_config
     from lightning_dpts.outputs import OutputDirectory, check_output_dir
-    from lightning_dpts.resume import check_resume, resumed_config
 
     resume = None
     if config.resume is not None:  # the stored configuration; a conflicting option or a mismatched ledger: refused
@@ -141,8 +141,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
         predictions, inputs, raw_inputs, labels, baselines = _forecast_test_windows(
             config, data, dm, estimator, module, test_windows, init_seed, entropy, steps, progress, seasons[0],
             baseline_cache)
-        from lightning_dpts.reporting import private_report, public_report, write_run_files
-        from lightning_dpts.scoring import score_models
+        from lightning_dpts.app.reporting import private_report, public_report, write_run_files
+        from lightning_dpts.app.scoring import score_models
 
         windows = [w.window for w in dm.evaluation_windows("test")]
         metrics = score_models(predictions, labels, raw_inputs, windows, seasons[0])
@@ -159,7 +159,7 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
                 warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
         write_run_files(run_dir, out, config, report, private, steps=steps, table=data.table, inputs=inputs,
                         labels=labels, predictions=predictions)
-    from lightning_dpts.reporting import format_table
+    from lightning_dpts.app.reporting import format_table
 
     progress(format_table({**report, "private": private}))
     return {**report, "private": private}
@@ -186,8 +186,8 @@ def _torch_seed(entropy: Any, stream: int) -> int:
 
 def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     """Load the data, fill the unset options (the recipe, announced), drop short series, clip to a public range."""
-    from lightning_dpts.geometry import resolve_with_test_windows
-    from lightning_dpts.loading import drop_short_series, load_fit_table
+    from lightning_dpts.app.geometry import resolve_with_test_windows
+    from lightning_dpts.data.loading import drop_short_series, load_fit_table
     from lightning_dpts.privacy import NeighbouringRelation
 
     table, freq, name = load_fit_table(config)
@@ -227,11 +227,11 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
 
 
 def _seasons(config: FitConfig, freq: str) -> tuple[int, ...]:
-    """The seasons of the run (:func:`~lightning_dpts.forecasters.model_seasons`; public metadata), refused before
+    """The seasons of the run (:func:`~lightning_dpts.app.forecasters.model_seasons`; public metadata), refused before
     any work when the recipe's seasonal model could not read the primary one from its past window (the training
     parts are checked once the datamodule has dropped or refused the short series)."""
+    from lightning_dpts.app.forecasters import model_seasons
     from lightning_dpts.evaluation import check_season
-    from lightning_dpts.forecasters import model_seasons
     from lightning_dpts.recipe import RECIPE_MODEL
 
     seasons = model_seasons(config, freq)
@@ -245,8 +245,8 @@ def _model(config: FitConfig, freq: str, entropy: Any) -> tuple[Any, Any, int]:
     non-DP reference reuses its seed."""
     import torch
 
-    from lightning_dpts.export import make_checkpoint_loadable
-    from lightning_dpts.forecasters import make_estimator
+    from lightning_dpts.app.export import make_checkpoint_loadable
+    from lightning_dpts.app.forecasters import make_estimator
 
     init_seed = _torch_seed(entropy, 3)
     torch.manual_seed(init_seed)
@@ -257,8 +257,8 @@ def _model(config: FitConfig, freq: str, entropy: Any) -> tuple[Any, Any, int]:
 
 
 def _quiet_datamodule(config: FitConfig, data: _Data, module: Any, test_windows: int) -> Any:
-    """:func:`~lightning_dpts.geometry.build_datamodule` without the warnings ``run_fit`` gives itself."""
-    from lightning_dpts.geometry import build_datamodule
+    """:func:`~lightning_dpts.app.geometry.build_datamodule` without the warnings ``run_fit`` gives itself."""
+    from lightning_dpts.app.geometry import build_datamodule
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_SEEDED_WARNING)  # the seeded notice was given above
@@ -269,8 +269,8 @@ def _quiet_datamodule(config: FitConfig, data: _Data, module: Any, test_windows:
 def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: float,
                 progress: Callable[[str], None]) -> tuple[Any, int, str]:
     """(datamodule, test windows, why that many): the geometry, announced, with the cost of DeepAR's lags."""
-    from lightning_dpts.budget import lag_cost
-    from lightning_dpts.geometry import fit_test_windows
+    from lightning_dpts.app.budget import lag_cost
+    from lightning_dpts.app.geometry import fit_test_windows
 
     test_windows, windows_note = fit_test_windows(config, data.planned_windows, data.table, data.freq, module)
     try:
@@ -285,7 +285,7 @@ def _datamodule(config: FitConfig, data: _Data, module: Any, train_epsilon: floa
              f"model {config.model}, past window {spec.context_length} (incl. lags), horizon {spec.prediction_length}")
     if dm.dropped_series:
         progress(f"dropped {len(dm.dropped_series)} series too short for training (--drop-short-series)")
-    from lightning_dpts.console import warn_delta_above_one_over_n
+    from lightning_dpts.app.console import warn_delta_above_one_over_n
 
     warn_delta_above_one_over_n(config.delta, spec.num_series, "training series")
     cost = None if config.monte_carlo else lag_cost(  # the series-level Monte Carlo reading has no lag cost
@@ -308,13 +308,13 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
                       run_dir: Any, freq: str, progress: Callable[[str], None], run: tuple[Any, Any]) -> int:
     """Train privately, then export the DP model (checkpoint, predictor, model.json); returns the steps taken.
 
-    ``run``: (the configuration as given, the :class:`~lightning_dpts.resume.ResumeState` or ``None``):
-    ``ledger.json`` and ``checkpoints/last.ckpt`` are kept for ``--resume`` (:mod:`lightning_dpts.resume`)."""
+    ``run``: (the configuration as given, the :class:`~lightning_dpts.app.resume.ResumeState` or ``None``):
+    ``ledger.json`` and ``checkpoints/last.ckpt`` are kept for ``--resume`` (:mod:`lightning_dpts.app.resume`)."""
     import lightning as L
 
-    from lightning_dpts.export import MODEL_FILE, PREDICTOR_DIR, export_model
+    from lightning_dpts.app.export import MODEL_FILE, PREDICTOR_DIR, export_model
+    from lightning_dpts.app.resume import LAST_CHECKPOINT, RUN_LEDGER, make_run_ledger_callback
     from lightning_dpts.outputs import atomic_path
-    from lightning_dpts.resume import LAST_CHECKPOINT, RUN_LEDGER, make_run_ledger_callback
 
     out = Path(config.output_dir)
     logger: Any = False
@@ -322,7 +322,7 @@ def _train_and_export(config: FitConfig, estimator: Any, module: Any, dm: Any, s
         run_dir.register("private/logs/", f"private: Lightning {config.logger} logs (noise-free training loss of "
                          "private batches, epsilon by step, the DP settings as hyperparameters)")
         logger = make_logger(config.logger, out / PRIVATE_DIR)
-    from lightning_dpts.console import progress_bar_wanted, step_lines
+    from lightning_dpts.app.console import progress_bar_wanted, step_lines
 
     given, resume = run
     run_dir.register(RUN_LEDGER, "public: the run's configuration and privacy ledger (noisy steps taken, sigma, "
@@ -408,8 +408,8 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
     import lightning as L
     import torch
 
-    from lightning_dpts.forecasters import make_estimator
-    from lightning_dpts.scoring import baseline_forecasts, raw_evaluation
+    from lightning_dpts.app.forecasters import make_estimator
+    from lightning_dpts.app.scoring import baseline_forecasts, raw_evaluation
 
     pairs = dm.gluonts_test_pairs("test")
     inputs = [p[0] for p in pairs]
@@ -429,7 +429,7 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
                                   callbacks=_averaging(config))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SEEDED_WARNING)
-            from lightning_dpts.geometry import build_datamodule
+            from lightning_dpts.app.geometry import build_datamodule
 
             plain_dm = build_datamodule(config, data.table, data.freq, plain, test_windows, data.relation)
         plain_trainer.fit(plain, datamodule=plain_dm)

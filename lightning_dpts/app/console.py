@@ -165,7 +165,7 @@ def dpts_console(verbose: bool = False, write: Callable[[str], None] = print) ->
         return
     levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
     with warnings.catch_warnings():
-        # this package's deprecations (old column names, lightning_dpts.columns): shown, once each
+        # this package's deprecations (old column names, lightning_dpts.data.columns): shown, once each
         warnings.filterwarnings("default", category=DeprecationWarning, message="lightning-dpts: ")
         for pattern in KNOWN_THIRD_PARTY_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern)

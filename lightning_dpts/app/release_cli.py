@@ -1,8 +1,8 @@
 """``dpts release epsilon|noise``: accounting for privatised forecast releases (time-domain subsampling).
 
-Wiring into the ``dpts`` command (``lightning_dpts/cli.py``)::
+Wiring into the ``dpts`` command (``lightning_dpts/app/cli.py``)::
 
-    from lightning_dpts.release.cli import RELEASE_OPTION_NAMES, add_release_parser, run_release
+    from lightning_dpts.app.release_cli import RELEASE_OPTION_NAMES, add_release_parser, run_release
     add_release_parser(sub)                  # in build_parser(), next to the "privacy" sub-command
     if args.command == "release":            # in main(), inside the try/except ConfigurationError
         return run_release(args)

@@ -46,7 +46,7 @@ SYNTH_OPTION_NAMES = {
 
 def add_synth_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``dpts synth`` to the ``dpts`` subparsers."""
-    from lightning_dpts.synthetic.pipeline import SynthConfig
+    from lightning_dpts.app.synth_pipeline import SynthConfig
     from lightning_dpts.synthetic.privacy import PROTECTS, RELATIONS, UNITS
 
     d = SynthConfig()
@@ -64,7 +64,7 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"time stamp column (default {d.timestamp_column})")
     p.add_argument("--value-column", default=d.value_column, metavar="COLUMN",
                    help=f"value column (default {d.value_column})")
-    from lightning_dpts.columns import add_deprecated_time_column
+    from lightning_dpts.data.columns import add_deprecated_time_column
 
     add_deprecated_time_column(p)
     p.add_argument("--freq", help="pandas frequency (default: inferred)")
@@ -133,18 +133,18 @@ def _numbers(text: str | None, parameter: str, kind: type) -> list | None:
 
 
 def _dp_sgd_reference(fit_config: Any) -> dict[str, Any]:
-    """``--compare-dp-sgd``: the ``dpts fit`` job (:func:`lightning_dpts.jobs.fit.run_fit`, quiet) on the
+    """``--compare-dp-sgd``: the ``dpts fit`` job (:func:`lightning_dpts.app.jobs.fit.run_fit`, quiet) on the
     comparison's config; the command line composes the two jobs, neither imports the other."""
-    from lightning_dpts.jobs.fit import run_fit
+    from lightning_dpts.app.jobs.fit import run_fit
 
     return run_fit(fit_config, progress=lambda _m: None)
 
 
 def run_synth_command(args: argparse.Namespace) -> int:
-    """Build a :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` from ``args`` and run it
-    (:func:`lightning_dpts.jobs.synth.run_synth`)."""
-    from lightning_dpts.console import dpts_console, progress_bar_wanted
-    from lightning_dpts.jobs.synth import SynthConfig, run_synth
+    """Build a :class:`~lightning_dpts.app.synth_pipeline.SynthConfig` from ``args`` and run it
+    (:func:`lightning_dpts.app.jobs.synth.run_synth`)."""
+    from lightning_dpts.app.console import dpts_console, progress_bar_wanted
+    from lightning_dpts.app.jobs.synth import SynthConfig, run_synth
 
     epochs = _numbers(args.pretrain_epochs, "pretrain_epochs", int)
     config = SynthConfig(

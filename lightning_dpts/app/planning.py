@@ -20,7 +20,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from lightning_dpts.config import FIT_RANGES, FitConfig
+from lightning_dpts.app.config import FIT_RANGES, FitConfig
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
 
@@ -47,7 +47,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
     ``--steps`` become optional at parse time; :func:`resolve_planning` then requires what the chosen mode
     needs and names the missing option.
     """
-    from lightning_dpts.config import add_option
+    from lightning_dpts.app.config import add_option
 
     for action in parser._actions:  # argparse has no public API to relax ``required`` after the fact
         if action.dest in (*_FROM_DATA, *_FIT_DEFAULTED) or (needs_steps and action.dest == "steps"):
@@ -59,11 +59,11 @@ def add_planning_options(parser: argparse.ArgumentParser, *, needs_steps: bool, 
         "held-out test window); the past window includes the lags of --model. Unset options take dpts fit's "
         "defaults (the recipe: docs/recipe.md); --prediction-length defaults to 12.",
     )
-    # dpts fit's declarations (lightning_dpts.config), with dpts fit's defaults
+    # dpts fit's declarations (lightning_dpts.app.config), with dpts fit's defaults
     add_option(group, "data", default=None, help="long-format CSV or Parquet file")
     for name in ("id_column", "timestamp_column", "value_column", "freq"):
         add_option(group, name, default=FitConfig.__dataclass_fields__[name].default)
-    from lightning_dpts.columns import add_deprecated_time_column
+    from lightning_dpts.data.columns import add_deprecated_time_column
 
     add_deprecated_time_column(group)
     add_option(group, "model", default=None,
@@ -81,16 +81,16 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     """The ``sampling_spec`` of the datamodule ``dpts fit`` builds for ``config`` (a :class:`FitConfig`).
 
     Reads the data, fills unset options as ``dpts fit`` does (the recipe,
-    :func:`lightning_dpts.geometry.resolve_config`, including its short-series threshold), builds the model (for its
+    :func:`lightning_dpts.app.geometry.resolve_config`, including its short-series threshold), builds the model (for its
     past length: context plus lags) and the :class:`~lightning_dpts.data.StructuredSubsamplingDataModule` with the
-    same :func:`~lightning_dpts.geometry.build_datamodule` as ``dpts fit``, without training. ``num_dims`` is the
+    same :func:`~lightning_dpts.app.geometry.build_datamodule` as ``dpts fit``, without training. ``num_dims`` is the
     relation's D (Appendix I.1), which ``dpts fit`` leaves at 1.
     """
     import warnings
 
-    from lightning_dpts.forecasters import make_estimator
-    from lightning_dpts.geometry import build_datamodule, fit_test_windows, resolve_with_test_windows
-    from lightning_dpts.loading import drop_short_series, load_fit_table
+    from lightning_dpts.app.forecasters import make_estimator
+    from lightning_dpts.app.geometry import build_datamodule, fit_test_windows, resolve_with_test_windows
+    from lightning_dpts.data.loading import drop_short_series, load_fit_table
 
     config.validate()
     table, freq, _ = load_fit_table(config)

@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_dpts.config import FitConfig
-from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.synthetic.pipeline import (
+from lightning_dpts.app.config import FitConfig
+from lightning_dpts.app.synth_pipeline import (
     EVALUATION_NOTE,
     KEEP_ON_OVERWRITE,
     SynthConfig,
@@ -42,6 +41,7 @@ from lightning_dpts.synthetic.pipeline import (
     tstr_scores,
     write_synthetic,
 )
+from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["SynthConfig", "run_synth"]
 
@@ -51,8 +51,8 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
     """Run ``dpts synth`` (see the module docstring); returns the public report written to ``report.json``.
 
     ``compare``: with ``compare_dp_sgd`` (and ``tstr``), the job that trains the DP-SGD reference from its
-    :class:`~lightning_dpts.config.FitConfig` and returns its report, e.g.
-    ``lambda c: lightning_dpts.jobs.fit.run_fit(c, progress=lambda _m: None)`` (what ``dpts synth --compare-dp-sgd``
+    :class:`~lightning_dpts.app.config.FitConfig` and returns its report, e.g.
+    ``lambda c: lightning_dpts.app.jobs.fit.run_fit(c, progress=lambda _m: None)`` (what ``dpts synth --compare-dp-sgd``
     passes; no job imports another).
 
     The returned dict additionally holds ``"private"``: the evaluation computed from the private data (what
@@ -67,7 +67,7 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
     if config.tstr and config.compare_dp_sgd and compare is None:
         raise ConfigurationError(
             "compare_dp_sgd", True, "needs run_synth(..., compare=...): the dpts fit job that trains the DP-SGD "
-            "reference, e.g. compare=lambda c: lightning_dpts.jobs.fit.run_fit(c, progress=lambda _m: None)")
+            "reference, e.g. compare=lambda c: lightning_dpts.app.jobs.fit.run_fit(c, progress=lambda _m: None)")
     check_output_dir(config.output_dir, config.overwrite)  # a file, a non-empty or a locked directory: refused
     started = time.perf_counter()
     entropy = resolve_entropy(config.seed)
@@ -124,7 +124,7 @@ def _private_data(config: SynthConfig, log: Callable[[str], None]) -> dict[str, 
         f"steps (unit: {config.unit}" + (f", at most {config.max_windows_per_series} per series, weight 1/"
                                           f"{config.max_windows_per_series}" if config.unit == "series" else "")
         + (f"; last {holdout} steps of every series held out for TSTR)" if holdout else ")"))
-    from lightning_dpts.console import warn_delta_above_one_over_n
+    from lightning_dpts.app.console import warn_delta_above_one_over_n
 
     if config.unit == "series":
         warn_delta_above_one_over_n(config.delta, len(series), "series")
@@ -137,7 +137,7 @@ def _public_windows(config: SynthConfig) -> tuple[np.ndarray | None, str]:
     """(windows of the file declared public, or ``None`` for the rule-based generator; the source's name)."""
     if config.public_data is None:
         return None, "rule-based generator (PETS Eq. 2)"
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
     from lightning_dpts.synthetic.evolution import private_windows
     from lightning_dpts.synthetic.pretrain import check_public_windows
 
@@ -332,7 +332,7 @@ def _dp_sgd(config: SynthConfig, out: Path | None, log: Callable[[str], None],
 
 
 def _dp_sgd_config(config: SynthConfig, out: Path) -> Any:
-    """The :class:`~lightning_dpts.config.FitConfig` of the DP-SGD comparison (DLinear, same budget and horizon)."""
+    """The :class:`~lightning_dpts.app.config.FitConfig` of the DP-SGD comparison (DLinear, same budget and horizon)."""
     return FitConfig(data=config.data, id_column=config.id_column, timestamp_column=config.timestamp_column,
                      value_column=config.value_column, freq=config.freq, prediction_length=config.prediction_length,
                      context_length=config.length - config.prediction_length, model="dlinear",

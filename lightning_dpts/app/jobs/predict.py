@@ -1,7 +1,7 @@
 """``dpts predict``: forecast new data with the model a ``dpts fit`` run exported, as quantiles in a CSV file.
 
-The model is read back with :mod:`lightning_dpts.export`, the data with :mod:`lightning_dpts.loading`; the CSV is
-written atomically (:mod:`lightning_dpts.outputs`). Forecasting is post-processing of the DP model.
+The model is read back with :mod:`lightning_dpts.app.export`, the data with :mod:`lightning_dpts.data.loading`;
+the CSV is written atomically (:mod:`lightning_dpts.outputs`). Forecasting is post-processing of the DP model.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lightning_dpts.app.export import check_quantiles, forecast_table, load_predictor, model_frequency
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.export import check_quantiles, forecast_table, load_predictor, model_frequency
 from lightning_dpts.outputs import atomic_path
 
 __all__ = ["predict_to_csv"]
@@ -31,11 +31,11 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
             (missing periods inside a series become missing values).
         output: the CSV file to write: the id and time stamp columns under the names ``data`` uses, ``horizon``,
             ``mean`` and one column per quantile level; time stamps in the format of ``data``'s own (e.g.
-            ``2024-06-01`` after a monthly series that ends ``2024-05-01``; :func:`lightning_dpts.loading.
+            ``2024-06-01`` after a monthly series that ends ``2024-05-01``; :func:`lightning_dpts.data.loading.
             format_stamps`).
         id_column, timestamp_column, value_column: column names in ``data``; each ``None`` (default): the one
             the ``dpts fit`` run read its data with (``model.json``), else ``item_id``, ``timestamp``, ``target``
-            (:mod:`lightning_dpts.columns`). ``time_column`` is the deprecated name of ``timestamp_column``.
+            (:mod:`lightning_dpts.data.columns`). ``time_column`` is the deprecated name of ``timestamp_column``.
         freq: pandas frequency; default: the model's (from ``model.json``), else inferred from the time stamps.
             A frequency different from the model's is an error.
         quantiles: quantile levels in (0, 1); default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`.
@@ -45,14 +45,14 @@ def predict_to_csv(model: str | Path, data: str | Path, output: str | Path, *, i
     Returns:
         The table written.
     """
-    from lightning_dpts.columns import DEFAULT_ID_COLUMN, DEFAULT_TIMESTAMP_COLUMN, DEFAULT_VALUE_COLUMN
+    from lightning_dpts.app.export import model_columns
+    from lightning_dpts.data.columns import DEFAULT_ID_COLUMN, DEFAULT_TIMESTAMP_COLUMN, DEFAULT_VALUE_COLUMN
+    from lightning_dpts.data.loading import load_long_table
     from lightning_dpts.data.sources import period_freq, to_collection
-    from lightning_dpts.export import model_columns
-    from lightning_dpts.loading import load_long_table
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
     if time_column is not None:
-        from lightning_dpts.columns import renamed_parameter
+        from lightning_dpts.data.columns import renamed_parameter
 
         renamed_parameter("predict_to_csv(time_column=...)", "timestamp_column")
         timestamp_column = timestamp_column or time_column
