@@ -44,6 +44,8 @@ MODULES = [
     ("lightning_dpts.app.export", None),
     ("lightning_dpts.app.planning", None),
     ("lightning_dpts.app.plots", None),
+    ("lightning_dpts.tuning", ["tune", "Candidate", "default_candidates"]),
+    ("lightning_dpts.privacy.selection", ["RandomStoppingAccountant", "profile_rdp"]),
 ]
 
 

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "lightning_dpts"
 APP = "lightning_dpts.app"
 #: The modules the package root may hold: the plugin (docs/architecture.md lists each in its layer picture).
 ROOT_MODULES = {"__init__", "baselines", "distributed", "errors", "evaluation", "gluonts", "metrics", "outputs",
-                "randomness", "recipe"}
+                "randomness", "recipe", "tuning"}
 ROOT_PACKAGES = {"app", "audit", "data", "models", "privacy", "release", "synthetic", "training"}
 MAX_CLASS_LINES = 400
 

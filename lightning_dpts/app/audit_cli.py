@@ -30,6 +30,7 @@ AUDIT_OPTION_NAMES: dict[str, str] = {
     "max_grad_norm": "--max-grad-norm",
     "confidence": "--confidence",
     "config": "--config",
+    "runs": "--runs",
 }
 
 
@@ -46,6 +47,11 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
                        help="a dpts fit YAML: its epsilon, delta, level, size, value_bound, max_grad_norm, seed and "
                             "data are audited (the options below override them)")
     audit.add_argument("--quick", action="store_true", help="1024 canaries, 5 steps (default 32768, 5)")
+    audit.add_argument("--check", action="store_true",
+                       help="the CI regression check: 512 canaries, 5 steps, white-box only; exit "
+                            "code 1 if the primary bound exceeds the accountant's epsilon (docs/audit.md)")
+    audit.add_argument("--runs", type=int, default=None, metavar="R",
+                       help="independent trainings whose canaries are pooled, in [1, 1000] (default 1)")
     audit.add_argument("--epsilon", type=float, default=None, metavar="E",
                        help="the accountant's epsilon to calibrate for, in (0, 100] (default 8)")
     audit.add_argument("--delta", type=float, default=None, metavar="D", help="delta in (0, 0.1] (default 1e-5)")
@@ -58,7 +64,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     audit.add_argument("--magnitude", type=float, default=None, metavar="A",
                        help="difference between a canary's two worlds per step (default: the value bound, else 100)")
     audit.add_argument("--max-grad-norm", type=float, default=None, metavar="C", help="clipping norm (default 1)")
-    audit.add_argument("--confidence", type=float, default=0.95, help="confidence of the bounds (default 0.95)")
+    audit.add_argument("--confidence", type=float, default=None,
+                       help="confidence of the bounds, in (0, 1) (default 0.999)")
     audit.add_argument("--no-black-box", action="store_true", help="skip the black-box (final model) score")
     audit.add_argument("--seed", type=int, default=None,
                        help="explicit seed for the canaries' coins, sampling, initialisation and DP noise, for "
@@ -97,7 +104,11 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
     options: dict[str, Any] = _from_config(args.config) if args.config else {}
     relation = options.pop("relation", None)
-    for name in ("epsilon", "delta", "canaries", "steps", "magnitude", "max_grad_norm", "seed"):
+    if args.check:
+        from lightning_dpts.audit.runner import CHECK_OPTIONS
+
+        options.update(CHECK_OPTIONS)
+    for name in ("epsilon", "delta", "canaries", "steps", "magnitude", "max_grad_norm", "seed", "runs"):
         value = getattr(args, name)
         if value is not None:
             options[name] = value
@@ -106,8 +117,10 @@ def run_audit_command(args: argparse.Namespace) -> int:
     from lightning_dpts.app.console import dpts_console
 
     with dpts_console(False) as console:
-        result = run_audit(quick=args.quick, relation=relation, confidence=args.confidence,
-                           black_box=not args.no_black_box, output_dir=args.output_dir, overwrite=args.overwrite,
+        confidence = args.confidence if args.confidence is not None else 0.999
+        black_box = options.pop("black_box", True) and not args.no_black_box
+        result = run_audit(quick=args.quick, relation=relation, confidence=confidence,
+                           black_box=black_box, output_dir=args.output_dir, overwrite=args.overwrite,
                            progress=None if args.json else console.say, **options)
     if args.json:
         print(json.dumps(result.as_dict(), sort_keys=True))
@@ -115,4 +128,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
         print(f"results written to {args.output_dir}/: public: report.json (configuration, the accountant's "
               "epsilon); NOT covered, keep private: private/ (audit.json with the bounds, audit.png, scores.csv)",
               file=sys.stdout)
+    if args.check and result.white_box_epsilon > result.accountant_epsilon:
+        print(f"dpts audit --check: FAILED: the primary bound {result.white_box_epsilon:.3f} exceeds the "
+              f"accountant's epsilon {result.accountant_epsilon:.3f}", file=sys.stderr)
+        return 1
     return 0

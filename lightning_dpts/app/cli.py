@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_parser(sub)
     _add_predict_parser(sub)
     from lightning_dpts.app.synth_cli import add_synth_parser
+    from lightning_dpts.app.tune_cli import add_tune_parser
 
+    add_tune_parser(sub)
     add_synth_parser(sub)
     from lightning_dpts.app.release_cli import add_release_parser
 
@@ -553,6 +555,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from lightning_dpts.app.synth_cli import run_synth_command
 
             return run_synth_command(args)
+        if args.command == "tune":
+            from lightning_dpts.app.tune_cli import run_tune_command
+
+            return run_tune_command(args)
         if args.command == "audit":
             from lightning_dpts.app.audit_cli import run_audit_command
 
@@ -565,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = {**option_flags(), **_OPTION_NAMES, **RELEASE_OPTION_NAMES}
         if args.command == "synth":
             names.update(SYNTH_OPTION_NAMES)
+        if args.command == "tune":
+            from lightning_dpts.app.tune_cli import TUNE_OPTION_NAMES
+
+            names.update(TUNE_OPTION_NAMES)
         if args.command == "audit":
             from lightning_dpts.app.audit_cli import AUDIT_OPTION_NAMES
 

@@ -658,7 +658,17 @@ def check_resumed(loaded: dict[str, Any], sigma: float, spec: SamplingSpec) -> N
 
 
 def set_budget(ledger: Any, epsilon: float, delta: float) -> None:
-    """This fit's budget is the model's total: the ledger records it (a warning if earlier steps had another)."""
+    """This fit's budget is the model's total: the ledger records it (a warning if earlier steps had another).
+
+    Weights released by private selection (:func:`lightning_dpts.tuning.tune`) are refused: their epsilon covers a
+    search of several runs (Papernot & Steinke 2022, Theorem 2), which this accountant, counting one run's steps,
+    would silently drop. (The Monte Carlo path refuses every non-empty ledger.)"""
+    selection = getattr(ledger, "selection", None)
+    if selection:
+        raise ConfigurationError(
+            "model", f"selected by {selection.get('procedure', 'private selection')}",
+            f"its epsilon={selection.get('epsilon')} covers a search over {selection.get('K')} candidates that "
+            "a continuation cannot add to; train a fresh model, or include the continuation in the search")
     if ledger.budget is not None and ledger.budget != (epsilon, delta):
         rank_zero_warn(
             f"AccountantCallback: the model's earlier steps were accounted with the budget "
