@@ -142,7 +142,7 @@ def main() -> None:
     # private numbers, printed here for the data owner; listed before the strategy (non_dp copies the initial model)
     evaluation = HeldOutEvaluation(predictor=predictor, non_dp=args.non_dp)
     trainer = L.Trainer(**{**plan.trainer_kwargs, "callbacks": [evaluation, *plan.trainer_kwargs["callbacks"]]},
-                        accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        accelerator="cpu", enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=False)
     trainer.fit(module, datamodule=dm)
     print(plan.accountant.report)

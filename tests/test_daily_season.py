@@ -39,7 +39,10 @@ def test_dpts_fit_on_daily_births_uses_the_week(tmp_path, capsys):
     private = json.loads((out / "private" / "evaluation.json").read_text())
     model = json.loads((out / "model.json").read_text())
     assert report["seasons"]["season_lengths"] == [7] and "from the frequency" in report["seasons"]["source"]
-    assert model["estimator"]["kwargs"]["season_length"] == 7
+    kwargs = model["estimator"]["kwargs"]  # the default model resolves its seasons from the public frequency
+    from lightning_dpts.data.seasonality import season_lengths
+
+    assert kwargs["freq"] == "D" and season_lengths(kwargs["freq"], kwargs["season_length"]) == (7,)
     assert private["evaluation"]["season_length"] == 7 and "season 7" in printed
     metrics = private["metrics"]
     # the week is most of the day-to-day variation: seasonal naive at m = 7 forecasts two weeks ahead with a MASE
