@@ -64,9 +64,12 @@ __all__ = ["INITIAL_WEIGHTS", "CombinationEstimator", "CombinationLightningModul
 INITIAL_WEIGHTS: dict[str, float] | None = None
 #: Weight of the in-sample error feature at initialisation: softmax weights proportional to MSE_k^-8 (a near-hard
 #: choice of the best-fitting candidate of each window, as AutoETS chooses by its in-sample fit).
-INITIAL_SELECTION = -8.0
+INITIAL_SELECTION = -1.0
+#: Weight of the hold-out error feature at initialisation (the log ratio of a candidate's squared error forecasting
+#: the window's last q = min(H, P // 3) values from the values before them, to the candidates' mean).
+INITIAL_HOLDOUT = -1.0
 #: The spread's weights at initialisation on [1, log h, log(d / u)]: sigma_h = u h^0.4 (d / u)^0.3.
-INITIAL_SPREAD: tuple[float, float, float] = (0.0, 0.4, 0.3)
+INITIAL_SPREAD: tuple[float, float, float] = (-0.1, 0.4, 0.15)
 _OFF_LOGIT = -6.0  # logit of a candidate left out at initialisation
 _MIN_SCALE = 1e-10
 _MIN_SPREAD = 1e-3  # smallest u and d, in scaled units
@@ -87,8 +90,8 @@ def usable_seasons(seasons: Sequence[int], context_length: int) -> tuple[int, ..
 
 def num_parameters(candidates: int) -> int:
     """Trainable parameters of a :class:`CombinationModel` with ``candidates`` classical forecasts: the gate's
-    3K + 1 weights and the spread's 3."""
-    return 3 * candidates + 1 + 3
+    3K + 2 weights and the spread's 3."""
+    return 3 * candidates + 2 + 3
 
 
 def _check(prediction_length: int, context_length: int) -> None:
@@ -134,7 +137,14 @@ class CombinationModel(nn.Module):
         self.register_buffer("step_share", steps / h, persistent=False)
         self.register_buffer("eye", torch.eye(k), persistent=False)
         self.burn_in = min(max(self.seasons[0] if self.seasons else 2, 2), p - 1)
-        self.gate = nn.Linear(3 * k + 1, 1, bias=False)
+        # hold-out: each candidate forecasts the window's last q values from the P - q before them
+        self.holdout = min(h, p // 3)
+        hold_f, _ = classical.method_maps(p - self.holdout, self.holdout, self.seasons)
+        hold_adj, _ = classical.adjusted_maps(p - self.holdout, self.holdout, self.seasons)
+        pad = ((0, 0), (0, 0), (0, self.holdout))
+        self.register_buffer("raw_holdout", _as_map(np.pad(hold_f, pad)), persistent=False)
+        self.register_buffer("adj_holdout", _as_map(np.pad(hold_adj, pad)), persistent=False)
+        self.gate = nn.Linear(3 * k + 2, 1, bias=False)
         self.spread = nn.Linear(3, 1, bias=False)
         self.reset_weights()
 
@@ -146,9 +156,10 @@ class CombinationModel(nn.Module):
             for i, name in enumerate(self.names):
                 weight = 1.0 if INITIAL_WEIGHTS is None else INITIAL_WEIGHTS.get(name)
                 self.gate.weight[0, i] = math.log(weight) if weight else _OFF_LOGIT
-            self.gate.weight[0, -1] = INITIAL_SELECTION
+            self.gate.weight[0, -2] = INITIAL_SELECTION
+            self.gate.weight[0, -1] = INITIAL_HOLDOUT
             self.spread.weight.copy_(torch.tensor([INITIAL_SPREAD], dtype=self.spread.weight.dtype))
-        assert self.gate.weight.shape[1] == 3 * k + 1
+        assert self.gate.weight.shape[1] == 3 * k + 2
 
     def describe_inputs(self, batch_size: int = 1) -> InputSpec:
         """GluonTS input description: ``past_target`` and ``past_observed_values``, ``[batch, P]``."""
@@ -214,7 +225,16 @@ class CombinationModel(nn.Module):
         mse = ((errors ** 2) * both[:, None, :]).sum(-1) / count
         log_mse = (mse + _MIN_SPREAD ** 2).log()
         relative = log_mse - log_mse.mean(-1, keepdim=True)
-        return {"forecast": forecast, "relative": relative, "errors": errors, "flag": flag, "both": both,
+        q = self.holdout
+        held = z @ self.raw_holdout
+        if self.adjustable and p - q >= 2 * self.seasons[0]:
+            held = torch.lerp(held, z @ self.adj_holdout, flag)
+        seen = obs[:, p - q:]
+        held_mse = (((held.view(b, k, q) - z[:, None, p - q:]) ** 2) * seen[:, None, :]).sum(-1) \
+            / seen.sum(-1, keepdim=True).clamp(min=1.0)
+        log_held = (held_mse + _MIN_SPREAD ** 2).log()
+        holdout = log_held - log_held.mean(-1, keepdim=True)
+        return {"forecast": forecast, "relative": relative, "holdout": holdout, "errors": errors, "flag": flag, "both": both,
                 "count": count, "z": z, "obs": obs, "scale": scale}
 
     def forward(self, past_target: torch.Tensor, past_observed_values: torch.Tensor
@@ -233,6 +253,7 @@ class CombinationModel(nn.Module):
             onehot * self.step_share.to(dtype)[None, :, None, None],
             onehot * flag.to(dtype)[:, :, None, None],
             c["relative"].to(dtype)[:, None, :, None].expand(b, h, k, 1),
+            c["holdout"].to(dtype)[:, None, :, None].expand(b, h, k, 1),
         ], dim=-1)
         weights = torch.softmax(self.gate(features).squeeze(-1), dim=-1).double()  # [B, H, K]
         mu = (weights * forecast).sum(-1)
