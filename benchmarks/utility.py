@@ -13,7 +13,8 @@ horizon), the model (``--model``; default: unset, i.e. whatever ``dpts fit`` run
 1e-7, the protocol (``--evaluation rolling``: up to 4 rolling windows of the horizon per series, chosen from the
 public lengths; ``last``: the last H points of every series, M4's) and the seed; everything else is ``dpts fit``'s
 default, including the non-DP twin (the same model trained without DP for the same steps) and the baselines:
-seasonal naive with calibrated intervals, AutoETS and AutoTheta (statsforecast). Reported, per dataset x epsilon x
+seasonal naive with calibrated intervals, AutoETS and AutoTheta (statsforecast), these fitted to every held-out
+window (``--baseline-windows 0``, not ``dpts fit``'s capped subsample). Reported, per dataset x epsilon x
 protocol, mean (and sd) over the seeds: MASE (seasonal scaling by the primary season, M4) and CRPS (mean weighted
 quantile loss over the quantiles 0.1-0.9, GluonTS ``mean_wQuantileLoss``) of every model, the ratios private /
 best baseline (per metric) and private / twin, and the targets of issue 37's "Done when", marked met or not.
@@ -136,7 +137,7 @@ def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protoc
     """One ``run_fit`` call; returns the row appended to ``results.jsonl``."""
     out = run_dir / "tmp" / f"{name}-{epsilon:g}-{protocol}-{seed}"
     values = {**base, "epsilon": epsilon, "delta": DELTA, "seed": seed, "evaluation": protocol, "non_dp": True,
-              "baselines": True, "private_plots": False, "private_outputs": False, "output_dir": str(out),
+              "baselines": True, "baseline_windows": 0, "private_plots": False, "private_outputs": False, "output_dir": str(out),
               "overwrite": True}
     if model != DEFAULT_MODEL:
         values["model"] = model
