@@ -137,7 +137,8 @@ def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protoc
     """One ``run_fit`` call; returns the row appended to ``results.jsonl``."""
     out = run_dir / "tmp" / f"{name}-{epsilon:g}-{protocol}-{seed}"
     values = {**base, "epsilon": epsilon, "delta": DELTA, "seed": seed, "evaluation": protocol, "non_dp": True,
-              "baselines": True, "baseline_windows": 0, "private_plots": False, "private_outputs": False, "output_dir": str(out),
+              "baselines": True, "baseline_windows": 0, "private_plots": False, "private_outputs": False,
+              "output_dir": str(out),
               "overwrite": True}
     if model != DEFAULT_MODEL:
         values["model"] = model

@@ -16,9 +16,10 @@ accountant counts, trap 3), ``H`` the horizon, ``m_1, m_2, ...`` the seasons
    ``z = x / s``; a missing value reads as the last observed one before it (the first observed one at the start);
 2. **candidates**: K classical forecasts ``F_k`` ``[H]`` and their one-step in-sample fits, each a fixed linear map
    of ``z`` (:mod:`lightning_dpts.models.classical`: naive, two drifts, SES at six constants, three Holt, three
-   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts). The non-seasonal methods run on the seasonally
-   adjusted window (classical additive decomposition) when the window passes the M4 benchmarks' seasonality test at
-   lag m_1 (90%, Makridakis et al. 2020), else on the window as it is;
+   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts).
+   The non-seasonal methods run on the seasonally adjusted window (classical additive decomposition) when the
+   window passes the M4 benchmarks' seasonality test at lag m_1 (90%, Makridakis et al. 2020), else on the window
+   as it is;
 3. **weights**: ``w_{h,k} = softmax_k(gate(x_{h,k}))`` with one ``nn.Linear(3K + 2, 1)`` over features of
    candidate k at step h: its one-hot (a per-candidate bias), one-hot times h/H, one-hot times the seasonality flag,
    the log ratio of its in-sample one-step mean squared error to the candidates' mean, and the same log ratio of its
@@ -241,8 +242,8 @@ class CombinationModel(nn.Module):
             / seen.sum(-1, keepdim=True).clamp(min=1.0)
         log_held = (held_mse + _MIN_SPREAD ** 2).log()
         holdout = log_held - log_held.mean(-1, keepdim=True)
-        return {"forecast": forecast, "relative": relative, "holdout": holdout, "errors": errors, "flag": flag, "both": both,
-                "count": count, "z": z, "obs": obs, "scale": scale}
+        return {"forecast": forecast, "relative": relative, "holdout": holdout, "errors": errors, "flag": flag,
+                "both": both, "count": count, "z": z, "obs": obs, "scale": scale}
 
     def forward(self, past_target: torch.Tensor, past_observed_values: torch.Tensor
                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
