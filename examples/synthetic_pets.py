@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from lightning_dpts.jobs.synth import SynthConfig, run_synth
+from lightning_dpts.app.jobs.synth import SynthConfig, run_synth
 from lightning_dpts.synthetic import PETSAccountant, theorem_2_epsilon
 
 

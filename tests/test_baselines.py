@@ -186,7 +186,7 @@ def test_capped_baselines_fit_only_the_subsample(monkeypatch):
 def test_score_paired_compares_every_model_on_the_baselines_windows():
     from gluonts.model.forecast import QuantileForecast
 
-    from lightning_dpts.scoring import score_paired
+    from lightning_dpts.app.scoring import score_paired
 
     rng = np.random.default_rng(0)
     n, h = 12, 3

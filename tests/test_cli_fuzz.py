@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 PRIVACY_BASE = {
     "--num-series": "100", "--min-length": "50", "--context-length": "10", "--prediction-length": "5",
@@ -145,7 +145,7 @@ def test_memory_stays_bounded(argv):
     limit = 3 * 1024**3
     code = (
         f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
-        "from lightning_dpts.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from lightning_dpts.app.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 2), proc.stderr

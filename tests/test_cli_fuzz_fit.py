@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.config import FIT_RANGES
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FIT_RANGES
 
 NON_NUMERIC = ["abc", "", "1,5", "0x10", "one", "--", "1e", "[1]"]
 NOT_FINITE = ["nan", "inf", "-inf", "1e400", "-1e400"]
@@ -204,12 +204,13 @@ def test_fit_refused_after_training_began_exits_3_and_keeps_nothing(tiny_csv, tm
     step) exits 3, not 2 (which docs/cli.md keeps for input refused before any work): before issue 38 it exited 2."""
     from lightning_dpts.errors import ConfigurationError
     from lightning_dpts.training import DPForecastStrategy
+    from lightning_dpts.training.independence import SpotCheck
 
     def refuse_second(self, pl_module):
-        if self._fit_steps >= 1:
+        if self.context.fit_steps >= 1:
             raise ConfigurationError("model", type(pl_module).__name__, "forward mixes the windows (test)")
 
-    monkeypatch.setattr(DPForecastStrategy, "_spot_check", refuse_second)
+    monkeypatch.setattr(SpotCheck, "check", refuse_second)
     monkeypatch.setattr(DPForecastStrategy, "__init__", _with_spot_check(DPForecastStrategy.__init__))
     out = tmp_path / "run"
     err = _refused_without_traceback(

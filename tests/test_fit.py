@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 
 def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):
@@ -43,7 +43,7 @@ def test_two_default_fits_release_different_models_and_write_nothing_that_reprod
     """Issue 9 item 1: `dpts fit` without --seed uses secret OS entropy for sampling, noise and initialisation."""
     import torch
 
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     assert FitConfig().seed is None and FitConfig().secure_mode is False
     weights = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_privacy_epsilon_header_has_no_repeated_column(capsys):
 
 @pytest.mark.parametrize("cell", ["n/a", "NA", "null", "#N/A"])
 def test_text_in_value_column_is_refused(tmp_path, cell):
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     path = tmp_path / "d.csv"
     rows = [("a", f"2020-0{m}", str(m)) for m in range(1, 8)]
@@ -57,7 +57,7 @@ def test_text_in_value_column_is_refused(tmp_path, cell):
 
 @pytest.mark.parametrize("cell", ["", "NaN", "nan", "None"])
 def test_documented_missing_cells_are_missing(tmp_path, cell):
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     path = tmp_path / "d.csv"
     path.write_text("id,timestamp,value\n" + "".join(
@@ -72,7 +72,7 @@ def test_documented_missing_cells_are_missing(tmp_path, cell):
     ["synth", "--data", "/nonexistent/d.csv", "--output-dir", "/nonexistent/out"],
 ])
 def test_missing_data_file_reported_before_heavy_imports(argv):
-    code = ("import sys; from lightning_dpts.cli import main\n"
+    code = ("import sys; from lightning_dpts.app.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             "heavy = [m for m in ('torch', 'lightning', 'gluonts') if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
@@ -87,7 +87,7 @@ def test_missing_data_file_reported_before_heavy_imports(argv):
 
 
 def test_fit_config_refuses_missing_data_file():
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     with pytest.raises(ConfigurationError, match="no such file"):
         FitConfig(data="/nonexistent/d.csv").validate()

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lightning_dpts.cli import main
-from lightning_dpts.console import DeltaWarning
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.console import DeltaWarning
 
 _BASE = ["--prediction-length", "6", "--model", "simple_feedforward", "--batch-size", "8", "--epochs", "3",
          "--epsilon", "8", "--delta", "0.05", "--monte-carlo-samples", "20000", "--no-non-dp",
