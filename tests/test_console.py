@@ -10,6 +10,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
 from lightning_dpts.app import console as console_module
 from lightning_dpts.app.console import KNOWN_THIRD_PARTY_WARNINGS, dpts_console
 
@@ -72,6 +74,7 @@ def test_lightning_info_lines_are_quiet_until_the_command_ends():
         log.setLevel(before)
 
 
+@pytest.mark.slow  # a 20-epoch fit in a fresh process
 def test_dpts_fit_output_is_short_with_the_recipe_and_the_verdict(tiny_csv, tmp_path):
     argv = ["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "20", "--seed", "1",
             "--output-dir", str(tmp_path / "run")]

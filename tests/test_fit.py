@@ -136,6 +136,7 @@ def test_default_job(tmp_path):
     assert len(rows) == report["steps"] and all(r["tpr_at_fpr_0.001"] and r["mu_gdp"] for r in rows)
 
 
+@pytest.mark.slow  # a whole fit with AutoETS; tests/test_baselines.py checks the statsforecast quantiles directly
 @pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")
 def test_autoets_baseline(tiny_csv, tmp_path, capsys):
     """The statsforecast baselines, capped (--baseline-windows 5): fitted to a fixed subsample of 5 windows, on which

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -76,14 +75,11 @@ def test_missing_data_file_reported_before_heavy_imports(argv):
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             "heavy = [m for m in ('torch', 'lightning', 'gluonts') if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
-    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    elapsed = time.perf_counter() - started
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=600)  # a hang guard only
     assert out.returncode == 2, out.stderr
     assert "--data: no such file" in out.stderr
-    assert "HEAVY []" in out.stdout
-    assert elapsed < 10
+    assert "HEAVY []" in out.stdout  # the work not done is counted: no torch, lightning or gluonts import
 
 
 def test_fit_config_refuses_missing_data_file():

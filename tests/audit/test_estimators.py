@@ -191,8 +191,9 @@ def test_grid_search_is_paid_for():
 
 
 @pytest.mark.parametrize("estimator, true_epsilon", [
-    ("one_run", 1.0), ("one_run", 4.0), ("one_run_fdp", 1.0), ("one_run_fdp", 4.0), ("one_run_gdp", 1.0),
-    ("one_run_gdp", 4.0), ("one_run_gdp_profile", 4.0),
+    ("one_run", 1.0), pytest.param("one_run", 4.0, marks=pytest.mark.slow), ("one_run_fdp", 1.0),
+    pytest.param("one_run_fdp", 4.0, marks=pytest.mark.slow), ("one_run_gdp", 1.0),
+    pytest.param("one_run_gdp", 4.0, marks=pytest.mark.slow), ("one_run_gdp_profile", 4.0),
 ])
 def test_gaussian_mechanism_soundness_over_seeds(estimator, true_epsilon):
     """A Gaussian mechanism with exact (ε, δ = 1e-5) (its μ from numerical integration), 20 fixed seeds of 2000
@@ -215,7 +216,7 @@ def test_gaussian_mechanism_soundness_over_seeds(estimator, true_epsilon):
     assert exceed <= 4
 
 
-@pytest.mark.parametrize("curve", ["gaussian", "gaussian_profile"])
+@pytest.mark.parametrize("curve", ["gaussian", pytest.param("gaussian_profile", marks=pytest.mark.slow)])
 def test_gdp_rejection_rate_at_the_true_mu(curve):
     """At confidence 0.5 and one grid point, the GDP estimators reject the true μ = 1 (report a larger μ) in at most
     half the seeds. 300 seeds of 1000 canaries; the count is Bin(300, p <= 0.5), allowed up to 177

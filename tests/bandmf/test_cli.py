@@ -110,6 +110,7 @@ def test_b_min_sep_refuses_cyclic_only_options(capsys):
     assert err.value.code == 2 and "--delta" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three console-script processes; tests/test_console.py checks the warn-once in-process
 def test_privacy_commands_warn_once_when_delta_is_at_least_one_over_n():
     done = _dpts("privacy", "epsilon", "--num-series", "50", "--min-length", "60", "--context-length", "6",
                  "--prediction-length", "6", "--batch-size", "8", "--noise-multiplier", "1", "--delta", "0.05",

@@ -117,6 +117,7 @@ def test_cyclic_bands_refuses_before_writing_anything(tiny_csv, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.slow  # a whole fit; tests/test_console.py checks the warn-once in-process
 def test_fit_warns_once_when_delta_is_at_least_one_over_n(tiny_csv, tmp_path):
     argv = ["fit", "--data", str(tiny_csv), *_CYCLIC, "--delta", "0.05", "--noise-multiplier", "3", "--epochs", "1",
             "--output-dir", str(tmp_path / "run")]

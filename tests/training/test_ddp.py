@@ -200,6 +200,7 @@ def test_a_non_finite_gradient_on_one_rank_stops_every_rank_at_the_same_step(run
     assert nan[0]["ledger_steps"] == nan[1]["ledger_steps"]
 
 
+@pytest.mark.slow  # two more processes; the non-finite-gradient test above checks the failure flag on the shared run
 def test_a_layer_frozen_on_one_rank_stops_every_rank_at_that_step_without_waiting(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -207,7 +208,7 @@ def test_a_layer_frozen_on_one_rank_stops_every_rank_at_that_step_without_waitin
     trainable set is fixed for the fit) used to be raised before the gradient all-reduce, which rank 0 had already
     entered: rank 0 then failed inside it with gloo's transport error ("Connection closed by peer"), which names
     neither the rank nor the cause. Now the refusal rides on the all-reduce's failure flag: both ranks raise at
-    step 3 within seconds (the collective timeout is 60 s), rank 0 with the error that points to the other rank's
+    step 3 without waiting for the collective's 60 s timeout, rank 0 with the error that points to the other rank's
     refusal, and no weight moves at that step on either rank."""
     _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory, "freeze", "frozen during DP training")
 
@@ -229,8 +230,9 @@ def _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory: pytest.T
     assert ranks[1]["error"] == "ConfigurationError" and message in ranks[1]["message"]
     assert ranks[0]["error"] == "RuntimeError" and "other rank(s)" in ranks[0]["message"]
     assert [r["ledger_steps"] for r in ranks] == [3, 3]  # steps 0-2 taken, step 3 refused on both ranks
-    for r in ranks:  # the collective's timeout is 60 s; the failure flag answers at once
-        assert r["seconds"] < 45, r["seconds"]
+    # the failure flag answered (rank 0's message names the other rank's refusal; the collective's 60 s timeout
+    # would raise gloo's own error instead), and no time is measured
+    for r in ranks:
         assert r["weights_after"] == r["weights_seen"][-1]  # the refused step changed no weight
     assert ranks[0]["weights_after"] == ranks[1]["weights_after"]
 
