@@ -13,7 +13,9 @@ horizon), the model (``--model``; default: unset, i.e. whatever ``dpts fit`` run
 1e-7, the protocol (``--evaluation rolling``: up to 4 rolling windows of the horizon per series, chosen from the
 public lengths; ``last``: the last H points of every series, M4's) and the seed; everything else is ``dpts fit``'s
 default, including the non-DP twin (the same model trained without DP for the same steps) and the baselines:
-seasonal naive with calibrated intervals, AutoETS and AutoTheta (statsforecast). Reported, per dataset x epsilon x
+seasonal naive with calibrated intervals, AutoETS and AutoTheta (statsforecast), these fitted to every held-out
+window (``--baseline-windows 0``, not ``dpts fit``'s capped subsample; ``--baseline-windows N`` caps them, and every
+model of that cell is then scored on the subsample, recorded in the row). Reported, per dataset x epsilon x
 protocol, mean (and sd) over the seeds: MASE (seasonal scaling by the primary season, M4) and CRPS (mean weighted
 quantile loss over the quantiles 0.1-0.9, GluonTS ``mean_wQuantileLoss``) of every model, the ratios private /
 best baseline (per metric) and private / twin, and the targets of issue 37's "Done when", marked met or not.
@@ -132,11 +134,12 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protocol: str, seed: int,
-             run_dir: Path, cache: Any) -> dict[str, Any]:
+             run_dir: Path, cache: Any, baseline_windows: int = 0) -> dict[str, Any]:
     """One ``run_fit`` call; returns the row appended to ``results.jsonl``."""
     out = run_dir / "tmp" / f"{name}-{epsilon:g}-{protocol}-{seed}"
     values = {**base, "epsilon": epsilon, "delta": DELTA, "seed": seed, "evaluation": protocol, "non_dp": True,
-              "baselines": True, "private_plots": False, "private_outputs": False, "output_dir": str(out),
+              "baselines": True, "baseline_windows": baseline_windows, "private_plots": False, "private_outputs": False,
+              "output_dir": str(out),
               "overwrite": True}
     if model != DEFAULT_MODEL:
         values["model"] = model
@@ -155,12 +158,12 @@ def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protoc
             "series": private["evaluation"]["series"], "forecasts": private["evaluation"]["forecasts"],
             "seasons": report["seasons"]["season_lengths"],
             "metrics": {k: {m: v for m, v in values.items() if m in keep} for k, values in private["metrics"].items()},
-            "baselines": private["baselines"], "verdict": private["verdict"],
+            "baselines": private["baselines"], "verdict": private["verdict"], "baseline_windows": baseline_windows,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
 def run_matrix(datasets: list[str], model: str, epsilons: list[float], protocols: list[str], seeds: list[int],
-               run_dir: Path, m4: str) -> None:
+               run_dir: Path, m4: str, baseline_windows: int = 0) -> None:
     """Run every cell not yet in ``run_dir/results.jsonl``, appending each as it finishes."""
     import torch
 
@@ -186,7 +189,8 @@ def run_matrix(datasets: list[str], model: str, epsilons: list[float], protocols
                         continue
                     cache = caches[name]
                     size = len(cache)
-                    row = run_cell(name, bases[name], model, epsilon, protocol, seed, run_dir, cache)
+                    row = run_cell(name, bases[name], model, epsilon, protocol, seed, run_dir, cache,
+                                   baseline_windows)
                     if len(cache) != size:
                         cache.save(run_dir / f"baselines-{name}.npz")
                     with results.open("a") as fh:
@@ -361,6 +365,9 @@ def main() -> None:
     parser.add_argument("--seeds", default=",".join(str(s) for s in SEEDS), help="comma-separated seeds")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="rolling,last")
     parser.add_argument("--table", action="store_true", help="only print the tables of RUN/results.jsonl")
+    parser.add_argument("--baseline-windows", type=int, default=0,
+                        help="fit AutoETS/AutoTheta to a fixed subsample of at most N windows per cell, every model "
+                             "scored on it (dpts fit's --baseline-windows; default 0: every window)")
     parser.add_argument("--m4", default=DATASETS["m4_weekly"]["data"])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="--accountant: override a FitConfig field")
@@ -410,7 +417,8 @@ def main() -> None:
                 parser.error(f"--protocols: {protocol!r} is not one of {', '.join(PROTOCOLS)}")
         print(f"SEEDED EXPERIMENT (seeds {seeds}): {SEEDED_NOTICE}", flush=True)
         started = time.perf_counter()
-        run_matrix(args.datasets.split(","), args.model, epsilons, protocols, seeds, args.run_dir, args.m4)
+        run_matrix(args.datasets.split(","), args.model, epsilons, protocols, seeds, args.run_dir, args.m4,
+                   args.baseline_windows)
         print(f"cells done in {time.perf_counter() - started:.0f} s", flush=True)
     print(f"delta = {DELTA:g}, event level; {args.run_dir / 'results.jsonl'}")
     print(tables(read_results(args.run_dir / "results.jsonl")))

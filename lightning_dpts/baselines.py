@@ -36,14 +36,21 @@ import numpy as np
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["BASELINES", "STATSFORECAST_BASELINES", "STATSFORECAST_HINT", "BaselineCache", "Baselines",
-           "baseline_quantiles", "best_baseline", "seasonal_naive_quantiles", "statsforecast_available",
-           "statsforecast_quantiles"]
+__all__ = ["BASELINES", "BASELINE_WINDOWS", "STATSFORECAST_BASELINES", "STATSFORECAST_HINT", "SUBSAMPLE_SEED",
+           "BaselineCache", "Baselines", "baseline_quantiles", "baseline_subset", "best_baseline",
+           "seasonal_naive_quantiles", "statsforecast_available", "statsforecast_quantiles"]
 
 #: The baselines' names in evaluation reports, in the order they are printed.
 BASELINES: tuple[str, ...] = ("seasonal_naive", "autoets", "autotheta")
 #: The baselines that need statsforecast.
 STATSFORECAST_BASELINES: tuple[str, ...] = ("autoets", "autotheta")
+#: Default cap on the held-out windows AutoETS and AutoTheta are fitted to (``dpts fit --baseline-windows``; 0: all).
+#: They cost ~0.1-0.5 s per window of a long history, the rest of a default ``dpts fit`` ~15 s in all; above the
+#: cap a fixed subsample of the windows is scored by every model (:func:`baseline_subset`).
+BASELINE_WINDOWS = 120
+#: Seed of the subsample :func:`baseline_subset` draws. Not privacy randomness: which windows are scored depends on
+#: their count only, and a fixed seed keeps the subsample (and so a cache of the fits) the same in every run.
+SUBSAMPLE_SEED = 37
 #: How to get the optional baselines.
 STATSFORECAST_HINT = "pip install 'lightning-dpts[baselines]' (or pip install statsforecast)"
 
@@ -223,16 +230,32 @@ class Baselines:
             skipped).
         fallbacks: name -> windows on which the model failed and seasonal naive stands in for it.
         skipped: why AutoETS and AutoTheta were not run (``None``: they were).
+        subset: the positions of the windows AutoETS and AutoTheta were fitted to, when capped
+            (:func:`baseline_subset`; their lists then hold those windows only, in this order); ``None``: every one.
     """
 
     forecasts: dict[str, list[np.ndarray]]
     fallbacks: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None
+    subset: list[int] | None = None
+
+
+def baseline_subset(count: int, most: int | None) -> list[int] | None:
+    """Positions of the windows AutoETS and AutoTheta are fitted to: all (``None``) when ``count <= most`` or
+    ``most`` is 0/``None``, else ``most`` of them drawn uniformly without replacement by a generator seeded with
+    :data:`SUBSAMPLE_SEED` (sorted). A function of the two counts only: the same windows in every run on the same
+    data, whatever the seed, the budget or the model, so the comparison is paired and its fits can be cached."""
+    for name, value in (("windows", count), ("baseline_windows", most)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+            raise ConfigurationError(name, value, "must be an integer >= 0")
+    if not most or count <= most:
+        return None
+    return sorted(int(i) for i in np.random.default_rng(SUBSAMPLE_SEED).choice(count, size=int(most), replace=False))
 
 
 def baseline_quantiles(histories: Sequence[Any], horizon: int, season: int, *, statsforecast: bool = True,
                        levels: Sequence[float] | None = None, cache: BaselineCache | None = None,
-                       progress: Any = None) -> Baselines:
+                       progress: Any = None, max_windows: int | None = None) -> Baselines:
     """Every baseline's ``[H, Q]`` forecast of each history (module docstring).
 
     Args:
@@ -244,6 +267,8 @@ def baseline_quantiles(histories: Sequence[Any], horizon: int, season: int, *, s
         levels: quantile levels (default 0.1, ..., 0.9).
         cache: where to memoise the statsforecast forecasts (default: the process's memo).
         progress: ``callable(str)`` told once how many fits will run (``None``: silent).
+        max_windows: fit AutoETS and AutoTheta to at most this many windows (:func:`baseline_subset`; the result's
+            ``subset`` says which); ``None`` or 0: every window. Seasonal naive always forecasts every window.
     """
     q = _levels(levels)
     out = Baselines({"seasonal_naive": [seasonal_naive_quantiles(h, horizon, season, q) for h in histories]})
@@ -254,15 +279,21 @@ def baseline_quantiles(histories: Sequence[Any], horizon: int, season: int, *, s
         out.skipped = f"the optional package statsforecast is not installed ({STATSFORECAST_HINT})"
         return out
     memo = _MEMO if cache is None else cache
-    keys = {name: [BaselineCache.key(name, _filled(h), horizon, season, q) for h in histories]
+    out.subset = baseline_subset(len(histories), max_windows)
+    chosen = range(len(histories)) if out.subset is None else out.subset
+    fitted = [histories[i] for i in chosen]
+    naives = [out.forecasts["seasonal_naive"][i] for i in chosen]
+    keys = {name: [BaselineCache.key(name, _filled(h), horizon, season, q) for h in fitted]
             for name in STATSFORECAST_BASELINES}
-    todo = sum(any(keys[name][i] not in memo for name in keys) for i in range(len(histories)))
+    todo = sum(any(keys[name][i] not in memo for name in keys) for i in range(len(fitted)))
     if progress is not None and todo:
-        progress(f"fitting AutoETS and AutoTheta to {todo} held-out window histories (statsforecast, about a "
-                 "second per long history; --no-baselines skips them) ...")
+        which = "" if out.subset is None else (f" (a fixed subsample of the {len(histories)} windows; every model is "
+                                               "compared on it; --baseline-windows 0 fits all)")
+        progress(f"fitting AutoETS and AutoTheta to {todo} held-out window histories{which} (statsforecast; "
+                 "--no-baselines skips them) ...")
     for name in STATSFORECAST_BASELINES:
         forecasts, failed = [], 0
-        for history, key, naive in zip(histories, keys[name], out.forecasts["seasonal_naive"], strict=True):
+        for history, key, naive in zip(fitted, keys[name], naives, strict=True):
             value = memo.get(key)
             if value is None:
                 try:

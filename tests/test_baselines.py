@@ -150,3 +150,61 @@ def test_check_season_names_the_option_and_the_reason():
         check_season(7, 100, context_length=7)
     with pytest.raises(ConfigurationError, match="season_length"):
         check_season(0, 100)
+
+
+def test_baseline_subset_is_a_fixed_function_of_the_counts():
+    assert bl.baseline_subset(50, 120) is None and bl.baseline_subset(500, 0) is None
+    assert bl.baseline_subset(500, None) is None
+    a = bl.baseline_subset(580, 120)
+    assert a == bl.baseline_subset(580, 120) and len(a) == 120 == len(set(a)) and a == sorted(a)
+    assert 0 <= a[0] and a[-1] < 580
+    # uniform: over many counts, early and late windows are picked alike (the last rolling windows are not favoured)
+    picks = np.concatenate([bl.baseline_subset(n, n // 4) for n in range(400, 800, 7)])
+    late = np.concatenate([np.asarray(bl.baseline_subset(n, n // 4)) >= n // 2 for n in range(400, 800, 7)])
+    assert abs(late.mean() - 0.5) < 0.03 and len(picks) > 5000  # sd ~0.007: a 4-sd band
+    with pytest.raises(ConfigurationError, match="baseline_windows"):
+        bl.baseline_subset(10, -1)
+
+
+def test_capped_baselines_fit_only_the_subsample(monkeypatch):
+    calls = []
+
+    def fake(method, history, horizon, season, levels=None):
+        calls.append(method)
+        return np.full((horizon, len(LEVELS)), float(len(history)))
+
+    monkeypatch.setattr(bl, "statsforecast_available", lambda: True)
+    monkeypatch.setattr(bl, "statsforecast_quantiles", fake)
+    histories = [np.arange(20.0 + i) for i in range(10)]
+    out = bl.baseline_quantiles(histories, 3, 2, cache=bl.BaselineCache(), max_windows=4)
+    assert out.subset == bl.baseline_subset(10, 4) and len(calls) == 8
+    assert len(out.forecasts["seasonal_naive"]) == 10 and len(out.forecasts["autoets"]) == 4
+    for i, q in zip(out.subset, out.forecasts["autotheta"], strict=True):  # aligned with the subset, in order
+        assert q[0, 0] == 20.0 + i
+
+
+def test_score_paired_compares_every_model_on_the_baselines_windows():
+    from gluonts.model.forecast import QuantileForecast
+
+    from lightning_dpts.app.scoring import score_paired
+
+    rng = np.random.default_rng(0)
+    n, h = 12, 3
+    keys = [str(q) for q in LEVELS]
+    start = __import__("pandas").Period("2020-01", freq="M")
+
+    def fc(value):
+        return QuantileForecast(np.full((len(LEVELS), h), value), start_date=start, forecast_keys=keys)
+
+    labels = [rng.normal(size=h) for _ in range(n)]
+    inputs = [{"target": rng.normal(size=20), "start": start} for _ in range(n)]
+    subset = [1, 4, 7]
+    preds = {"dp": [fc(0.0) for _ in range(n)], "seasonal_naive": [fc(1.0) for _ in range(n)],
+             "autoets": [fc(0.5) for _ in subset]}
+    paired, every = score_paired(preds, labels, inputs, list(range(n)), 1, subset)
+    assert paired["dp"]["forecasts"] == paired["autoets"]["forecasts"] == 3 and every["dp"]["forecasts"] == n
+    assert "autoets" not in every
+    mae = np.mean([np.abs(labels[i]).mean() for i in subset])
+    assert paired["dp"]["mae"] == pytest.approx(mae)
+    same, none = score_paired({"dp": preds["dp"]}, labels, inputs, list(range(n)), 1, None)
+    assert none is None and same["dp"]["forecasts"] == n

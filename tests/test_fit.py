@@ -138,13 +138,25 @@ def test_default_job(tmp_path):
 
 @pytest.mark.slow  # a whole fit with AutoETS; tests/test_baselines.py checks the statsforecast quantiles directly
 @pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")
-def test_autoets_baseline(tiny_csv, tmp_path):
+def test_autoets_baseline(tiny_csv, tmp_path, capsys):
+    """The statsforecast baselines, capped (--baseline-windows 5): fitted to a fixed subsample of 5 windows, on which
+    every model of the table and the verdict is scored; the other models also over every window."""
+    from lightning_dpts.baselines import baseline_subset
+
     out = tmp_path / "ets"
     assert main(["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "2", "--batch-size", "8",
-                 "--autoets", "--no-non-dp", "--output-dir", str(out)]) == 0
-    metrics = json.loads((out / "private" / "evaluation.json").read_text())["metrics"]
+                 "--autoets", "--no-non-dp", "--baseline-windows", "5", "--output-dir", str(out)]) == 0
+    evaluation = json.loads((out / "private" / "evaluation.json").read_text())
+    metrics = evaluation["metrics"]
     assert set(metrics) == {"dp", "seasonal_naive", "autoets", "autotheta"}
     assert np.isfinite(metrics["autoets"]["crps"]) and np.isfinite(metrics["autotheta"]["mase"])
+    total = evaluation["evaluation"]["forecasts"]
+    assert total > 5 and evaluation["baselines"]["windows"]["fitted"] == 5
+    assert {m["forecasts"] for m in metrics.values()} == {5}  # paired: every model on the same 5 windows
+    every = evaluation["metrics_all_windows"]
+    assert set(every) == {"dp", "seasonal_naive"} and every["dp"]["forecasts"] == total
+    assert len(baseline_subset(total, 5)) == 5
+    assert "fitted to a fixed subsample of 5 of the" in capsys.readouterr().out
 
 
 def test_missing_statsforecast_skips_the_baselines_and_says_how_to_install(tiny_csv, tmp_path, capsys, monkeypatch):

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_dpts.baselines import BASELINE_WINDOWS
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.evaluation import PROTOCOLS
 
@@ -131,7 +132,11 @@ class FitConfig:
             note when the package is missing).
         baselines: score AutoETS and AutoTheta (statsforecast, the optional extra ``lightning-dpts[baselines]``)
             next to seasonal naive with calibrated intervals (:mod:`lightning_dpts.baselines`); ``False``
-            (``--no-baselines``) skips them (they cost about a second per held-out window of a long series).
+            (``--no-baselines``) skips them (they cost up to about a second per held-out window of a long series).
+        baseline_windows: fit AutoETS and AutoTheta to at most this many held-out windows (0: all): above it, a
+            fixed subsample (:func:`~lightning_dpts.baselines.baseline_subset`) on which every model is scored for
+            the table and the verdict; ``private/evaluation.json["metrics_all_windows"]`` keeps the scores of the
+            other models over every window.
         evaluation: ``"rolling"`` (default): score ``test_windows`` rolling windows per series; ``"last"``: hold
             out and score only the last ``prediction_length`` steps of every series (the M4 protocol; the
             training part is then one window longer).
@@ -249,6 +254,10 @@ class FitConfig:
                          "default when the optional statsforecast package is installed, and are skipped otherwise)")
     baselines: bool = _opt(True, "bool", "skip the AutoETS and AutoTheta baselines (statsforecast; seasonal naive "
                            "with intervals is always scored)", flag="--no-baselines", negate=True)
+    baseline_windows: int = _opt(BASELINE_WINDOWS, "int", "fit AutoETS and AutoTheta to at most N held-out windows "
+                                 "(a fixed subsample on which every model is compared; default "
+                                 f"{BASELINE_WINDOWS}; 0: all)",
+                                 low=0, high=10**9, metavar="N")
     evaluation: str = _opt("rolling", "str", "evaluation protocol: rolling (default; several rolling test windows "
                            "per series) or last (the single last window: the last H points of every series, M4's)",
                            choices=PROTOCOLS)

@@ -111,8 +111,9 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
     plt = pyplot()
     count = min(count, len(inputs))
     fig, axes = plt.subplots(count, 1, figsize=(7.5, 2.4 * count + 0.6), squeeze=False)
-    order = [k for k in ("dp", "non_dp", "seasonal_naive", "autoets") if k in forecasts]
-    order += [k for k in forecasts if k not in order]
+    every = [k for k in forecasts if len(forecasts[k]) == len(inputs)]  # a subsample's baselines are not aligned
+    order = [k for k in ("dp", "non_dp", "seasonal_naive", "autoets") if k in every]
+    order += [k for k in every if k not in order]
     for row, ax in enumerate(axes[:, 0]):
         entry, truth = inputs[row], np.asarray(labels[row], dtype=float)
         target = np.asarray(entry["target"], dtype=float)

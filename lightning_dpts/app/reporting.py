@@ -131,11 +131,13 @@ def risk_report(accountant: Any, steps: int, privacy: Any, config: FitConfig) ->
 
 def private_report(config: FitConfig, report: dict[str, Any], *, metrics: dict[str, Any], spec: Any, steps: int,
                    test_windows: int, forecasts: int, season: int, started: float,
-                   baselines: Any = None) -> dict[str, Any]:
+                   baselines: Any = None, metrics_all_windows: dict[str, Any] | None = None) -> dict[str, Any]:
     """``private/evaluation.json``: metrics of every model, baselines, levers and the verdict (NOT covered).
 
     ``started`` is the run's ``time.perf_counter()`` at its start (the run's seconds are private: they depend on
-    the data). ``baselines``: the :class:`~lightning_dpts.baselines.Baselines` record (skip reason, fallbacks).
+    the data). ``baselines``: the :class:`~lightning_dpts.baselines.Baselines` record (skip reason, fallbacks,
+    subset). ``metrics_all_windows``: when the statsforecast baselines ran on a subsample of the windows (``metrics``
+    then scores every model on that subsample), the other models' metrics over every window.
     """
     from lightning_dpts.baselines import best_baseline
     from lightning_dpts.evaluation import verdict
@@ -153,7 +155,8 @@ def private_report(config: FitConfig, report: dict[str, Any], *, metrics: dict[s
             "season_lengths": seasons,
         },
         "metrics": metrics,
-        "baselines": baselines_note(baselines),
+        **({"metrics_all_windows": metrics_all_windows} if metrics_all_windows is not None else {}),
+        "baselines": baselines_note(baselines, forecasts),
         "seconds": round(time.perf_counter() - started, 1),
     }
     best = {metric: best_baseline(metrics, metric) for metric in ("crps", "mase")}
@@ -179,14 +182,21 @@ def evaluation_note(protocol: str) -> str:
             "(statsforecast); non_dp = the same model trained without DP")
 
 
-def baselines_note(baselines: Any) -> dict[str, Any]:
-    """The baselines' record for the evaluation: which ran, which were skipped and why, fallbacks per model."""
-    from lightning_dpts.baselines import BASELINES
+def baselines_note(baselines: Any, forecasts: int | None = None) -> dict[str, Any]:
+    """The baselines' record for the evaluation: which ran, which were skipped and why, fallbacks per model, and
+    the subsample of ``forecasts`` windows the statsforecast baselines were fitted to (``windows``: ``None`` = all)."""
+    from lightning_dpts.baselines import BASELINES, SUBSAMPLE_SEED
 
     if baselines is None:
-        return {"run": ["seasonal_naive"], "skipped": None, "fallbacks": {}}
+        return {"run": ["seasonal_naive"], "skipped": None, "fallbacks": {}, "windows": None}
+    subset = getattr(baselines, "subset", None)
+    windows = None if subset is None else {
+        "fitted": len(subset), "of": forecasts,
+        "rule": f"AutoETS and AutoTheta fitted to a subsample of the windows drawn uniformly without replacement "
+                f"(numpy default_rng({SUBSAMPLE_SEED}), a function of the window count only; --baseline-windows); "
+                "'metrics' scores every model on those windows, 'metrics_all_windows' the others on all"}
     return {"run": [name for name in BASELINES if name in baselines.forecasts], "skipped": baselines.skipped,
-            "fallbacks": dict(baselines.fallbacks)}
+            "fallbacks": dict(baselines.fallbacks), "windows": windows}
 
 
 def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str, Any], private: dict[str, Any], *,
@@ -365,6 +375,14 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"scored on {how} x {evaluation['series']} series ({evaluation['forecasts']} forecasts, never "
                      f"used for training); season {', '.join(str(m) for m in seasons)} (MASE scales by "
                      f"{seasons[0]})")
+        sub = (report.get("baselines") or {}).get("windows")
+        if sub:
+            every = report.get("metrics_all_windows") or {}
+            parts = [f"{names.get(k, k)} CRPS {v['crps']:.4f} MASE {v.get('mase', float('nan')):.3f}"
+                     for k, v in every.items()]
+            lines.append(f"AutoETS and AutoTheta were fitted to a fixed subsample of {sub['fitted']} of the "
+                         f"{sub['of']} forecasts (--baseline-windows; 0 fits all): the rows above score every model on "
+                         f"those; over all {sub['of']}: " + "; ".join(parts))
     bound = report["bound"]
     lines.append(f"privacy spent: epsilon={report['epsilon']:.4f} (budget {report['epsilon_budget']:g}), "
                  f"delta={report['delta']:g} after {report['steps']} steps; "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["baseline_forecasts", "raw_evaluation", "score_forecasts", "score_models"]
+__all__ = ["baseline_forecasts", "raw_evaluation", "score_forecasts", "score_models", "score_paired"]
 
 
 def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
@@ -47,11 +47,12 @@ def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
 
 
 def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, *,
-                       statsforecast: bool = True, cache: Any = None,
-                       progress: Any = None) -> tuple[dict[str, list[Any]], Any]:
+                       statsforecast: bool = True, cache: Any = None, progress: Any = None,
+                       max_windows: int | None = None) -> tuple[dict[str, list[Any]], Any]:
     """The baselines of :func:`lightning_dpts.baselines.baseline_quantiles` from the unclipped histories, as GluonTS
     ``QuantileForecast`` objects (what the plots and the DP release read); returns ``(forecasts by name, the
-    :class:`~lightning_dpts.baselines.Baselines` with the fallback counts and the skip reason)``."""
+    :class:`~lightning_dpts.baselines.Baselines` with the fallback counts and the skip reason)``. With
+    ``max_windows`` the statsforecast baselines' lists hold only the windows of ``Baselines.subset``."""
     from gluonts.model.forecast import QuantileForecast
 
     from lightning_dpts.baselines import baseline_quantiles
@@ -59,11 +60,12 @@ def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int,
 
     histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
     result = baseline_quantiles(histories, prediction_length, season, statsforecast=statsforecast, cache=cache,
-                                progress=progress)
+                                progress=progress, max_windows=max_windows)
     keys = [str(q) for q in DEFAULT_QUANTILES]
+    fitted = raw_inputs if result.subset is None else [raw_inputs[i] for i in result.subset]
     out = {name: [QuantileForecast(np.asarray(q).T, start_date=entry["start"] + len(entry["target"]),
                                    forecast_keys=keys, item_id=entry.get("item_id"))
-                  for q, entry in zip(quantiles, raw_inputs, strict=True)]
+                  for q, entry in zip(quantiles, raw_inputs if name == "seasonal_naive" else fitted, strict=True)]
            for name, quantiles in result.forecasts.items()}
     return out, result
 
@@ -76,3 +78,26 @@ def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], ra
     histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
     return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)
             for name, fc in predictions.items()}
+
+
+def score_paired(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
+                 windows: list[int], season: int, subset: list[int] | None
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]] | None]:
+    """(metrics every model is compared by, metrics over every window or ``None``).
+
+    ``subset`` (:attr:`~lightning_dpts.baselines.Baselines.subset`): the windows the statsforecast baselines were
+    fitted to, whose lists hold those windows only. Then every model is scored on those windows (a paired
+    comparison: the table and the verdict), and the models that forecast every window are also scored on all of
+    them. ``None``: one scoring over every window."""
+    from lightning_dpts.baselines import STATSFORECAST_BASELINES
+
+    if subset is None:
+        return score_models(predictions, labels, raw_inputs, windows, season), None
+    full = {k: v for k, v in predictions.items() if k not in STATSFORECAST_BASELINES}
+    every = score_models(full, labels, raw_inputs, windows, season)
+
+    def pick(seq: list[Any]) -> list[Any]:
+        return [seq[i] for i in subset]
+
+    paired = {k: (v if k in STATSFORECAST_BASELINES else pick(v)) for k, v in predictions.items()}
+    return score_models(paired, pick(labels), pick(raw_inputs), pick(windows), season), every

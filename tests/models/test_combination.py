@@ -95,7 +95,7 @@ def test_shapes_parameters_and_seasons():
     model = CombinationModel(prediction_length=5, context_length=36, seasons=[12, 1, 12, 400])
     assert model.seasons == (12,)  # 1, repeats and seasons >= P are not used
     k = len(model.names)
-    assert sum(p.numel() for p in model.parameters()) == num_parameters(k) == 3 * k + 4
+    assert sum(p.numel() for p in model.parameters()) == num_parameters(k) == 3 * k + 5
     assert all(isinstance(m, torch.nn.Linear) for m in model.modules() if list(m.parameters(recurse=False)))
     past = torch.rand(3, 36) + 1
     (mu, sigma), loc, scale = model(past, torch.ones(3, 36))
@@ -114,14 +114,16 @@ def test_refusals(bad):
 
 
 def test_untrained_model_is_the_initial_classical_combination():
-    """At initialisation the location is the softmax of -8 x the candidates' relative log in-sample MSE over the
-    candidates' forecasts (INITIAL_SELECTION, every prior weight equal): no learned component."""
+    """At initialisation the location is the softmax of INITIAL_SELECTION x the candidates' relative log in-sample
+    MSE plus INITIAL_HOLDOUT x their relative log hold-out MSE over the candidates' forecasts (every prior weight
+    equal): no learned component."""
     from lightning_dpts.models import combination
 
     model = CombinationModel(prediction_length=6, context_length=48, seasons=[12])
     past = torch.tensor(np.stack(_series(n=4, length=48)))
     c = model.candidates(past, torch.ones_like(past))
-    weights = torch.softmax(combination.INITIAL_SELECTION * c["relative"], dim=-1)
+    weights = torch.softmax(combination.INITIAL_SELECTION * c["relative"] + combination.INITIAL_HOLDOUT * c["holdout"],
+                            dim=-1)
     expected = (weights[:, None, :] * c["forecast"]).sum(-1)
     (mu, _), _, _ = model(past, torch.ones_like(past))
     torch.testing.assert_close(mu, expected.float(), rtol=1e-5, atol=1e-6)
@@ -220,3 +222,23 @@ def test_estimator_takes_its_seasons_from_the_frequency():
     with pytest.raises(ConfigurationError, match="lr_schedule"):
         CombinationEstimator(prediction_length=3, context_length=12, freq="M",
                              lr_schedule="plateau").create_lightning_module()
+
+
+def test_holdout_errors_by_hand():
+    """The hold-out feature: each candidate forecasts the window's last q = min(H, P // 3) values from the values
+    before them; naive repeats z[P-q-1], drift adds the mean step of z[0..P-q-1] (no season: no adjustment)."""
+    model = CombinationModel(prediction_length=6, context_length=30, seasons=[])
+    q = model.holdout
+    assert q == 6
+    rng = np.random.default_rng(3)
+    x = np.cumsum(rng.normal(size=(2, 30)), axis=1) + 20.0
+    past = torch.tensor(x, dtype=torch.float32)
+    c = model.candidates(past, torch.ones_like(past))
+    z = c["z"].numpy()
+    head, tail = z[:, : 30 - q], z[:, 30 - q:]
+    naive = ((tail - head[:, -1:]) ** 2).mean(-1)
+    slope = (head[:, -1] - head[:, 0]) / (head.shape[1] - 1)
+    drift = ((tail - head[:, -1:] - slope[:, None] * np.arange(1, q + 1)) ** 2).mean(-1)
+    log = np.log(np.stack([naive, drift], -1) + 1e-6)
+    got = c["holdout"].numpy()
+    np.testing.assert_allclose(got[:, 0] - got[:, 1], log[:, 0] - log[:, 1], rtol=1e-9, atol=1e-9)

@@ -142,10 +142,10 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
             config, data, dm, estimator, module, test_windows, init_seed, entropy, steps, progress, seasons[0],
             baseline_cache)
         from lightning_dpts.app.reporting import private_report, public_report, write_run_files
-        from lightning_dpts.app.scoring import score_models
+        from lightning_dpts.app.scoring import score_paired
 
         windows = [w.window for w in dm.evaluation_windows("test")]
-        metrics = score_models(predictions, labels, raw_inputs, windows, seasons[0])
+        metrics, every = score_paired(predictions, labels, raw_inputs, windows, seasons[0], baselines.subset)
         report = public_report(config, privacy=privacy, accountant=accountant, strategy=strategy, spec=spec,
                                sigma=sigma, steps=steps, test_windows=test_windows, windows_note=windows_note,
                                entropy=entropy, data_name=data.name, recipe=data.recipe, chosen=data.chosen,
@@ -153,7 +153,8 @@ def run_fit(config: FitConfig, progress: Callable[[str], None] = print, *,
                                relation=data.relation, predictions=predictions, labels=labels, inputs=inputs,
                                seasons=seasons)
         private = private_report(config, report, metrics=metrics, spec=spec, steps=steps, test_windows=test_windows,
-                                 forecasts=len(labels), season=seasons[0], started=started, baselines=baselines)
+                                 forecasts=len(labels), season=seasons[0], started=started, baselines=baselines,
+                                 metrics_all_windows=every)
         for line in private["verdict"]:
             if line.startswith("VERDICT"):
                 warnings.warn(f"dpts fit: {line}", UserWarning, stacklevel=2)
@@ -437,6 +438,7 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
         torch.manual_seed(eval_seed)
         predictions["non_dp"] = list(plain_predictor.predict(inputs))
     forecasts, baselines = baseline_forecasts(raw_inputs, config.prediction_length, season,
-                                              statsforecast=config.baselines, cache=baseline_cache, progress=progress)
+                                              statsforecast=config.baselines, cache=baseline_cache, progress=progress,
+                                              max_windows=config.baseline_windows)
     predictions.update(forecasts)
     return predictions, inputs, raw_inputs, labels, baselines
