@@ -219,7 +219,7 @@ def test_a_buffer_written_on_one_rank_stops_every_rank_at_that_step_without_wait
 ) -> None:
     """Rank 1 alone writes a statistic of its share of the batch into a buffer at step 3: the buffer refusal rides
     on the all-reduce's failure flag like the trainable-set refusal, so both ranks stop at step 3."""
-    _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory, "buffer", "buffer 'stat' (WithStat)")
+    _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory, "buffer", "WithStat buffer 'stat'")
 
 
 def _the_refusal_on_rank_1_stops_both_ranks_at_step_3(tmp_path_factory: pytest.TempPathFactory, kind: str,
