@@ -43,7 +43,19 @@ def _signature(obj: object) -> str:
     except (TypeError, ValueError):
         return ""
     params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
-    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+    text = str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+    if len(text) <= MAX_SIGNATURE:
+        return text
+    shown = []  # the leading parameters that fit, then "..." (help(name) shows them all)
+    for p in params:
+        if len(", ".join(shown + [str(p)])) > MAX_SIGNATURE - 7:
+            break
+        shown.append(str(p))
+    return "(" + ", ".join(shown + ["..."]) + ")"
+
+
+#: longer signatures are cut after the parameters that fit (characters)
+MAX_SIGNATURE = 80
 
 
 def render() -> str:
