@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 #: the plugin's public modules (the ``dpts`` application's helpers are not a library API: docs/cli.md); ``None``:
-#: the module's ``__all__``
+#: the module's ``__all__``; a list: the names a user starts from (``help(module)`` lists the rest)
 MODULES = [
     ("lightning_dpts.privacy", None),
     ("lightning_dpts.data", ["StructuredSubsamplingDataModule", "EvaluationWindow", "load_dataset", "to_collection"]),
@@ -19,8 +19,13 @@ MODULES = [
     ("lightning_dpts.models", None),
     ("lightning_dpts.gluonts", None),
     ("lightning_dpts.release", None),
-    ("lightning_dpts.synthetic", None),
-    ("lightning_dpts.audit", None),
+    ("lightning_dpts.synthetic", ["PETSAccountant", "calibrate_pets_noise", "theorem_2_epsilon", "sensitivity",
+                                  "generate_series", "private_windows", "private_evolution", "pretrain_public_models",
+                                  "ContextFID", "tstr_scores"]),
+    ("lightning_dpts.jobs.synth", ["SynthConfig", "run_synth"]),
+    ("lightning_dpts.audit", ["run_audit", "AuditResult", "AuditBound", "one_run_epsilon_lower_bound",
+                              "one_run_fdp_lower_bound", "one_run_tradeoff_test", "clopper_pearson_epsilon_lower_bound",
+                              "options_from_fit_config"]),
     ("lightning_dpts.distributed", None),
     ("lightning_dpts.privacy.montecarlo", None),
     ("lightning_dpts.data.bminsep", None),
