@@ -598,3 +598,21 @@ def test_the_quickstart_table_is_what_dpts_fit_prints(tmp_path: Path):
         pattern = re.sub(r"\\ +", " +", re.escape(line.strip()))
         pattern = re.sub(r"\d+(?:\\\.\d+)?(?:x)?", r"[\\d.]+x?", pattern)
         assert re.search(pattern, done.stdout), line
+
+
+def test_fit_default_yaml_is_the_default_job():
+    """examples/fit_default.yaml spells out the default job: every key is a FitConfig field at its default."""
+    import dataclasses
+
+    import yaml
+
+    from lightning_dpts.config import FitConfig
+
+    values = yaml.safe_load((ROOT / "examples" / "fit_default.yaml").read_text())
+    defaults = {f.name: f.default for f in dataclasses.fields(FitConfig)}
+    assert set(values) <= set(defaults)
+    assert {k: v for k, v in values.items() if v != defaults[k]} == {}
+    text = (ROOT / "examples" / "fit_default.yaml").read_text()
+    from lightning_dpts.recipe import RECIPE_MODEL
+
+    assert f"recipe: {RECIPE_MODEL}" in text
