@@ -320,9 +320,16 @@ class StateGuard(StateDictGuard):
     def check_step(self) -> None:
         """The per-step check: identities, sizes and version counters; an exact comparison only where one moved."""
         moved: list[_Object] = []
-        for get, key, value, o in self._entries:
-            if get(key, _MISSING) is not value:
-                moved.append(o)
+        entries = self._entries
+        for i, (get, key, value, o) in enumerate(entries):
+            now = get(key, _MISSING)
+            if now is not value:
+                if type(now) in _PLAIN and type(value) in _PLAIN:
+                    # a plain Python value replaced another (a timer's float, a counter): it holds no tensor, so
+                    # there is nothing to compare (as in _examine); track it without rebuilding the index
+                    entries[i] = (get, key, now, o)
+                else:
+                    moved.append(o)
         for holder, size, o in self._sizes:
             if len(holder) != size:
                 moved.append(o)
@@ -408,6 +415,8 @@ class StateGuard(StateDictGuard):
 
 
 _MISSING = object()
+#: Values that never hold a tensor: one replacing another needs no re-examination (:meth:`StateGuard.check_step`).
+_PLAIN = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 def _no_guard() -> None:

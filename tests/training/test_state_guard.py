@@ -234,6 +234,47 @@ def test_a_post_processing_callback_and_constant_state_keep_working():
     assert t.global_step == 4 and averaging.count == 4
 
 
+class _Timer(Callback):
+    """Keeps plain Python numbers that change every step (as a timer or a counter does)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.last = float(batch_idx) + 0.5
+        self.steps += 1
+
+
+def test_plain_values_that_change_every_step_cost_no_reindexing(monkeypatch):
+    """Work, counted: a callback whose Python floats and ints change at every step costs the per-step check one
+    identity test per value, not a re-examination and a rebuilt index (issue 44: a benchmark's step timer made the
+    guard rebuild its index at every step). A tensor appearing in the same attribute is still refused."""
+    from lightning_dpts.training.state_guard import StateGuard
+
+    calls = {"index": 0}
+    index = StateGuard._index
+
+    def counted(self):
+        calls["index"] += 1
+        return index(self)
+
+    monkeypatch.setattr(StateGuard, "_index", counted)
+    timer = _Timer()
+    _fit(LinearModule(DIM, lr=1.0), timer, max_steps=8)
+    assert timer.steps == 8
+    assert calls["index"] <= 2  # built once at the fit's start (a Lightning attribute swap may add one)
+
+    class _TensorTimer(_Timer):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if self.steps == 3:
+                self.last = outputs["loss"].detach()  # a noise-free function of the data, kept
+
+    with pytest.raises(ConfigurationError, match="callback _TensorTimer attribute 'last'"):
+        _fit(LinearModule(DIM, lr=1.0), _TensorTimer(), max_steps=8)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # L6: stopping and checkpoint rules on metrics computed without noise
 # ----------------------------------------------------------------------------------------------------------------
