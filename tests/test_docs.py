@@ -501,11 +501,33 @@ def _run(argv: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProces
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _run_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A quick ``dpts`` command through ``lightning_dpts.cli.main`` in this process (no interpreter start-up)."""
+    import contextlib
+    import io
+
+    from lightning_dpts.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(shlex.split(command)[1:])
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
+
+
 def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path) -> int:
     """Run the page's commands of these kinds, in order, in one working directory; returns how many ran."""
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
-    _fixture_files(cwd)
+    if kinds != {"quick"}:  # the quick commands read no files
+        _fixture_files(cwd)
     ran = 0
     for name, command, output in _documented_commands():
         if name != page or _kind(command) not in kinds:
@@ -513,7 +535,8 @@ def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path) -
         if "--model runs/demo" in command and not (cwd / "runs" / "demo").exists():  # the run it forecasts with
             done = _run(_argv("dpts fit --output-dir runs/demo", fast=True), cwd, 900)
             assert done.returncode == 0, done.stderr[-3000:]
-        done = _run(_argv(command, fast), cwd, 3000)
+        done = _run_in_process(command, cwd) if _kind(command) == "quick" and command.startswith("dpts ") \
+            else _run(_argv(command, fast), cwd, 3000)
         assert done.returncode == 0, f"{page}: {command}\n{done.stderr[-3000:]}"
         assert _output_matches(output, done.stdout), f"{page}: {command}: shown\n" + "\n".join(output) + \
             f"\nactual\n{done.stdout}"

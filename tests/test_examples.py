@@ -43,11 +43,10 @@ def _run_twice(argv: list[str], cwd: Path, timeout: int = 900) -> list[str]:
     return outputs
 
 
-#: example -> the arguments of a quick run (the fast suite)
+#: example -> the arguments of a quick run (the fast suite; the others take a minute or more on 2 shared cores even
+#: with small settings, so they run under -m slow)
 FAST = {
     "privacy_accounting.py": [],
-    "dp_accounting_event.py": ["--epochs", "2"],
-    "opacus_structured.py": ["--epochs", "2"],
 }
 #: example -> its own settings (minutes: slow)
 SLOW = {
