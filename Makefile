@@ -3,7 +3,7 @@
 PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test test-slow lint bench
 
 install:
 	$(PYTHON) -m pip install --quiet $(TORCH_PIN)
@@ -12,9 +12,18 @@ install:
 demo: install
 	dpts fit --output-dir runs/demo --overwrite
 
+# The fast suite on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in one process). One thread per worker:
+# the workers already use every core, and torch's own threads would only compete with them.
+PYTEST_WORKERS ?= auto
+PYTEST_XDIST = -n $(PYTEST_WORKERS) --dist loadfile
+
 test: install
 	$(PYTHON) -m ruff check lightning_dpts tests benchmarks examples
-	$(PYTHON) -m pytest
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(PYTEST_XDIST) --durations=15
+
+# The exhaustive statistical and end-to-end tests (marked slow; CI runs them after the fast suite).
+test-slow: install
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(PYTEST_XDIST) -m slow --durations=15
 
 bench: install
 	$(PYTHON) benchmarks/accountant.py

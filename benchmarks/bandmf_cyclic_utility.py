@@ -8,7 +8,7 @@ Usage::
 
 Results: docs/bandmf.md, "Measurements: amplified BandMF at delta = 1e-7".
 
-Every training is one call of :func:`lightning_dpts.jobs.fit.run_fit` with the dataset's public description, the
+Every training is one call of :func:`lightning_dpts.app.jobs.fit.run_fit` with the dataset's public description, the
 budget and a seed, nothing else: ``--bands 0`` is ``dpts fit`` without ``--bands`` (DP-SGD, the recipe's batch and
 steps, top level without replacement, Theorem 4.4 composed per step); ``--bands b`` is ``dpts fit --bands b``
 (BandMF with C optimised for participation every b steps, cyclic Poisson sampling in b groups, the recipe's batch at
@@ -39,8 +39,8 @@ def label(b: int) -> str:
 
 
 def run_one(base: dict[str, Any], epsilon: float, b: int, seed: int, workdir: Path) -> dict[str, Any]:
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.jobs.fit import run_fit
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.jobs.fit import run_fit
 
     values = {**base, "epsilon": epsilon, "delta": 1e-7, "seed": seed, "non_dp": b == 0, "private_plots": False,
               "output_dir": str(workdir / f"b{b}-e{epsilon:g}-s{seed}")}

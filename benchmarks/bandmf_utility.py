@@ -9,7 +9,7 @@ Usage::
 
 Results and commentary: docs/bandmf.md, "Utility: private CRPS at equal (epsilon, delta)".
 
-**What runs.** Every training is one call of :func:`lightning_dpts.jobs.fit.run_fit`, i.e. ``dpts fit --bands B
+**What runs.** Every training is one call of :func:`lightning_dpts.app.jobs.fit.run_fit`, i.e. ``dpts fit --bands B
 --noise-multiplier SIGMA`` as it ships: the recipe's model (``seasonal_linear``), past window, clipping norm,
 learning rate, short-series threshold and rolling test windows (docs/recipe.md), chosen from public metadata. Two
 things are fixed here for all methods alike, because b-min-sep needs them: the batch (N' series per step, with
@@ -72,11 +72,11 @@ def label(b: int) -> str:
 
 def plan(base: dict[str, Any], epsilon: float, delta: float, factor: int, max_bands: int) -> dict[str, Any]:
     """The run ``run_fit`` will do for ``base`` at (epsilon, delta): epochs, steps, N, N'/N (public metadata only)."""
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.forecasters import make_estimator as _estimator
+    from lightning_dpts.app.geometry import fit_test_windows, resolve_with_test_windows
     from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
-    from lightning_dpts.forecasters import make_estimator as _estimator
-    from lightning_dpts.geometry import fit_test_windows, resolve_with_test_windows
-    from lightning_dpts.loading import drop_short_series, load_long_table
+    from lightning_dpts.data.loading import drop_short_series, load_long_table
     from lightning_dpts.privacy import NeighbouringRelation
 
     given = FitConfig.from_mapping({**base, "epsilon": epsilon, "delta": delta})
@@ -171,8 +171,8 @@ def share_verification() -> None:
 
 def run_one(base: dict[str, Any], p: dict[str, Any], epsilon: float, delta: float, b: int, sigma: float,
             samples: int, seed: int, non_dp: bool, workdir: Path) -> dict[str, Any]:
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.jobs.fit import run_fit
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.jobs.fit import run_fit
 
     values = {**base, "epsilon": epsilon, "delta": delta, "epochs": p["epochs"], "bands": b,
               "noise_multiplier": sigma, "monte_carlo_samples": samples, "seed": seed, "non_dp": non_dp,

@@ -515,7 +515,7 @@ def run_one(name: str, size: int, args: argparse.Namespace, order: list[str]) ->
         # step, so the plain step counts its new gradients (allocated in backward) and DP counts no noise: add the
         # step's noise vector (drawn from the step's start, after the previous step's gradients are released, and
         # handed out as this step's gradient), alive for the whole step; drawn at the optimizer step instead (no
-        # spare core, see DPForecastStrategy._prepare_noise), it is the main thread's and the profiler counts it
+        # spare core, see NoisyStep.prepare_noise), it is the main thread's and the profiler counts it
         if measured["dp"][1]:
             peaks["dp"] += 4 * n
         print(f"{name:8s} {size:6d} {'memory':8s} {n:8d} {peaks['plain'] / 2**20:8.1f}M {peaks['dp'] / 2**20:7.1f}M "

@@ -52,7 +52,7 @@ def load(name: str, m4_path: str) -> tuple[pd.DataFrame, str, int]:
     """(long table with item_id/timestamp/target, freq, horizon) of a benchmark dataset; ``NAME/k`` keeps every
     k-th series (sorted ids), to vary the number of series N and so N/r."""
     from lightning_dpts.data import load_dataset
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     base, _, every = name.partition("/")
     if base == "us_employment":

@@ -28,10 +28,10 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
     "accountant": ("python examples/privacy_accounting.py",
                    [sys.executable, str(ROOT / "examples" / "privacy_accounting.py")]),
     "fit-no-baselines": ("dpts fit --output-dir runs/demo --overwrite --no-baselines",
-                         [sys.executable, "-m", "lightning_dpts.cli", "fit", "--output-dir", "{run}",
+                         [sys.executable, "-m", "lightning_dpts.app.cli", "fit", "--output-dir", "{run}",
                           "--no-baselines"]),
     "fit": ("dpts fit --output-dir runs/demo --overwrite  (make demo)",
-            [sys.executable, "-m", "lightning_dpts.cli", "fit", "--output-dir", "{run}"]),
+            [sys.executable, "-m", "lightning_dpts.app.cli", "fit", "--output-dir", "{run}"]),
 }
 
 

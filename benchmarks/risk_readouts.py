@@ -61,8 +61,8 @@ def fits(count: int) -> None:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     import lightning_dpts.training.accountant_callback as ac
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.jobs.fit import run_fit
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.jobs.fit import run_fit
 
     record: dict[str, list[float]] = {}
     state = {"dp": False, "risk": True}

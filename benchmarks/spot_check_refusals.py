@@ -31,10 +31,10 @@ def fit_once(data: str, steps: int) -> dict:
     """One default ``dpts fit`` training with a spot check at every step; what the spot check did."""
     import lightning as L
 
-    from lightning_dpts.budget import dp_callbacks, noise_multiplier
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.budget import dp_callbacks, noise_multiplier
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.jobs import fit as job
     from lightning_dpts.errors import ConfigurationError
-    from lightning_dpts.jobs import fit as job
 
     options = {} if data == "us_employment" else dict(data=M4, id_column="id", timestamp_column="timestamp",
                                                       value_column="value", prediction_length=13)

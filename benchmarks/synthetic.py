@@ -5,7 +5,7 @@ Usage::
     python benchmarks/synthetic.py [--datasets us_employment,m4_weekly] [--epsilons 0.5,1,2,4,8] [--seeds 3]
         [--units series,window] [--m4-path /work/shared/data/m4_weekly.csv.gz] [--output-dir bench-synth]
 
-For every dataset, privacy unit and seed, the steps of ``dpts synth`` (:mod:`lightning_dpts.jobs.synth`, with its
+For every dataset, privacy unit and seed, the steps of ``dpts synth`` (:mod:`lightning_dpts.app.jobs.synth`, with its
 default settings: one round, threshold one noise std, M = 128, lookahead 4) are run with the library's own pieces
 on the same private windows and the same public models:
 
@@ -63,12 +63,12 @@ def bench_dataset(dataset: str, epsilons: list[float], seeds: int, units: list[s
                   out: Path) -> list[dict]:
     import torch
 
+    from lightning_dpts.app.synth_pipeline import SynthConfig, load_series, tstr_scores
     from lightning_dpts.randomness import resolve_entropy
     from lightning_dpts.synthetic.evolution import private_evolution, private_windows
     from lightning_dpts.synthetic.generator import standardize_windows
     from lightning_dpts.synthetic.metrics import ContextFID
     from lightning_dpts.synthetic.models import variation_schedule
-    from lightning_dpts.synthetic.pipeline import SynthConfig, load_series, tstr_scores
     from lightning_dpts.synthetic.pretrain import PretrainConfig, pretrain_public_models
     from lightning_dpts.synthetic.privacy import calibrate_pets_noise, sensitivity
 

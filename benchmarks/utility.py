@@ -7,8 +7,8 @@ Usage::
     python benchmarks/utility.py --accountant [--datasets ...] [--epsilons 1,4]     # sigma by test windows
     python benchmarks/utility.py --python-path [...]                                 # issue 27's matrix
 
-Every cell (dataset x epsilon x protocol x seed) is one call of :func:`lightning_dpts.jobs.fit.run_fit` with a
-:class:`~lightning_dpts.config.FitConfig` that sets only what describes the dataset (file, columns, frequency,
+Every cell (dataset x epsilon x protocol x seed) is one call of :func:`lightning_dpts.app.jobs.fit.run_fit` with a
+:class:`~lightning_dpts.app.config.FitConfig` that sets only what describes the dataset (file, columns, frequency,
 horizon), the model (``--model``; default: unset, i.e. whatever ``dpts fit`` runs by default), epsilon, delta =
 1e-7, the protocol (``--evaluation rolling``: up to 4 rolling windows of the horizon per series, chosen from the
 public lengths; ``last``: the last H points of every series, M4's) and the seed; everything else is ``dpts fit``'s
@@ -53,8 +53,8 @@ from typing import Any
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before numpy/torch/numba load: one thread per run on a shared machine
 
-from lightning_dpts.config import FitConfig  # noqa: E402
-from lightning_dpts.jobs.fit import run_fit  # noqa: E402
+from lightning_dpts.app.config import FitConfig  # noqa: E402
+from lightning_dpts.app.jobs.fit import run_fit  # noqa: E402
 from lightning_dpts.randomness import SEEDED_NOTICE  # noqa: E402
 
 #: name -> FitConfig fields that describe the dataset (nothing tuned: file, columns, frequency, official horizon)
@@ -141,7 +141,7 @@ def run_cell(name: str, base: dict[str, Any], model: str, epsilon: float, protoc
     if model != DEFAULT_MODEL:
         values["model"] = model
     started = time.perf_counter()
-    from lightning_dpts.console import dpts_console
+    from lightning_dpts.app.console import dpts_console
 
     with dpts_console(write=lambda _message: None), warnings.catch_warnings():  # dpts fit's quiet console
         warnings.simplefilter("ignore")
@@ -229,11 +229,11 @@ def accountant_table(name: str, base: dict[str, Any], epsilons: list[float]) -> 
 
     from scipy.stats import norm
 
+    from lightning_dpts.app.forecasters import make_estimator as _estimator
+    from lightning_dpts.app.geometry import resolve_config
     from lightning_dpts.data import StructuredSubsamplingDataModule, load_dataset
+    from lightning_dpts.data.loading import drop_short_series, load_long_table
     from lightning_dpts.evaluation import choose_test_windows
-    from lightning_dpts.forecasters import make_estimator as _estimator
-    from lightning_dpts.geometry import resolve_config
-    from lightning_dpts.loading import drop_short_series, load_long_table
     from lightning_dpts.privacy import NeighbouringRelation, calibrate_noise_multiplier
 
     given = FitConfig.from_mapping(base)

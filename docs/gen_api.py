@@ -26,15 +26,16 @@ MODULES = [
                                 "koga_epsilon", "circulant_filter", "gaussian_filter_kernel"]),
     ("lightning_dpts.synthetic", ["PETSAccountant", "calibrate_pets_noise", "theorem_2_epsilon", "sensitivity",
                                   "generate_series", "private_windows", "private_evolution", "pretrain_public_models",
-                                  "ContextFID", "tstr_scores"]),
-    ("lightning_dpts.jobs.synth", ["SynthConfig", "run_synth"]),
+                                  "ContextFID"]),
+    ("lightning_dpts.app.jobs.synth", ["SynthConfig", "run_synth"]),
     ("lightning_dpts.audit", ["run_audit", "AuditResult", "AuditBound", "one_run_epsilon_lower_bound",
                               "one_run_fdp_lower_bound", "one_run_tradeoff_test", "clopper_pearson_epsilon_lower_bound",
                               "options_from_fit_config"]),
-    ("lightning_dpts.distributed", None),
-    ("lightning_dpts.privacy.montecarlo", None),
-    ("lightning_dpts.data.bminsep", None),
-    ("lightning_dpts.training.correlated_noise", None),
+    ("lightning_dpts.privacy.montecarlo", ["MonteCarloAccountant", "BandMFMechanism",
+                                           "calibrate_noise_multiplier_monte_carlo"]),
+    ("lightning_dpts.data.store", ["SeriesStore", "SeriesStoreWriter", "store_from_file", "write_store"]),
+    ("lightning_dpts.tuning", ["tune", "Candidate", "default_candidates"]),
+    ("lightning_dpts.privacy.selection", ["RandomStoppingAccountant", "profile_rdp"]),
 ]
 
 def _first_sentence(doc: str) -> str:

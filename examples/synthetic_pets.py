@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lightning_dpts.jobs.synth import SynthConfig, run_synth
+from lightning_dpts.app.jobs.synth import SynthConfig, run_synth
 from lightning_dpts.synthetic import PETSAccountant, theorem_2_epsilon
 
 

@@ -1,6 +1,6 @@
 """Honest evaluation for ``dpts fit``: test windows, the yardstick, a verdict, and a sound value bound by clipping.
 
-Four pieces, used by :func:`lightning_dpts.jobs.fit.run_fit`, :class:`~lightning_dpts.training.HeldOutEvaluation`
+Four pieces, used by :func:`lightning_dpts.app.jobs.fit.run_fit`, :class:`~lightning_dpts.training.HeldOutEvaluation`
 and ``benchmarks/utility.py``:
 
 * **Protocols** (:data:`PROTOCOLS`): ``"rolling"`` (default) scores several rolling test windows per series
@@ -51,6 +51,7 @@ __all__ = [
     "clip_values",
     "noisy_count",
     "protocol_windows",
+    "quantile_matrix",
     "score_windows",
     "verdict",
     "window_wins",
@@ -153,6 +154,14 @@ def _seasonal_error(history: np.ndarray, season: int) -> float:
     diff = np.abs(y[m:] - y[:-m])
     diff = diff[np.isfinite(diff)]
     return float(diff.mean()) if diff.size else float("nan")
+
+
+def quantile_matrix(forecast: Any) -> np.ndarray:
+    """A GluonTS forecast's quantiles at :data:`~lightning_dpts.metrics.DEFAULT_QUANTILES`, shape (horizon,
+    quantiles): the input of :func:`score_windows`."""
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    return np.stack([np.asarray(forecast.quantile(q), dtype=float) for q in DEFAULT_QUANTILES], axis=-1)
 
 
 def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray], histories: Sequence[np.ndarray],

@@ -38,7 +38,7 @@ from typing import Any
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["JOURNAL", "LOCK", "PRIVATE_DIR", "OutputDirectory", "atomic_directory", "atomic_path",
-           "check_output_dir", "write_json", "write_text"]
+           "check_output_dir", "pyplot", "save_figure", "write_json", "write_text"]
 
 #: Sub-directory for everything computed from the private data without DP (not covered by the guarantee).
 PRIVATE_DIR = "private"
@@ -379,3 +379,28 @@ class OutputDirectory:
         out[JOURNAL] = "public: the list of paths this run wrote (what --overwrite may remove)"
         out[LOCK] = "public: empty lock file (held while a run writes this directory)"
         return out
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only ``Agg`` backend (no display needed), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as a PNG at ``path`` atomically (:func:`atomic_path`) and close it.
+
+    No time stamp is written into the file (matplotlib's PNG metadata names only its version), so a plot of public
+    numbers is the same bytes in every run.
+    """
+    plt = pyplot()
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+    return Path(path)

@@ -95,7 +95,7 @@ class Recipe:
     """What :func:`choose_recipe` chose, with the reasons. Units: time steps, windows, optimizer steps.
 
     Attributes:
-        model: the model name (an entry of :data:`lightning_dpts.config.MODELS`).
+        model: the model name (an entry of :data:`lightning_dpts.app.config.MODELS`).
         season_length: m, given or from the frequency (:func:`~lightning_dpts.data.seasonality.season_lengths`).
         context_length: P, the past window the model reads (no lags beyond it: the whole L_C).
         min_series_length: series shorter than this (whole length, time steps) are left out; ``None``: none.

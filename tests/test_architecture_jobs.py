@@ -7,17 +7,17 @@ from __future__ import annotations
 
 from tests.test_architecture import ROOT, import_graph
 
-JOBS = "lightning_dpts.jobs"
+JOBS = "lightning_dpts.app.jobs"
 #: Entry points allowed to import a job: the ``dpts`` command and its subcommand glue.
-ENTRY_POINTS = {"lightning_dpts.cli", "lightning_dpts.synthetic.cli", "lightning_dpts.release.cli"}
+ENTRY_POINTS = {"lightning_dpts.app.cli", "lightning_dpts.app.synth_cli", "lightning_dpts.app.release_cli"}
 #: The modules of the jobs layer and around it (issue 30, item 2).
 OWNED = {
-    "lightning_dpts.cli", "lightning_dpts.config", "lightning_dpts.loading", "lightning_dpts.geometry",
-    "lightning_dpts.forecasters", "lightning_dpts.budget", "lightning_dpts.scoring", "lightning_dpts.reporting",
-    "lightning_dpts.export", "lightning_dpts.planning", "lightning_dpts.recipe", "lightning_dpts.evaluation",
-    "lightning_dpts.plots", "lightning_dpts.hparams", "lightning_dpts.outputs", "lightning_dpts.baselines",
-    "lightning_dpts.synthetic.cli",
-    "lightning_dpts.synthetic.pipeline", "lightning_dpts.release.cli",
+    "lightning_dpts.app.cli", "lightning_dpts.app.config", "lightning_dpts.data.loading",
+    "lightning_dpts.app.geometry", "lightning_dpts.app.forecasters", "lightning_dpts.app.budget",
+    "lightning_dpts.app.scoring", "lightning_dpts.app.reporting", "lightning_dpts.app.export",
+    "lightning_dpts.app.planning", "lightning_dpts.recipe", "lightning_dpts.evaluation", "lightning_dpts.app.plots",
+    "lightning_dpts.training.hparams", "lightning_dpts.outputs", "lightning_dpts.baselines",
+    "lightning_dpts.app.synth_cli", "lightning_dpts.app.synth_pipeline", "lightning_dpts.app.release_cli",
 }
 
 
@@ -32,8 +32,8 @@ def _is_job(name: str) -> bool:
 
 def test_the_import_graph_is_read():
     graph = _graph()
-    assert "lightning_dpts.jobs.fit" in graph["lightning_dpts.cli"]  # a function-level import is seen
-    assert "lightning_dpts.config" in graph["lightning_dpts.jobs.fit"]
+    assert "lightning_dpts.app.jobs.fit" in graph["lightning_dpts.app.cli"]  # a function-level import is seen
+    assert "lightning_dpts.app.config" in graph["lightning_dpts.app.jobs.fit"]
     assert OWNED <= set(graph), OWNED - set(graph)
 
 
@@ -50,9 +50,9 @@ def test_nothing_but_the_command_line_imports_a_job():
 
 def test_the_job_check_sees_a_job_importing_a_job():
     graph = _graph()
-    graph["lightning_dpts.jobs.synth"] = graph["lightning_dpts.jobs.synth"] | {"lightning_dpts.jobs.fit"}
-    assert _job_importers(graph) == {"lightning_dpts.jobs.synth": ["lightning_dpts.jobs.fit"]}
+    graph["lightning_dpts.app.jobs.synth"] = graph["lightning_dpts.app.jobs.synth"] | {"lightning_dpts.app.jobs.fit"}
+    assert _job_importers(graph) == {"lightning_dpts.app.jobs.synth": ["lightning_dpts.app.jobs.fit"]}
 
 
 def test_the_jobs_package_imports_no_job():
-    assert not _graph()[JOBS], "lightning_dpts/jobs/__init__.py must stay import-free (import a job's module)"
+    assert not _graph()[JOBS], "lightning_dpts/app/jobs/__init__.py must stay import-free (import a job's module)"

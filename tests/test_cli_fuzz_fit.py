@@ -1,20 +1,21 @@
 """Fuzz ``dpts fit``'s numeric options: boundary, invalid, huge and non-numeric values.
 
-Every case must exit 2 naming the option, print no traceback, write nothing, and answer fast (the refusal
-comes from argparse or FitConfig.validate, before data, torch or the accountant are touched) with bounded
-memory.
+Every case must exit 2 naming the option, print no traceback, write nothing, and refuse before any work (the
+refusal comes from argparse or FitConfig.validate: no table read, no Trainer fit, no privacy-loss composition, counted
+by tests/work.py rather than timed) with bounded memory.
 """
 
 from __future__ import annotations
 
 import resource
 import sys
-import time
 
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.config import FIT_RANGES
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FIT_RANGES
+
+from .work import count_data_and_training
 
 NON_NUMERIC = ["abc", "", "1,5", "0x10", "one", "--", "1e", "[1]"]
 NOT_FINITE = ["nan", "inf", "-inf", "1e400", "-1e400"]
@@ -53,7 +54,7 @@ INTEGER = {"--prediction-length", "--context-length", "--epochs", "--batch-size"
            "--season-length", "--min-series-length", "--bands", "--monte-carlo-samples"}
 CASES = [(opt, v) for opt, values in BOUNDARY.items() for v in values]
 CASES += [(opt, v) for opt in BOUNDARY for v in NON_NUMERIC + NOT_FINITE + HUGE]
-CASES += [(opt, "12.5") for opt in INTEGER]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)
+CASES += [(opt, "12.5") for opt in sorted(INTEGER)]  # a fraction where an integer is required (12.0 and 1.2e1 mean 12)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1e31", "nan", "inf", "1e308"])
@@ -75,17 +76,17 @@ def _peak_mib() -> float:
 
 
 @pytest.mark.parametrize(("option", "value"), CASES)
-def test_fit_refuses_with_exit_2_naming_the_option(option, value, tmp_path, capsys):
+def test_fit_refuses_with_exit_2_naming_the_option(option, value, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     before = _peak_mib()
-    started = time.perf_counter()
+    work = count_data_and_training(monkeypatch)
     with pytest.raises(SystemExit) as exit_:
         main(["fit", f"{option}={value}", "--output-dir", str(out)])
-    elapsed = time.perf_counter() - started
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
     assert option in err and "Traceback" not in err
-    assert elapsed < 5.0 and _peak_mib() - before < 256
+    assert work.total_calls == 0, dict(work.calls)  # refused before any table, fit or composition
+    assert _peak_mib() - before < 256
     assert not out.exists()
 
 
@@ -93,17 +94,19 @@ def test_fit_refuses_with_exit_2_naming_the_option(option, value, tmp_path, caps
 # issue 24 item 9: inputs that are not numbers, refused with exit 2 naming the option before any work
 # ---------------------------------------------------------------------------------------------------------
 def _refused(argv: list[str], option: str, capsys) -> str:
-    started = time.perf_counter()
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
+    with pytest.MonkeyPatch.context() as patch:
+        work = count_data_and_training(patch)
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
     assert option in err and "Traceback" not in err, err
-    assert time.perf_counter() - started < 5.0
+    assert work.calls["fit"] == 0 and work.calls["rfft"] == 0, dict(work.calls)  # refused before training
     return err
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe\x00"])
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe\x00"],
+                         ids=["all-bytes", "png-header", "utf16-bom"])
 def test_fit_binary_config_exits_2(content, tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_bytes(content)
@@ -204,12 +207,13 @@ def test_fit_refused_after_training_began_exits_3_and_keeps_nothing(tiny_csv, tm
     step) exits 3, not 2 (which docs/cli.md keeps for input refused before any work): before issue 38 it exited 2."""
     from lightning_dpts.errors import ConfigurationError
     from lightning_dpts.training import DPForecastStrategy
+    from lightning_dpts.training.independence import SpotCheck
 
     def refuse_second(self, pl_module):
-        if self._fit_steps >= 1:
+        if self.context.fit_steps >= 1:
             raise ConfigurationError("model", type(pl_module).__name__, "forward mixes the windows (test)")
 
-    monkeypatch.setattr(DPForecastStrategy, "_spot_check", refuse_second)
+    monkeypatch.setattr(SpotCheck, "check", refuse_second)
     monkeypatch.setattr(DPForecastStrategy, "__init__", _with_spot_check(DPForecastStrategy.__init__))
     out = tmp_path / "run"
     err = _refused_without_traceback(

@@ -7,8 +7,8 @@ from dataclasses import fields
 
 import pytest
 
-from lightning_dpts.cli import build_parser, main
-from lightning_dpts.config import FIT_RANGES, FitConfig, option_flags
+from lightning_dpts.app.cli import build_parser, main
+from lightning_dpts.app.config import FIT_RANGES, FitConfig, option_flags
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "dpts"):

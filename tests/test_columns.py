@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FitConfig
+from lightning_dpts.app.jobs.predict import predict_to_csv
 from lightning_dpts.data import StructuredSubsamplingDataModule
-from lightning_dpts.jobs.predict import predict_to_csv
-from lightning_dpts.loading import format_stamps, load_long_table, timestamp_style
+from lightning_dpts.data.loading import format_stamps, load_long_table, timestamp_style
 
 FAST = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",
         "--epochs", "1", "--batch-size", "8", "--no-non-dp", "--no-private-plots", "--test-windows", "1"]
@@ -38,8 +38,8 @@ def _deprecations(record: list[warnings.WarningMessage]) -> list[str]:
 def test_the_defaults_are_one_set_everywhere():
     import inspect
 
+    from lightning_dpts.app.synth_pipeline import SynthConfig
     from lightning_dpts.data import to_collection
-    from lightning_dpts.synthetic.pipeline import SynthConfig
 
     expected = {"id_column": "item_id", "timestamp_column": "timestamp", "value_column": "target"}
     config, synth = FitConfig(), SynthConfig()
@@ -97,7 +97,7 @@ def test_dpts_time_column_flag_still_works_and_says_so_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--epsilon" in err
     assert err.count("--time-column is deprecated; use --timestamp-column") == 1
-    from lightning_dpts.cli import build_parser
+    from lightning_dpts.app.cli import build_parser
 
     args = build_parser().parse_args(["predict", "--model", "m", "--data", "d", "--time-column", "week"])
     assert args.timestamp_column == "week"
@@ -189,7 +189,7 @@ def test_the_run_records_the_columns_it_read(tmp_path):
 
 
 def test_synth_config_accepts_the_old_time_column_keyword():
-    from lightning_dpts.synthetic.pipeline import SynthConfig
+    from lightning_dpts.app.synth_pipeline import SynthConfig
 
     with pytest.warns(DeprecationWarning, match="time_column"):
         config = SynthConfig(time_column="month")

@@ -10,8 +10,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from lightning_dpts import console as console_module
-from lightning_dpts.console import KNOWN_THIRD_PARTY_WARNINGS, dpts_console
+import pytest
+
+from lightning_dpts.app import console as console_module
+from lightning_dpts.app.console import KNOWN_THIRD_PARTY_WARNINGS, dpts_console
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRD_PARTY = [
@@ -50,7 +52,7 @@ def test_a_package_warning_is_printed_once_without_a_source_path(monkeypatch):
     monkeypatch.setattr(console_module, "_warnings_recorded", lambda: False)
     lines: list[str] = []
     with dpts_console(write=lines.append) as console:
-        warnings.warn_explicit("dpts fit: a seeded run", UserWarning, "/x/lightning_dpts/jobs/fit.py", 10)
+        warnings.warn_explicit("dpts fit: a seeded run", UserWarning, "/x/lightning_dpts/app/jobs/fit.py", 10)
         console.say("WARNING: a seeded run")
         console.say("WARNING: another")
         warnings.warn_explicit("another", UserWarning, "/x/lightning_dpts/data/datamodule.py", 5)
@@ -72,11 +74,12 @@ def test_lightning_info_lines_are_quiet_until_the_command_ends():
         log.setLevel(before)
 
 
+@pytest.mark.slow  # a 20-epoch fit in a fresh process
 def test_dpts_fit_output_is_short_with_the_recipe_and_the_verdict(tiny_csv, tmp_path):
     argv = ["fit", "--data", str(tiny_csv), "--prediction-length", "6", "--epochs", "20", "--seed", "1",
             "--output-dir", str(tmp_path / "run")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "lightning_dpts.cli", *argv], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "lightning_dpts.app.cli", *argv], capture_output=True, text=True,
                          cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]

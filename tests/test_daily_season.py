@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 STATES = ["CA", "NY", "TX", "IL", "WY", "VT", "MI", "GA"]
 

@@ -28,7 +28,7 @@ def test_cli_page_names_the_default_model():
     """docs/cli.md's sentence on the default run and the --model row name the recipe's model, and no other."""
     import re
 
-    from lightning_dpts.config import MODELS
+    from lightning_dpts.app.config import MODELS
     from lightning_dpts.recipe import RECIPE_MODEL
 
     text = (DOCS / "cli.md").read_text()
@@ -193,7 +193,7 @@ def test_every_repository_file_the_docs_name_exists():
 
 def _dpts_options() -> dict[tuple[str, ...], set[str]]:
     """Every ``dpts`` command (as a tuple of words) -> its option strings."""
-    from lightning_dpts.cli import build_parser
+    from lightning_dpts.app.cli import build_parser
 
     found: dict[tuple[str, ...], set[str]] = {}
 
@@ -297,7 +297,7 @@ def test_cli_tables_state_the_parsers_defaults():
     text = (DOCS / "cli.md").read_text()
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
 
-    from lightning_dpts.cli import build_parser
+    from lightning_dpts.app.cli import build_parser
 
     def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
         parsers[path] = parser
@@ -322,7 +322,7 @@ def test_cli_tables_state_the_parsers_defaults():
 
 def test_privacy_options_documented_as_required_are_refused_when_missing(capsys):
     """The rows of `dpts privacy epsilon | steps | noise` documented "required": leaving one out exits 2 naming it."""
-    from lightning_dpts.cli import main
+    from lightning_dpts.app.cli import main
 
     section = (DOCS / "cli.md").read_text().split("## `dpts privacy epsilon | steps | noise`", 1)[1].split("\n## ")[0]
     required = [option for option, default in _documented_defaults(section) if default == "required"]
@@ -490,7 +490,7 @@ def _argv(command: str, fast: bool) -> list[str]:
     words = shlex.split(MAKE_TARGETS.get(command, command))
     extra = FAST_OPTIONS.get(tuple(words[:2]), []) if fast else []
     if words[0] == "dpts":
-        return [sys.executable, "-m", "lightning_dpts.cli", *words[1:], *extra]
+        return [sys.executable, "-m", "lightning_dpts.app.cli", *words[1:], *extra]
     if words[0] == "python":
         return [sys.executable, *[str(ROOT / w) if w.startswith("examples/") else w for w in words[1:]], *extra]
     raise AssertionError(f"no way to run {command!r}: add it to MAKE_TARGETS or NOT_RUN")
@@ -502,11 +502,11 @@ def _run(argv: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProces
 
 
 def _run_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A quick ``dpts`` command through ``lightning_dpts.cli.main`` in this process (no interpreter start-up)."""
+    """A quick ``dpts`` command through ``lightning_dpts.app.cli.main`` in this process (no interpreter start-up)."""
     import contextlib
     import io
 
-    from lightning_dpts.cli import main
+    from lightning_dpts.app.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     previous = Path.cwd()
@@ -636,7 +636,7 @@ def test_fit_default_yaml_is_the_default_job():
 
     import yaml
 
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     values = yaml.safe_load((ROOT / "examples" / "fit_default.yaml").read_text())
     defaults = {f.name: f.default for f in dataclasses.fields(FitConfig)}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.data import StructuredSubsamplingDataModule
 from lightning_dpts.evaluation import (
     choose_test_windows,
@@ -315,7 +315,7 @@ def test_bad_evaluation_and_clipping_options_exit_2_naming_the_option(args, opti
 
 @pytest.mark.parametrize("bands, label", [(None, "private model (DP-SGD)"), (4, "private model (BandMF b=4)")])
 def test_table_names_the_mechanism_that_trained_the_private_model(bands, label):
-    from lightning_dpts.reporting import format_table
+    from lightning_dpts.app.reporting import format_table
 
     report = {**_report(0.01, 0.02), "epsilon": 0.9, "delta": 1e-7, "steps": 10,
               "bound": {"theorem": "Theorem 4.4", "kind": "tight"}, "config": {"bands": bands}}

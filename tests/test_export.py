@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.export import forecast_table, load_predictor, make_checkpoint_loadable
+from lightning_dpts.app.jobs.predict import predict_to_csv
 from lightning_dpts.data import StructuredSubsamplingDataModule
-from lightning_dpts.export import forecast_table, load_predictor, make_checkpoint_loadable
-from lightning_dpts.jobs.predict import predict_to_csv
 from lightning_dpts.metrics import DEFAULT_QUANTILES
 from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
 
@@ -206,8 +206,8 @@ def test_planning_from_the_data_reproduces_the_fit_run(run_dir, tiny_csv, capsys
 def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags):
     from gluonts.time_feature import get_lags_for_frequency
 
-    from lightning_dpts.cli import _spec_from_args, build_parser
-    from lightning_dpts.planning import resolve_planning
+    from lightning_dpts.app.cli import _spec_from_args, build_parser
+    from lightning_dpts.app.planning import resolve_planning
 
     args = build_parser().parse_args(
         ["privacy", "epsilon", "--data", str(tiny_csv), "--prediction-length", str(H), "--context-length", "9",
@@ -230,9 +230,9 @@ def test_planning_spec_equals_the_datamodule_spec(tiny_csv, capsys, model, lags)
                                 context_length=past, prediction_length=H, batch_size=8)
     assert args.steps == [3, 9]  # floor(24 / 8) = 3 steps per epoch
     # and what the datamodule builds for the same model
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.forecasters import make_estimator as _estimator
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.forecasters import make_estimator as _estimator
+    from lightning_dpts.data.loading import load_long_table
 
     config = FitConfig(data=str(tiny_csv), prediction_length=H, context_length=9, model=model, batch_size=8)
     table, freq = load_long_table(tiny_csv)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 
 def test_fit_end_to_end_on_a_tiny_slice(tiny_csv, tmp_path, capsys):
@@ -43,7 +43,7 @@ def test_two_default_fits_release_different_models_and_write_nothing_that_reprod
     """Issue 9 item 1: `dpts fit` without --seed uses secret OS entropy for sampling, noise and initialisation."""
     import torch
 
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     assert FitConfig().seed is None and FitConfig().secure_mode is False
     weights = []
@@ -136,6 +136,7 @@ def test_default_job(tmp_path):
     assert len(rows) == report["steps"] and all(r["tpr_at_fpr_0.001"] and r["mu_gdp"] for r in rows)
 
 
+@pytest.mark.slow  # a whole fit with AutoETS; tests/test_baselines.py checks the statsforecast quantiles directly
 @pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None, reason="optional statsforecast not installed")
 def test_autoets_baseline(tiny_csv, tmp_path):
     out = tmp_path / "ets"

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.budget import check_one_step as _check_one_step
-from lightning_dpts.cli import main
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.budget import check_one_step as _check_one_step
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FitConfig
+from lightning_dpts.app.forecasters import deepar_lags as _lags
+from lightning_dpts.app.jobs.fit import run_fit
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.forecasters import deepar_lags as _lags
-from lightning_dpts.jobs.fit import run_fit
 
 NO_STEP = ["--noise-multiplier", "0.5", "--epsilon", "0.3"]  # one step spends epsilon ~ 20 on this data
 
@@ -99,7 +99,7 @@ def test_a_budget_allowing_no_step_is_refused_before_training_with_the_knobs(tmp
     sigma_needed = float(re.search(r"raise --noise-multiplier to >= ([0-9.e+]+)", err).group(1))
     # the advice is sufficient: the suggested epsilon (or sigma) allows a step, the given one does not
     from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     table, freq = load_long_table(data, "id", "timestamp", "value")
     spec = StructuredSubsamplingDataModule(table, context_length=6, prediction_length=6, batch_size=8,
@@ -179,7 +179,7 @@ def test_default_deepar_lags_warn_with_their_cost_and_max_lag_caps_them(tmp_path
 
 
 def test_integer_options_accept_whole_numbers_written_as_floats():
-    from lightning_dpts.cli import _fit_config, build_parser
+    from lightning_dpts.app.cli import _fit_config, build_parser
 
     args = build_parser().parse_args(["fit", "--epochs", "1e1", "--batch-size", "32.0", "--max-lag", "7"])
     config = _fit_config(args)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.config import FitConfig
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.config import FitConfig
 
 FAST = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",
         "--epochs", "1", "--batch-size", "8", "--no-non-dp", "--no-private-plots", "--test-windows", "1"]

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 ARGS = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",
         "--epochs", "3", "--batch-size", "8", "--no-non-dp", "--no-private-plots", "--test-windows", "1",
@@ -23,7 +23,7 @@ class Interrupted(RuntimeError):
 
 def _interrupt_after(monkeypatch, epoch: int, batches: int | None = None) -> None:
     """Make the next fit crash after the checkpoint of ``epoch`` (0-based), or ``batches`` steps into it."""
-    import lightning_dpts.resume as resume
+    import lightning_dpts.app.resume as resume
 
     real = resume.make_run_ledger_callback
 
@@ -208,8 +208,8 @@ def test_resume_of_a_missing_directory_is_refused(tmp_path, capsys):
 
 _KILLER = r'''
 import json, os, signal, sys
-import lightning_dpts.resume as resume
-from lightning_dpts.cli import main
+import lightning_dpts.app.resume as resume
+from lightning_dpts.app.cli import main
 
 where, epoch, batch, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 real = resume.make_run_ledger_callback
@@ -262,7 +262,7 @@ def test_a_run_killed_between_any_two_steps_is_charged_every_step_it_took(tiny_c
     stored = json.loads((out / "ledger.json").read_text())
     saved = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["dpts_privacy_ledger"]["steps"]
     assert stored["counts"] == "reserved" and saved < taken <= stored["ledger"]["steps"]
-    from lightning_dpts.resume import RESERVED_STEPS
+    from lightning_dpts.app.resume import RESERVED_STEPS
 
     assert stored["ledger"]["steps"] - taken < RESERVED_STEPS + 1  # over-counted by fewer than one reservation
     assert _fit(["--resume", str(out)]) == 0
@@ -279,7 +279,7 @@ def test_ledger_json_covers_every_step_before_it_touches_the_data(tiny_csv, tmp_
     and per epoch, not after every step."""
     import lightning as L
 
-    import lightning_dpts.resume as resume
+    import lightning_dpts.app.resume as resume
 
     out = tmp_path / "run"
     seen: list[tuple[int, int]] = []
@@ -329,8 +329,8 @@ def test_a_reservation_covers_the_epochs_its_steps_may_start_and_stays_within_th
     max_steps."""
     from types import SimpleNamespace
 
+    from lightning_dpts.app.resume import RESERVED_STEPS, _reservation
     from lightning_dpts.privacy import SamplingSpec
-    from lightning_dpts.resume import RESERVED_STEPS, _reservation
 
     def trainer(top_level: str, max_steps: int = -1, batches: float = 10) -> SimpleNamespace:
         spec = SamplingSpec(num_series=80, min_length=40, context_length=4, prediction_length=4, batch_size=8,

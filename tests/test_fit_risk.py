@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy.risk import metric_names
 
 FAST = ["--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0", "--delta", "1e-6",
@@ -70,3 +70,30 @@ def test_pure_dp_releases_are_composed_into_the_read_outs(tiny_csv, tmp_path):
     assert "0.2" in risk["covers"]
     rows = [r for r in csv.DictReader(open(next((out / "private" / "logs").rglob("metrics.csv")))) if r.get("epsilon")]
     assert risk["tpr_at_fpr"]["0.001"] > float(rows[-1]["tpr_at_fpr_0.001"])  # training alone, logged by the callback
+
+
+_TRAFFIC = ["--num-series", "862", "--min-length", "13916", "--context-length", "96", "--prediction-length", "24",
+            "--batch-size", "256", "--delta", "1e-7"]
+
+
+@pytest.mark.parametrize("action", ["steps", "noise"])
+def test_privacy_steps_and_noise_print_the_read_outs_of_the_run_they_plan(action, capsys):
+    """`dpts privacy steps|noise` answer with a run (a step count, a noise multiplier); the read-outs are those of
+    that run, from the accountant's own PLD: the same as `dpts privacy epsilon` gives for it."""
+    extra = ["--noise-multiplier", "4", "--epsilon", "1"] if action == "steps" else ["--epsilon", "1", "--steps",
+                                                                                      "10000"]
+    assert main(["privacy", action, *_TRAFFIC, *extra, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sigma = 4.0 if action == "steps" else out["noise_multiplier"]
+    steps = out["steps"] if action == "steps" else 10000
+    assert main(["privacy", "epsilon", *_TRAFFIC, "--noise-multiplier", repr(sigma), "--steps", str(steps),
+                 "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)["risk"][str(steps)]
+    mine, theirs = out["risk"], same
+    assert mine["tpr_at_fpr"] == pytest.approx(theirs["tpr_at_fpr"], rel=1e-9)
+    assert mine["mu_gdp"] == pytest.approx(theirs["mu_gdp"], rel=1e-9) and mine["mu_gdp_delta"] == 1e-7
+    assert 0.001 < out["risk"]["tpr_at_fpr"]["0.001"] < 0.01  # epsilon <= 1: at most e * alpha + delta
+    assert main(["privacy", action, *_TRAFFIC, *extra]) == 0
+    assert "membership risk for the unit of privacy after those steps: TPR@0.001 <=" in capsys.readouterr().out
+    assert main(["privacy", action, *_TRAFFIC, *extra, "--bound", "lower", "--json"]) == 0
+    assert "risk" not in json.loads(capsys.readouterr().out)  # no read-out of the optimistic bound

@@ -58,6 +58,7 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+@pytest.mark.slow  # a utility claim (a trained model against seasonal naive)
 def test_recipe_model_trains_privately_and_beats_seasonal_naive(series, tmp_path, monkeypatch):
     from lightning_dpts.models import SeasonalLinearEstimator
 
@@ -218,6 +219,7 @@ def test_public_validation_picks_the_best_epoch_and_predictor_works_with_evaluat
     assert np.isfinite(table.to_numpy()).all()
 
 
+@pytest.mark.slow  # the whole example in a fresh process
 def test_validation_example_runs():
     """examples/gluonts_validation.py: public validation series, evaluate_model with MASE and wQL."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

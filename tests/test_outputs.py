@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 
 FIT = ["fit", "--data", "data.csv", "--prediction-length", "6", "--model", "simple_feedforward", "--epsilon", "2.0",
        "--delta", "1e-6", "--epochs", "1", "--batch-size", "8", "--seed", "1", "--output-dir", "run"]
@@ -114,8 +114,8 @@ def test_no_private_outputs_writes_only_public_files(tiny_csv, tmp_path, capsys)
 def test_the_published_epsilon_curve_is_within_one_percent_of_epsilon_after_every_step(tiny_csv, tmp_path):
     """report.json's epsilon_curve (drawn in epsilon.png) bounds epsilon after every step and stays within 1% of
     the accountant's own epsilon(step) (issue 26: it used to be a staircase of 32 points, 3x too high at step 1)."""
+    from lightning_dpts.app.reporting import curve_by_step
     from lightning_dpts.privacy import NeighbouringRelation, SamplingSpec, StructuredSubsamplingAccountant
-    from lightning_dpts.reporting import curve_by_step
 
     run = _fit_in(tmp_path, pd.read_csv(tiny_csv), "--no-private-outputs", "--no-non-dp", "--epochs", "40")
     report = json.loads((run / "report.json").read_text())

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.plots import PRIVATE_PLOT_NOTICE, plot_epsilon, plot_forecasts, read_epsilon_log
+from lightning_dpts.app.plots import PRIVATE_PLOT_NOTICE, plot_epsilon, plot_forecasts, read_epsilon_log
 
 
 def test_read_epsilon_log_takes_the_epsilon_rows_of_a_csv_logger_file(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import SamplingSpec, calibrate_noise_multiplier
 from lightning_dpts.recipe import MAX_DROPPED_FRACTION, MAX_WINDOW_FRACTION, choose_recipe, rdp_noise_multiplier
@@ -27,9 +27,9 @@ def test_same_metadata_same_recipe_and_it_takes_no_values():
 
 def test_fit_resolves_the_same_recipe_for_different_values(tmp_path):
     """Two datasets with the same metadata but different values get the same recipe (nothing reads values)."""
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.geometry import resolve_config
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.geometry import resolve_config
+    from lightning_dpts.data.loading import load_long_table
 
     rng = np.random.default_rng(0)
     stamps = pd.period_range("2000-01", periods=90, freq="M").to_timestamp()
@@ -131,8 +131,8 @@ def test_fit_applies_the_recipe_and_explicit_options_win(tiny_csv, tmp_path):
 
 
 def test_other_models_keep_their_defaults():
-    from lightning_dpts.config import FitConfig
-    from lightning_dpts.geometry import resolve_config
+    from lightning_dpts.app.config import FitConfig
+    from lightning_dpts.app.geometry import resolve_config
 
     config, recipe, chosen = resolve_config(FitConfig(model="dlinear"), np.array([100] * 10), "M")
     assert recipe is None and chosen == []

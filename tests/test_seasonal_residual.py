@@ -260,6 +260,7 @@ def test_mixing_windows_is_refused_by_the_probe():
         trainer.fit(module, datamodule=dm)
 
 
+@pytest.mark.slow  # AutoETS and AutoTheta on 40 windows; the fits of tests/test_evaluation.py score them too
 def test_held_out_evaluation_scores_next_to_seasonal_naive(tmp_path):
     """At initialisation the wrapped model is seasonal naive: same CRPS; the report goes under private/."""
     import json

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +44,7 @@ def test_privacy_epsilon_header_has_no_repeated_column(capsys):
 
 @pytest.mark.parametrize("cell", ["n/a", "NA", "null", "#N/A"])
 def test_text_in_value_column_is_refused(tmp_path, cell):
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     path = tmp_path / "d.csv"
     rows = [("a", f"2020-0{m}", str(m)) for m in range(1, 8)]
@@ -57,7 +56,7 @@ def test_text_in_value_column_is_refused(tmp_path, cell):
 
 @pytest.mark.parametrize("cell", ["", "NaN", "nan", "None"])
 def test_documented_missing_cells_are_missing(tmp_path, cell):
-    from lightning_dpts.loading import load_long_table
+    from lightning_dpts.data.loading import load_long_table
 
     path = tmp_path / "d.csv"
     path.write_text("id,timestamp,value\n" + "".join(
@@ -72,22 +71,19 @@ def test_documented_missing_cells_are_missing(tmp_path, cell):
     ["synth", "--data", "/nonexistent/d.csv", "--output-dir", "/nonexistent/out"],
 ])
 def test_missing_data_file_reported_before_heavy_imports(argv):
-    code = ("import sys; from lightning_dpts.cli import main\n"
+    code = ("import sys; from lightning_dpts.app.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             "heavy = [m for m in ('torch', 'lightning', 'gluonts') if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
-    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    elapsed = time.perf_counter() - started
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=600)  # a hang guard only
     assert out.returncode == 2, out.stderr
     assert "--data: no such file" in out.stderr
-    assert "HEAVY []" in out.stdout
-    assert elapsed < 10
+    assert "HEAVY []" in out.stdout  # the work not done is counted: no torch, lightning or gluonts import
 
 
 def test_fit_config_refuses_missing_data_file():
-    from lightning_dpts.config import FitConfig
+    from lightning_dpts.app.config import FitConfig
 
     with pytest.raises(ConfigurationError, match="no such file"):
         FitConfig(data="/nonexistent/d.csv").validate()

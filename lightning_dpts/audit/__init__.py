@@ -7,7 +7,8 @@ white-box and black-box (:mod:`~lightning_dpts.audit.scores`) and reports the lo
 
 :mod:`~lightning_dpts.audit.estimators` turns canary guesses into an ε lower bound with its confidence: one run
 (Steinke, Nasr & Jagielski 2023), one run read through Gaussian DP (after Mahloujifar, Melis & Chaudhuri 2025) and
-many runs (Clopper-Pearson; Jagielski et al. 2020, Nasr et al. 2021).
+many runs (Clopper-Pearson; Jagielski et al. 2020, Nasr et al. 2021), and the canaries' scores read as Gaussian
+(Agrawal et al. 2026; exact for the audit model's white-box scores, an assumption elsewhere).
 """
 
 from lightning_dpts.audit.canaries import Canary, CanaryPlan, chunk_series, plan_canaries
@@ -18,10 +19,12 @@ from lightning_dpts.audit.estimators import (
     default_guess_grid,
     gaussian_dp_delta,
     gaussian_dp_epsilon,
+    gaussian_scores_lower_bound,
     inverse_power_from_privacy_profile,
     one_run_epsilon_lower_bound,
     one_run_fdp_lower_bound,
     one_run_tradeoff_test,
+    pool_runs,
 )
 from lightning_dpts.audit.runner import AuditResult, options_from_fit_config, run_audit
 
@@ -36,11 +39,13 @@ __all__ = [
     "default_guess_grid",
     "gaussian_dp_delta",
     "gaussian_dp_epsilon",
+    "gaussian_scores_lower_bound",
     "inverse_power_from_privacy_profile",
     "one_run_epsilon_lower_bound",
     "one_run_fdp_lower_bound",
     "one_run_tradeoff_test",
     "options_from_fit_config",
     "plan_canaries",
+    "pool_runs",
     "run_audit",
 ]

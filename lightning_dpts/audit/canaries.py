@@ -35,7 +35,12 @@ import numpy as np
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
-__all__ = ["Canary", "CanaryPlan", "chunk_series", "plan_canaries", "window_starts"]
+__all__ = ["SHAPES", "Canary", "CanaryPlan", "chunk_series", "plan_canaries", "window_starts"]
+
+#: event shapes a canary can take inside its w steps (each a neighbouring pair of the w-event / w-user relation):
+#: ``"shift"`` a level shift over the w-run (every step moved by the same amount), ``"spike"`` one step (the
+#: run's first), ``"zigzag"`` a w-run of alternating sign
+SHAPES = ("shift", "spike", "zigzag")
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,24 @@ class Canary:
         length: number of consecutive changed steps (the relation's w).
         magnitude: the difference between its two worlds at each changed step and coordinate, in the units of the
             series.
+        shape: one of :data:`SHAPES`, the event's profile over its ``length`` steps.
     """
 
     series: int
     position: int
     length: int
     magnitude: float
+    shape: str = "shift"
+
+    def profile(self) -> np.ndarray:
+        """``[length]`` the included world minus the excluded one at each step, divided by ``magnitude``: entries
+        in {-1, 0, 1}."""
+        out = np.ones(self.length)
+        if self.shape == "spike":
+            out[1:] = 0.0
+        elif self.shape == "zigzag":
+            out[1::2] = -1.0
+        return out
 
 
 def window_starts(canary: Canary, series_length: int, past_length: int, prediction_length: int) -> np.ndarray:
@@ -93,7 +110,7 @@ class CanaryPlan:
         out = [np.array(s, dtype=np.float64, copy=True) for s in base]
         for k, c in enumerate(self.canaries):
             sign = (1.0 if self.included[k] else -1.0) if which == "train" else (1.0 if which == "in" else -1.0)
-            out[c.series][c.position : c.position + c.length] += sign * c.magnitude / 2.0
+            out[c.series][c.position : c.position + c.length] += sign * c.magnitude / 2.0 * c.profile()
         return out
 
 
@@ -134,6 +151,8 @@ def plan_canaries(
     prediction_length: int,
     magnitude: float,
     rng: np.random.Generator,
+    shape: str = "shift",
+    offset: int | None = None,
 ) -> CanaryPlan:
     """Place ``count`` canaries of the ``relation``'s unit in series of the given ``lengths`` and flip their coins.
 
@@ -149,6 +168,9 @@ def plan_canaries(
         prediction_length: L_F, in time steps.
         magnitude: > 0, the difference between a canary's two worlds per step and coordinate; at most v.
         rng: the auditor's generator.
+        shape: the event's profile (:data:`SHAPES`).
+        offset: the first canary's position in every series (default: random); 0 puts each canary at the start,
+            where it lies in every window of a piece of ``past_length + prediction_length`` steps.
 
     Raises:
         ConfigurationError: ``count`` < 1 or more than the series can hold (the message says how many fit),
@@ -161,6 +183,10 @@ def plan_canaries(
     bound = relation.value_bound
     if bound is not None and magnitude > bound:
         raise ConfigurationError("magnitude", magnitude, f"must be <= the relation's value_bound={bound}")
+    if shape not in SHAPES:
+        raise ConfigurationError("canary_shape", shape, f"one of {', '.join(SHAPES)}")
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0):
+        raise ConfigurationError("canary_offset", offset, "an integer >= 0")
     w = int(relation.size)
     spacing = past_length + prediction_length + w - 1
     slots: list[list[int]] = []
@@ -169,9 +195,14 @@ def plan_canaries(
         if room <= 0:
             slots.append([])
             continue
-        per = 1 + (room - 1) // spacing
-        offset = int(rng.integers(0, room - (per - 1) * spacing))
-        slots.append([offset + i * spacing for i in range(per)])
+        if offset is not None and offset >= room:
+            slots.append([])
+            continue
+        first = offset if offset is not None else None
+        per = 1 + (room - 1 - (first or 0)) // spacing
+        if first is None:
+            first = int(rng.integers(0, room - (per - 1) * spacing))
+        slots.append([first + i * spacing for i in range(per)])
     capacity = sum(len(s) for s in slots)
     if count > capacity:
         raise ConfigurationError("canaries", count, f"must be <= {capacity}, the canaries the data can hold apart")
@@ -180,7 +211,7 @@ def plan_canaries(
     while len(canaries) < count:
         for series, positions in enumerate(slots):
             if depth < len(positions) and len(canaries) < count:
-                canaries.append(Canary(series, positions[depth], w, float(magnitude)))
+                canaries.append(Canary(series, positions[depth], w, float(magnitude), shape))
         depth += 1
     included = rng.random(count) < 0.5
     return CanaryPlan(tuple(canaries), included)

@@ -16,6 +16,10 @@ nothing is shown. What each proves, and what it cannot, is in docs/audit.md.
   tradeoff curve is Gaussian.
 * :func:`one_run_tradeoff_test`: the same analysis against one claimed curve, e.g. the accountant's own
   (:func:`inverse_power_from_privacy_profile`): a rejection refutes the claim.
+* :func:`gaussian_scores_lower_bound`: the scores themselves, not guesses, read as Gaussian with a common spread
+  (after Agrawal et al., "Let's ask Gauss", 2026): a noncentral-t lower confidence limit on the standardized shift
+  μ, reported as ε at δ of μ-GDP. Exact for white-box scores of unsampled DP-SGD; an assumption elsewhere.
+  :func:`pool_runs` joins independent runs into one game for any of these.
 * :func:`clopper_pearson_epsilon_lower_bound`: many independent runs, each with or without one canary
   (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): Clopper-Pearson upper bounds on the attack's false
   positive and false negative rates and the (ε, δ)-DP hypothesis-testing inequalities.
@@ -46,6 +50,8 @@ __all__ = [
     "default_guess_grid",
     "gaussian_dp_delta",
     "gaussian_dp_epsilon",
+    "gaussian_scores_lower_bound",
+    "pool_runs",
     "inverse_power_from_privacy_profile",
     "one_run_epsilon_lower_bound",
     "one_run_fdp_lower_bound",
@@ -83,6 +89,9 @@ class AuditBound:
         mu: the largest rejected GDP μ (``"one_run_gdp"`` and ``"one_run_gdp_profile"`` only).
         false_positive_rate_upper: Clopper-Pearson upper bound on FPR (``"clopper_pearson"`` only).
         false_negative_rate_upper: Clopper-Pearson upper bound on FNR (``"clopper_pearson"`` only).
+        normality_pvalue: ``"gaussian_scores"`` only: D'Agostino-Pearson p-value of the pooled, centred scores (a
+            diagnostic of the estimator's assumption; small values say the scores are not Gaussian).
+        runs: independent training runs whose canaries were pooled (1: one run).
     """
 
     epsilon: float
@@ -98,6 +107,8 @@ class AuditBound:
     mu: float | None = None
     false_positive_rate_upper: float | None = None
     false_negative_rate_upper: float | None = None
+    normality_pvalue: float | None = None
+    runs: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (plain floats, ints and ``None``)."""
@@ -616,6 +627,108 @@ def one_run_tradeoff_test(
     (kp, km), (r, v) = grid[chosen], counts[chosen]
     return TradeoffTest(rejected=rejected, confidence=confidence, guesses=int(r), correct=int(v), canaries=m,
                         k_plus=kp, k_minus=km, grid_size=len(grid))
+
+
+# ------------------------------------------------------------------------- one run, Gaussian canary-aligned scores
+
+
+def _noncentral_t_sf(t: float, df: int, nc: float) -> float:
+    """P[T >= t] for T noncentral t (df, nc); scipy's series warns (harmlessly) far in the tails."""
+    import warnings
+
+    from scipy.stats import nct
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(nct.sf(t, df, nc))
+
+
+def gaussian_scores_lower_bound(
+    scores: Any,
+    included: Any,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    runs: int = 1,
+) -> AuditBound:
+    """Lower bound on the Gaussian-DP μ from the canaries' scores themselves, not from guesses (after Agrawal et al.,
+    "Let's ask Gauss: improved one-run privacy auditing", 2026, and Nasr et al., USENIX Security 2023).
+
+    **Model (an assumption):** the scores of included canaries are independent draws of N(a + μ s, s²) and those of
+    excluded ones of N(a, s²), for unknown a, s. That is exact for white-box scores of canaries with orthogonal
+    gradients (the audit model's, docs/audit.md) under a full-batch Gaussian mechanism: each score is a sum of
+    per-step likelihood ratios of Gaussians. Then a threshold on the score separates the two worlds with the
+    tradeoff curve G_μ (Dong, Roth & Su 2022), so a mechanism that is μ'-GDP per canary has μ <= μ'.
+
+    The statistic is Student's two-sample t = (mean_in - mean_out) / (s_pooled sqrt(1/n_in + 1/n_out)), which under
+    the model follows the noncentral t law with n - 2 degrees of freedom and noncentrality μ / sqrt(1/n_in +
+    1/n_out). The reported ``mu`` is the one-sided lower confidence limit: the μ at which P[T >= t_observed] equals
+    1 - ``confidence`` (0.0 if the scores show nothing), and ``epsilon`` is ε_μ(δ) (:func:`gaussian_dp_epsilon`).
+    Under the model, ``mu`` exceeds the truth with probability at most 1 - confidence; so for a mechanism whose
+    accountant is exact (the audit model's full-batch training), a correct run reports ε above the accountant's
+    with probability at most 1 - confidence, and a run with half the noise (twice μ) is caught with high power
+    (docs/audit.md). Scores that are not Gaussian (subsampled training, non-orthogonal canaries) break the model:
+    ``normality_pvalue`` is a diagnostic, not a guarantee; use :func:`one_run_fdp_lower_bound` there.
+
+    Args:
+        scores, included: as in :func:`one_run_epsilon_lower_bound` (with fewer than 2 canaries in a world the
+            bound is 0.0).
+        delta: the δ of the reported ε, in (0, 1).
+        confidence: probability in (0, 1).
+        runs: independent runs pooled into ``scores`` (:func:`pool_runs`); recorded only.
+    """
+    confidence = _check_confidence(confidence)
+    delta = _check_delta(delta, positive=True)
+    s, inc = _check_scores(scores, included)
+    if not isinstance(runs, (int, np.integer)) or isinstance(runs, bool) or runs < 1:
+        raise ConfigurationError("runs", runs, "an integer >= 1")
+    x1, x0 = s[inc], s[~inc]
+    n1, n0 = x1.size, x0.size
+    if n1 < 2 or n0 < 2:  # no spread to estimate in one world: nothing shown
+        return AuditBound(epsilon=0.0, confidence=confidence, delta=delta, method="gaussian_scores",
+                          guesses=int(s.size), correct=0, canaries=int(s.size), mu=0.0, runs=int(runs))
+    df = n1 + n0 - 2
+    pooled = math.sqrt((float(np.sum((x1 - x1.mean()) ** 2)) + float(np.sum((x0 - x0.mean()) ** 2))) / df)
+    scale = math.sqrt(1.0 / n1 + 1.0 / n0)
+    diff = float(x1.mean() - x0.mean())
+    alpha = 1.0 - confidence
+    if pooled == 0.0:
+        mu = MU_CAP if diff > 0 else 0.0
+    else:
+        t_obs = diff / (pooled * scale)
+
+        def excess(mu: float) -> float:  # increasing in mu
+            return _noncentral_t_sf(t_obs, df, mu / scale) - alpha
+
+        if excess(0.0) >= 0.0:
+            mu = 0.0
+        elif excess(MU_CAP) <= 0.0:
+            mu = MU_CAP
+        else:
+            mu = float(brentq(excess, 0.0, MU_CAP, xtol=1e-6))
+    from scipy.stats import normaltest
+
+    centred = np.concatenate((x1 - x1.mean(), x0 - x0.mean()))
+    normality = float(normaltest(centred).pvalue) if centred.size >= 20 else None
+    eps = gaussian_dp_epsilon(mu, delta) if mu > 0.0 else 0.0
+    return AuditBound(epsilon=float(eps), confidence=confidence, delta=delta, method="gaussian_scores",
+                      guesses=int(s.size), correct=0, canaries=int(s.size), mu=float(mu),
+                      normality_pvalue=normality, runs=int(runs))
+
+
+def pool_runs(scores: Sequence[Any], included: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The canaries of R independent runs as one game: scores and coins concatenated.
+
+    Valid for every one-run estimator here: each canary is in exactly one run and its coin is independent of
+    everything else, so the R runs together are one mechanism that is f-DP with respect to each canary whenever
+    each run is (the runs' noise is independent). R runs of m canaries prove what one run of R·m canaries would,
+    without the interference of R·m canaries in one model.
+    """
+    if len(scores) != len(included) or len(scores) < 1:
+        raise ConfigurationError("scores", len(scores), f"one score array per run, as many as coin arrays "
+                                 f"({len(included)}), at least one")
+    pairs = [_check_scores(s, c) for s, c in zip(scores, included, strict=True)]
+    return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
 
 
 # ------------------------------------------------------------------------------------------ multi-run (Clopper-Pearson)

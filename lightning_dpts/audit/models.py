@@ -72,3 +72,4 @@ class WindowMixingForecaster(AuditForecaster):
         mixed = self(batch) + (n ** 0.5) * gate * (weights[None, :, None] * borrowed).sum(1)
         err = (mixed - target) * batch["future_observed_values"]
         return err.pow(2).mean()
+

@@ -43,15 +43,22 @@ import numpy as np
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 
-__all__ = ["PRIMARY", "AuditResult", "options_from_fit_config", "plot_audit", "relation_from", "run_audit",
-           "write_audit"]
+__all__ = ["CHECK_OPTIONS", "PRIMARY", "PRIMARY_GAUSSIAN", "AuditResult", "options_from_fit_config", "plot_audit",
+           "relation_from", "run_audit", "write_audit"]
 
-#: The bound the verdict reads, chosen before any run: white-box scores, Mahloujifar et al.'s assumption-free f-DP
-#: analysis (the tightest sound one; the maximum over several bounds would hold only at a lower confidence).
+#: The bound the verdict reads, chosen from the configuration before any run (the maximum over several bounds would
+#: hold only at a lower confidence): where nothing is sampled (one window per series, every series in every batch:
+#: the audit's default geometry) the white-box scores are sums of Gaussian likelihood ratios and
+#: :data:`PRIMARY_GAUSSIAN` (Agrawal et al. 2026) is used; anywhere else :data:`PRIMARY` (Mahloujifar et al.'s
+#: assumption-free f-DP analysis).
 PRIMARY = "white_box_fdp"
+PRIMARY_GAUSSIAN = "white_box_gauss"
 #: Defaults of the full audit and of ``quick=True`` (canaries, steps).
 DEFAULT_SIZE = (32768, 5)
 QUICK_SIZE = (1024, 5)
+#: the CI regression check, ``dpts audit --check`` (docs/audit.md): about 1-2 CPU-seconds a run; it fails when the
+#: primary bound exceeds the accountant's epsilon (false alarms and power measured by benchmarks/audit.py)
+CHECK_OPTIONS: dict[str, Any] = {"canaries": 512, "steps": 5, "black_box": False}
 _ENTROPY_INIT, _ENTROPY_DATA, _ENTROPY_NOISE, _ENTROPY_PLACES = 102, 103, 104, 105
 
 
@@ -86,13 +93,15 @@ class AuditResult:
     seconds: float = 0.0
     noise_scale: float = 1.0
     notes: list[str] = field(default_factory=list)
+    primary: str = PRIMARY
+    runs: int = 1
 
     @property
     def white_box_epsilon(self) -> float:
-        """The primary bound (:data:`PRIMARY`, white-box f-DP one-run; fixed before the run): the one number the
+        """The primary bound (:attr:`primary`, fixed by the configuration before the run): the one number the
         verdict compares with the accountant's epsilon at the stated confidence. Each other bound holds at its own
         confidence too, but their maximum only at 1 - (sum of the failure probabilities) (docs/audit.md)."""
-        return float(self.bounds[PRIMARY]["epsilon"])
+        return float(self.bounds[self.primary]["epsilon"])
 
     def public_dict(self) -> dict[str, Any]:
         """The configuration, sigma, steps and the accountant's epsilon: functions of the configuration only."""
@@ -102,13 +111,15 @@ class AuditResult:
 
     def as_dict(self) -> dict[str, Any]:
         """Everything but the per-canary scores (private: the bounds are computed from the training data)."""
-        return {**self.public_dict(), "bounds": self.bounds, "primary": PRIMARY, "included": int(self.included.sum()),
+        return {**self.public_dict(), "bounds": self.bounds, "primary": self.primary, "runs": self.runs,
+                "included": int(self.included.sum()),
                 "noise_scale": self.noise_scale, "seconds": round(self.seconds, 1), "notes": self.notes}
 
     def table(self) -> str:
         """A terminal table: each lower bound with its confidence next to the accountant's epsilon."""
+        runs = f"{self.runs} run{'s' if self.runs > 1 else ''}"
         lines = [f"empirical privacy audit: {self.canaries} canaries ({int(self.included.sum())} included), "
-                 f"{self.steps} steps, sigma={self.noise_multiplier:.4g}, delta={self.delta:g}",
+                 f"{runs} of {self.steps} steps, sigma={self.noise_multiplier:.4g}, delta={self.delta:g}",
                  f"{'':24s}{'epsilon':>10s}{'confidence':>12s}{'guesses':>9s}{'correct':>9s}",
                  f"{'accountant (upper)':24s}{self.accountant_epsilon:>10.3f}{'':>12s}"]
         for name, b in self.bounds.items():
@@ -118,11 +129,12 @@ class AuditResult:
                          f"{float(b['confidence']):>12.2f}{'' if guesses is None else guesses:>9}"
                          f"{'' if correct is None else correct:>9}")
         primary = self.white_box_epsilon
-        confidence = float(self.bounds[PRIMARY]["confidence"])
-        lines.append(f"VERDICT: the primary bound ({PRIMARY.replace('_', ' ')}) {primary:.3f} EXCEEDS the "
+        confidence = float(self.bounds[self.primary]["confidence"])
+        name = self.primary.replace('_', ' ')
+        lines.append(f"VERDICT: the primary bound ({name}) {primary:.3f} EXCEEDS the "
                      f"accountant's epsilon {self.accountant_epsilon:.3f} (confidence {confidence:.2f}): the training "
                      "leaks more than it reports" if primary > self.accountant_epsilon else
-                     f"verdict: the primary bound ({PRIMARY.replace('_', ' ')}) is at or below the accountant's "
+                     f"verdict: the primary bound ({name}) is at or below the accountant's "
                      "epsilon (consistent; this does not show the accountant is tight)")
         return "\n".join(lines)
 
@@ -178,12 +190,12 @@ def relation_from(level: str | None, size: int | None, value_bound: float | None
 
 
 def options_from_fit_config(config: Any) -> dict[str, Any]:
-    """The :func:`run_audit` arguments a ``dpts fit`` configuration (:class:`~lightning_dpts.config.FitConfig`)
+    """The :func:`run_audit` arguments a ``dpts fit`` configuration (:class:`~lightning_dpts.app.config.FitConfig`)
     decides: ``epsilon``, ``delta``, the ``relation`` (level, size, value bound), ``max_grad_norm`` (when set),
     ``seed`` and the ``data`` (its file, or the bundled data). The audit keeps its own model and window geometry
     (docs/audit.md: what an audit of a configuration measures)."""
     config.validate()
-    from lightning_dpts.loading import load_fit_table
+    from lightning_dpts.data.loading import load_fit_table
 
     options: dict[str, Any] = {
         "epsilon": float(config.epsilon), "delta": float(config.delta),
@@ -220,11 +232,14 @@ def run_audit(
     strategy_options: dict[str, Any] | None = None,
     windows_per_canary: int | None = 4,
     black_box: bool = True,
-    confidence: float = 0.95,
+    confidence: float = 0.999,
     seed: int | None = None,
     output_dir: str | Path | None = None,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = print,
+    runs: int = 1,
+    canary_shape: str = "shift",
+    canary_offset: int | None = None,
     _noise_scale: float = 1.0,
 ) -> AuditResult:
     """Audit DP-SGD training empirically: train once with canaries, return lower bounds on epsilon.
@@ -259,12 +274,21 @@ def run_audit(
         windows_per_canary: windows scored per canary (drawn by the auditor among those that contain it); ``None``:
             all.
         black_box: also score the final model (one pass of ``training_step`` per canary window and world).
-        confidence: confidence level of the lower bounds, in (0, 1).
+        confidence: confidence level of the lower bounds, in (0, 1). The default 0.999 keeps false alarms rare: the
+            primary (Gaussian) bound is tight, so a correct run with an exact accountant exceeds its epsilon with
+            probability up to 1 - confidence.
         seed: ``None``: the auditor's coins and the training's sampling and noise come from fresh entropy (the
             training's stay secret, docs/privacy.md rule 7). An integer makes the whole audit reproducible (the
             training then is a seeded run, for experiments only, as with ``dpts fit --seed``).
         output_dir: where to write (``None``: nothing is written); refused if not empty unless ``overwrite``.
         progress: where progress lines go (``None``: silent).
+        runs: independent trainings, each with ``canaries`` fresh coins; their canaries are pooled into one game
+            (:func:`~lightning_dpts.audit.estimators.pool_runs`), so R runs prove what one run with R times the
+            canaries would. The result's ``steps`` are per run; ``included`` and the scores are concatenated.
+        canary_shape: the event each canary is inside its w steps (:data:`~lightning_dpts.audit.canaries.SHAPES`:
+            ``"shift"``, ``"spike"``, ``"zigzag"``).
+        canary_offset: each canary's position in its piece (default random); 0 puts it where every window of a
+            piece of ``context_length + prediction_length`` steps contains it (no window sampling to hide it).
         _noise_scale: **test seam, not an option**: multiplies the std of the noise the training actually adds,
             while sigma and the accountant's epsilon stay those of the configuration (the sharpness tests use 1/4).
 
@@ -303,10 +327,25 @@ def run_audit(
         _positive_int("seed", seed, 0)
     if _noise_scale != 1.0:
         _positive_float("_noise_scale", _noise_scale)
+    runs = _positive_int("runs", runs, 1, 1000)
+    from lightning_dpts.audit.canaries import SHAPES
+
+    if canary_shape not in SHAPES:
+        raise ConfigurationError("canary_shape", canary_shape, f"must be one of {', '.join(SHAPES)}")
+    if canary_offset is not None:
+        _positive_int("canary_offset", canary_offset, 0)
     if output_dir is not None:
         from lightning_dpts.outputs import check_output_dir
 
         check_output_dir(output_dir, overwrite)
+    if runs > 1:
+        return _pooled_runs(runs, started, output_dir, overwrite, progress, dict(
+            epsilon=epsilon, delta=delta, canaries=m, steps=steps, data=data, context_length=context_length,
+            prediction_length=prediction_length, chunk_length=chunk_length, batch_size=batch_size,
+            relation=relation, magnitude=magnitude, max_grad_norm=max_grad_norm, scale_series=scale_series,
+            module=module, strategy_options=strategy_options, windows_per_canary=windows_per_canary,
+            black_box=black_box, confidence=confidence, seed=seed, canary_shape=canary_shape,
+            canary_offset=canary_offset, _noise_scale=_noise_scale))
 
     from lightning_dpts.randomness import numpy_generator, resolve_entropy
 
@@ -334,7 +373,7 @@ def run_audit(
 
     plan = plan_canaries(lengths, count=m, relation=relation, past_length=context_length,
                          prediction_length=prediction_length, magnitude=magnitude,
-                         rng=numpy_generator(entropy, _ENTROPY_PLACES))
+                         rng=numpy_generator(entropy, _ENTROPY_PLACES), shape=canary_shape, offset=canary_offset)
     coins = plan.included
 
     import lightning as L
@@ -382,7 +421,7 @@ def run_audit(
     windows = canary_windows(plan, lengths, dm.past_length, prediction_length, windows_per_canary,
                              numpy_generator(entropy, _ENTROPY_PLACES, 1))
     scorer = WhiteBoxScorer(plan, windows, world_in, world_out, max_grad_norm=max_grad_norm,
-                            noise_std=sigma * max_grad_norm, batch_size=batch_size)
+                            noise_std=sigma * max_grad_norm, batch_size=batch_size, center=module is not None)
     strategy.audit_observer = scorer
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
@@ -397,26 +436,74 @@ def run_audit(
         raise RuntimeError(f"the audit observed {scorer.steps} noisy steps, expected {steps}")
     black = black_box_scores(model, windows, world_in, world_out, m, initial) if black_box else None
 
-    from lightning_dpts.audit.estimators import one_run_epsilon_lower_bound, one_run_fdp_lower_bound
-
-    bounds: dict[str, dict[str, Any]] = {}
-    for kind, scores in (("white_box", scorer.scores), ("black_box", black)):
-        if scores is None:
-            continue
-        bounds[f"{kind}_one_run"] = one_run_epsilon_lower_bound(scores, coins, delta=delta,
-                                                                confidence=confidence).as_dict()
-        bounds[f"{kind}_fdp"] = one_run_fdp_lower_bound(scores, coins, delta=delta, confidence=confidence).as_dict()
+    bounds = _bounds(scorer.scores, black, coins, delta, confidence)
     config = {"epsilon": epsilon, "delta": delta, "canaries": m, "steps": steps, "data": data if isinstance(
         data, str) else "given", "num_series": num_series, "context_length": context_length,
         "prediction_length": prediction_length, "chunk_length": chunk_length, "batch_size": batch_size,
         "relation": {"level": relation.level, "size": relation.size, "value_bound": relation.value_bound},
         "magnitude": magnitude, "scale_series": scale_series, "max_grad_norm": max_grad_norm,
-        "windows_per_canary": windows_per_canary,
+        "windows_per_canary": windows_per_canary, "canary_shape": canary_shape, "canary_offset": canary_offset,
         "confidence": confidence, "model": type(model).__name__, "seeded": seed is not None,
         "sampling_spec": {"top_level_rate": spec.top_level_rate, "bottom_level_rate": spec.bottom_level_rate,
                           "num_start_positions": spec.num_start_positions}}
+    # fixed by the configuration, before any score is seen: with one window per series and every series in every
+    # batch (no sampling at all, hidden or credited) the training is exactly the Gaussian mechanism the accountant
+    # composes, whatever the module, and the white-box scores are sums of Gaussian likelihood ratios
+    exact = spec.top_level_rate == 1.0 and spec.num_start_positions == 1
     result = AuditResult(accountant_epsilon, delta, float(sigma), steps, m, coins, bounds, scorer.scores, black,
-                         config, noise_scale=float(_noise_scale))
+                         config, noise_scale=float(_noise_scale), primary=PRIMARY_GAUSSIAN if exact else PRIMARY)
+    result.seconds = time.perf_counter() - started
+    if output_dir is not None:
+        write_audit(result, output_dir, overwrite)
+    say(result.table())
+    return result
+
+
+def _bounds(white: np.ndarray, black: np.ndarray | None, coins: np.ndarray, delta: float, confidence: float,
+            runs: int = 1) -> dict[str, dict[str, Any]]:
+    """Every bound of the audit from its scores and coins (each at ``confidence``)."""
+    from lightning_dpts.audit.estimators import (
+        gaussian_scores_lower_bound,
+        one_run_epsilon_lower_bound,
+        one_run_fdp_lower_bound,
+    )
+
+    bounds: dict[str, dict[str, Any]] = {}
+    for kind, scores in (("white_box", white), ("black_box", black)):
+        if scores is None:
+            continue
+        bounds[f"{kind}_one_run"] = one_run_epsilon_lower_bound(scores, coins, delta=delta,
+                                                                confidence=confidence).as_dict()
+        bounds[f"{kind}_fdp"] = one_run_fdp_lower_bound(scores, coins, delta=delta, confidence=confidence).as_dict()
+        bounds[f"{kind}_gauss"] = gaussian_scores_lower_bound(scores, coins, delta=delta, confidence=confidence,
+                                                              runs=runs).as_dict()
+        for name in ("one_run", "fdp"):
+            bounds[f"{kind}_{name}"]["runs"] = runs
+    return bounds
+
+
+def _pooled_runs(runs: int, started: float, output_dir: str | Path | None, overwrite: bool,
+                 progress: Callable[[str], None] | None, options: dict[str, Any]) -> AuditResult:
+    """``runs`` independent audits of one configuration, their canaries pooled into one game."""
+    say = progress or (lambda _line: None)
+    seed = options.pop("seed")
+    results = []
+    for r in range(runs):
+        run_seed = None if seed is None else int(np.random.SeedSequence([seed, r]).generate_state(1)[0])
+        say(f"audit: run {r + 1} of {runs}")
+        results.append(run_audit(seed=run_seed, progress=None, **options))
+    from lightning_dpts.audit.estimators import pool_runs
+
+    white, coins = pool_runs([x.white_box_scores for x in results], [x.included for x in results])
+    black = None
+    if all(x.black_box_scores is not None for x in results):
+        black, _ = pool_runs([x.black_box_scores for x in results], [x.included for x in results])
+    first = results[0]
+    bounds = _bounds(white, black, coins, first.delta, float(options["confidence"]), runs)
+    config = {**first.config, "runs": runs, "seeded": seed is not None}
+    result = AuditResult(first.accountant_epsilon, first.delta, first.noise_multiplier, first.steps,
+                         int(coins.size), coins, bounds, white, black, config, noise_scale=first.noise_scale,
+                         primary=first.primary, runs=runs)
     result.seconds = time.perf_counter() - started
     if output_dir is not None:
         write_audit(result, output_dir, overwrite)
@@ -449,14 +536,14 @@ def write_audit(result: AuditResult, output_dir: str | Path, overwrite: bool = F
 def plot_audit(result: AuditResult, path: str | Path) -> None:
     """Bar chart of every lower bound (with its confidence in the label; the primary one in colour) and the
     accountant's epsilon as a line."""
-    from lightning_dpts.plots import _pyplot, save_figure
+    from lightning_dpts.outputs import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(result.bounds)
     values = [float(result.bounds[n]["epsilon"]) for n in names]
-    ax.barh(range(len(names)), values, color=["tab:blue" if n == PRIMARY else "tab:gray" for n in names])
-    ax.set_yticks(range(len(names)), [f"{n.replace('_', ' ')}{' (primary)' if n == PRIMARY else ''} "
+    ax.barh(range(len(names)), values, color=["tab:blue" if n == result.primary else "tab:gray" for n in names])
+    ax.set_yticks(range(len(names)), [f"{n.replace('_', ' ')}{' (primary)' if n == result.primary else ''} "
                                       f"({float(result.bounds[n]['confidence']):.0%})" for n in names])
     ax.axvline(result.accountant_epsilon, color="tab:red", label=f"accountant: {result.accountant_epsilon:.3g}")
     ax.set_xlabel(f"epsilon at delta={result.delta:g}")

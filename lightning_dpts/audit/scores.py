@@ -106,10 +106,15 @@ class WhiteBoxScorer:
         max_grad_norm: C.
         noise_std: sigma * C, the std the accountant assumes for the noise on the summed clipped gradient.
         batch_size: Lambda, the divisor of Algorithm 2.
+        center: also subtract every *other* canary's expected contribution, sum_k (a_k + b_k) / 2 averaged over
+            k's scored windows, from the update before scoring canary j (what the auditor knows of the rest of the
+            batch when every series holds a canary): removes the other canaries' known offsets in shared
+            parameters, leaving only their coins' +-(a_k - b_k) / 2 as interference. Holds every scored window's
+            gradient at once (for small models; the audit model's orthogonal levels do not need it).
     """
 
     def __init__(self, plan: CanaryPlan, windows: CanaryWindows, world_in: Any, world_out: Any, *,
-                 max_grad_norm: float, noise_std: float, batch_size: int) -> None:
+                 max_grad_norm: float, noise_std: float, batch_size: int, center: bool = False) -> None:
         self.plan = plan
         self.windows = windows
         self.batch_in = window_batch(world_in, windows.rows, windows.starts)
@@ -119,14 +124,15 @@ class WhiteBoxScorer:
         self.batch_size = int(batch_size)
         self.scores = np.zeros(len(plan), dtype=np.float64)
         self.steps = 0
+        self.center = bool(center)
 
     def __call__(self, module: L.LightningModule, strategy: Any, step: int, noisy: list[torch.Tensor]) -> None:
-        iso: IsolatedGradients = strategy._isolated_gradients(module)
+        iso: IsolatedGradients = strategy.noisy_step.isolated_gradients(module)
         y = torch.cat([g.reshape(-1) for g in noisy]).to(torch.float64) * self.batch_size
         numel = y.numel()
         leaves_in, spec_in, pw_in, n = iso.split(self.batch_in)
         leaves_out, spec_out, pw_out, _ = iso.split(self.batch_out)
-        chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, numel)))
+        chunk = n if self.center else max(1, min(n, _CHUNK_ELEMENTS // max(1, numel)))
         per_window = np.zeros(n, dtype=np.float64)
         scale = self.noise_std ** 2
         with iso._context():
@@ -136,7 +142,17 @@ class WhiteBoxScorer:
                 b = _per_window_grads(iso, self.batch_out, lo, hi, leaves_out, spec_out, pw_out).to(torch.float64)
                 a = a * clip_factors(a.pow(2).sum(1), self.max_grad_norm).to(a.dtype)[:, None]
                 b = b * clip_factors(b.pow(2).sum(1), self.max_grad_norm).to(b.dtype)[:, None]
-                llr = ((a - b) @ y - 0.5 * (a.pow(2).sum(1) - b.pow(2).sum(1))) / scale
+                target = y
+                if self.center:  # y - sum_{k != owner} c_k, c_k = mean over k's windows of (a + b) / 2
+                    owner = torch.from_numpy(self.windows.owner)
+                    weight = torch.from_numpy(1.0 / np.maximum(self.windows.count, 1.0))[owner][:, None]
+                    c = torch.zeros(len(self.plan), numel, dtype=torch.float64).index_add_(
+                        0, owner, 0.5 * (a + b) * weight)
+                    target = y[None, :] - c.sum(0)[None, :] + c[owner]
+                    llr = ((a - b) * target).sum(1) - 0.5 * (a.pow(2).sum(1) - b.pow(2).sum(1))
+                else:
+                    llr = (a - b) @ y - 0.5 * (a.pow(2).sum(1) - b.pow(2).sum(1))
+                llr = llr / scale
                 per_window[lo:hi] = llr.cpu().numpy()
         self.scores += np.bincount(self.windows.owner, weights=per_window, minlength=len(self.plan)) / np.maximum(
             self.windows.count, 1.0)

@@ -6,25 +6,33 @@ import os
 import types
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import numpy as np
-import pandas as pd
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_dpts.data.features import dynamic_feature_stack, num_time_features
+from lightning_dpts.data.evaluation_windows import EvaluationWindow, gluonts_pairs, split_windows, windows_of
+from lightning_dpts.data.layout import (
+    _require_int,
+    check_time_feat_width,
+    collect,
+    drop_short,
+    inspect_model,
+    plan_fields,
+    static_block,
+    too_short,
+    window_lengths,
+    window_stores,
+)
 from lightning_dpts.data.model_checks import lag_amplification_warning
 from lightning_dpts.data.sampler import (
     EpochDataLoader,
     FixedWindows,
     StructuredSampler,
-    WindowStore,
-    check_float32_range,
 )
-from lightning_dpts.data.sources import BUNDLED_DATASETS, SeriesCollection, to_collection
+from lightning_dpts.data.store import series_lengths
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.mechanisms import BottomLevelScheme, TopLevelScheme
 from lightning_dpts.privacy.spec import NeighbouringRelation, SamplingSpec
@@ -32,55 +40,6 @@ from lightning_dpts.randomness import SEEDED_NOTICE, resolve_entropy
 
 __all__ = ["EvaluationWindow", "StructuredSubsamplingDataModule", "too_short"]
 
-_TARGET_KEYS = ("past_target", "past_observed_values", "future_target", "future_observed_values")
-_PRODUCIBLE = set(_TARGET_KEYS) | {
-    "past_time_feat",
-    "future_time_feat",
-    "feat_static_cat",
-    "feat_static_real",
-}
-
-
-@dataclass(frozen=True)
-class EvaluationWindow:
-    """One forecast to score: the history before the forecast start and the ground truth after it.
-
-    Attributes:
-        item_id: the series' identifier.
-        series_index: position of the series in the datamodule (after dropping short series).
-        window: 0-based index of the rolling window within its split (0 = earliest).
-        start: first time stamp of the series, or ``None`` when the input had no time stamps.
-        forecast_start: first time stamp of the forecast, or ``None``.
-        history: every value before the forecast start, ``[t]`` (univariate) or ``[t, D]``; NaN = missing.
-        target: the ``prediction_length`` true values, ``[L_F]`` or ``[L_F, D]``.
-    """
-
-    item_id: str
-    series_index: int
-    window: int
-    start: pd.Period | None
-    forecast_start: pd.Period | None
-    history: np.ndarray
-    target: np.ndarray
-
-
-def too_short(lengths: Any, prediction_length: int, held_out_windows: int) -> np.ndarray:
-    """Which series are too short to train on: a boolean mask over ``lengths`` (time steps, public metadata).
-
-    A series is too short when its training part, what is left after the ``held_out_windows`` windows of
-    ``prediction_length`` steps held out at its end (test and validation windows), is shorter than
-    ``prediction_length``: no training window fits in it. The one rule that
-    :class:`StructuredSubsamplingDataModule` refuses (or drops, ``drop_short_series=True``) by, and that the recipe's
-    :meth:`~lightning_dpts.recipe.PrivateTraining.keep` leaves out by (issue 38: they disagreed).
-    """
-    sizes = np.asarray([int(n) for n in lengths], dtype=np.int64)
-    return sizes - int(held_out_windows) * int(prediction_length) < int(prediction_length)
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigurationError(name, value, f"must be an integer >= {minimum}")
-    return int(value)
 
 
 class StructuredSubsamplingDataModule(L.LightningDataModule):
@@ -185,52 +144,22 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         self.num_workers = _require_int("num_workers", num_workers, 0)
         relation = NeighbouringRelation() if relation is None else relation
 
-        inputs, model_past, model_context, model_prediction = self._inspect_model(model)
-        if prediction_length is None:
-            prediction_length = model_prediction
-        if prediction_length is None:
-            raise ConfigurationError("prediction_length", None, "give it, or a model that knows it")
-        self.prediction_length = _require_int("prediction_length", prediction_length, 1)
-        if model_prediction is not None and model_prediction != self.prediction_length:
-            raise ConfigurationError(
-                "prediction_length",
-                prediction_length,
-                f"must match the model's prediction_length={model_prediction}",
-            )
-        if context_length is None:
-            context_length = model_context
-        if context_length is None:
-            raise ConfigurationError("context_length", None, "give it, or a model that knows it")
-        self.context_length = _require_int("context_length", context_length, 1)
-        if model_context is not None and model_context != self.context_length:
-            raise ConfigurationError(
-                "context_length", context_length, f"must match the model's context_length={model_context}"
-            )
-        if past_length is None:
-            past_length = model_past if model_past is not None else self.context_length
-        self.past_length = _require_int("past_length", past_length, self.context_length)
-        if model_past is not None and model_past != self.past_length:
-            raise ConfigurationError(
-                "past_length", past_length, f"must match the past length the model reads ({model_past})"
-            )
+        inputs, model_past, model_context, model_prediction = inspect_model(model)
+        self.context_length, self.prediction_length, self.past_length = window_lengths(
+            context_length, prediction_length, past_length, model_context, model_prediction, model_past)
         self.batch_size = _require_int("batch_size", batch_size, 1)
         self.eval_batch_size = _require_int(
             "eval_batch_size", self.batch_size if eval_batch_size is None else eval_batch_size, 1
         )
 
         # --- data, splits -----------------------------------------------------------------------------
-        if isinstance(data, (str, os.PathLike)) and str(data) not in BUNDLED_DATASETS:
-            data, freq = self._read_file(data, freq, id_column, timestamp_column, value_column)
-            id_column, timestamp_column, value_column = "item_id", "timestamp", "target"
-        collection = to_collection(
-            data, freq=freq, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column
-        )
-        self.dropped_series: list[str] = []
-        collection = self._drop_short(collection, drop_short_series)
+        collection = collect(data, freq, id_column, timestamp_column, value_column)
+        collection, self.dropped_series = drop_short(collection, drop_short_series, self.prediction_length,
+                                                     self.test_windows + self.val_windows)
         self.collection = collection
         self.freq = collection.freq
         held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        self.train_lengths = np.array([len(t) - held_out for t in collection.targets], dtype=np.int64)
+        self.train_lengths = series_lengths(collection) - held_out
 
         # --- the sampling description (validates Lambda, lambda, N, modes, noise, relation) -------------
         self._spec = SamplingSpec(
@@ -255,21 +184,14 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
                           "dpts fit --max-lag), e.g. to the seasonal period", UserWarning, stacklevel=2)
 
         # --- batch fields and features ------------------------------------------------------------------
-        self.keys, self._feature_kind, static_cat_width, static_real_width = self._plan_fields(inputs, collection)
-        self.static_cat = self._static(collection.feat_static_cat, static_cat_width, np.int64, "feat_static_cat")
-        self.static_real = self._static(collection.feat_static_real, static_real_width, np.float32, "feat_static_real")
-        dynamic = self._dynamic_features(collection)
-        self._full_store = WindowStore(
-            collection.targets, self.past_length, self.prediction_length, dynamic, names=collection.item_ids
-        )
-        self._train_store = WindowStore(
-            [t[:n] for t, n in zip(collection.targets, self.train_lengths, strict=True)],
-            self.past_length,
-            self.prediction_length,
-            None if dynamic is None else [d[:n] for d, n in zip(dynamic, self.train_lengths, strict=True)],
-            names=collection.item_ids,
-        )
-        self._check_time_feat_width(inputs)
+        self.keys, self._feature_kind, static_cat_width, static_real_width = plan_fields(inputs, collection)
+        self.static_cat = static_block(collection, collection.feat_static_cat, static_cat_width, np.int64,
+                                       "feat_static_cat")
+        self.static_real = static_block(collection, collection.feat_static_real, static_real_width, np.float32,
+                                        "feat_static_real")
+        self._full_store, self._train_store = window_stores(collection, self.train_lengths, self.past_length,
+                                                            self.prediction_length, self._feature_kind)
+        check_time_feat_width(inputs, self._train_store)
         # With no validation (test) windows, present val_dataloader (test_dataloader) as not overridden so
         # that Lightning has no validation loop (GluonTS modules then monitor train_loss, not val_loss).
         if self.val_windows == 0:
@@ -286,151 +208,6 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
             univariate=collection.univariate,
             secure_mode=secure_mode,
         )
-
-    # ------------------------------------------------------------------------------------------------------
-    # Construction helpers
-    # ------------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _read_file(path: str | os.PathLike[str], freq: str | None, id_column: str, timestamp_column: str,
-                   value_column: str | Sequence[str]) -> tuple[pd.DataFrame, str]:
-        """A long-format CSV/Parquet file as ``dpts fit`` reads it (:func:`lightning_dpts.loading.load_long_table`)."""
-        from lightning_dpts.loading import load_long_table
-
-        if not os.path.isfile(path):
-            raise ConfigurationError("data", str(path), "is neither a bundled dataset name "
-                                     f"({', '.join(sorted(BUNDLED_DATASETS))}) nor an existing CSV/Parquet file")
-        if not isinstance(value_column, str):
-            raise ConfigurationError("value_column", value_column, "must be one column name when data is a file")
-        return load_long_table(path, id_column, timestamp_column, value_column, freq)
-
-    @staticmethod
-    def _inspect_model(
-        model: Any,
-    ) -> tuple[dict[str, tuple[int, ...]] | None, int | None, int | None, int | None]:
-        """(input name -> shape for batch size 1, past length, context length, prediction length)."""
-        if model is None:
-            return None, None, None, None
-        inner = getattr(model, "model", model)
-        if not hasattr(inner, "describe_inputs"):
-            raise ConfigurationError(
-                "model",
-                type(model).__name__,
-                "must be a GluonTS torch model/LightningModule with describe_inputs()",
-            )
-        spec = inner.describe_inputs(1)
-        inputs = {name: tuple(int(s) for s in spec[name].shape) for name in spec}
-        past = inputs["past_target"][1] if "past_target" in inputs else None
-        context = getattr(inner, "context_length", None)
-        prediction = getattr(inner, "prediction_length", None)
-        return inputs, past, context, prediction
-
-    def _drop_short(self, collection: SeriesCollection, drop: bool) -> SeriesCollection:
-        held_out = (self.test_windows + self.val_windows) * self.prediction_length
-        mask = too_short([len(t) for t in collection.targets], self.prediction_length,
-                         self.test_windows + self.val_windows)
-        short = [int(i) for i in np.flatnonzero(mask)]
-        if not short:
-            return collection
-        if not drop:
-            item = collection.item_ids[short[0]]
-            raise ConfigurationError(
-                "data",
-                f"series {item!r} of length {len(collection.targets[short[0]])}",
-                f"its training part (length - {held_out} held-out steps) must have >= prediction_length="
-                f"{self.prediction_length} steps; {len(short)} series are too short. Pass "
-                "drop_short_series=True to drop them",
-            )
-        self.dropped_series = [collection.item_ids[i] for i in short]
-        dropped = set(short)  # built once: the membership test inside the loop made this quadratic
-        keep = [i for i in range(collection.num_series) if i not in dropped]
-        if not keep:
-            raise ConfigurationError("data", f"{len(short)} series", "all series are too short; none is left")
-        warnings.warn(
-            f"dropped {len(short)} of {collection.num_series} series whose training part is shorter than "
-            f"prediction_length={self.prediction_length}",
-            UserWarning,
-            stacklevel=3,
-        )
-        return collection.subset(keep)
-
-    def _plan_fields(
-        self, inputs: dict[str, tuple[int, ...]] | None, collection: SeriesCollection
-    ) -> tuple[tuple[str, ...], str, int, int]:
-        """Batch keys, dynamic-feature kind, static cat width, static real width."""
-        has_time = collection.starts is not None and collection.freq is not None
-        if inputs is None:
-            keys = list(_TARGET_KEYS)
-            kind = "gluonts" if has_time else ("user" if collection.feat_dynamic_real is not None else "none")
-            if kind != "none":
-                keys += ["past_time_feat", "future_time_feat"]
-            cat = 1 if collection.feat_static_cat is None else collection.feat_static_cat.shape[1]
-            real = 1 if collection.feat_static_real is None else collection.feat_static_real.shape[1]
-            return tuple(keys + ["feat_static_cat", "feat_static_real"]), kind, cat, real
-        if "past_target" not in inputs:
-            raise ConfigurationError("model", sorted(inputs), "must declare a 'past_target' input")
-        unknown = sorted(set(inputs) - _PRODUCIBLE)
-        if unknown:
-            raise ConfigurationError(
-                "model", f"input {unknown[0]!r}", f"the datamodule produces only {sorted(_PRODUCIBLE)}"
-            )
-        keys = [k for k in inputs if k not in ("future_target", "future_observed_values")]
-        keys += ["future_target", "future_observed_values"]
-        kind = "none"
-        if "past_time_feat" in inputs or "future_time_feat" in inputs:
-            width = inputs.get("past_time_feat", inputs.get("future_time_feat"))[-1]
-            user = 0 if collection.feat_dynamic_real is None else collection.feat_dynamic_real[0].shape[1]
-            full = num_time_features(collection.freq) + 1 + user if has_time else None
-            if width == 0:
-                kind = "none"
-            elif full is not None and width == full:
-                kind = "gluonts"
-            elif user and width == user:
-                kind = "user"
-            else:
-                raise ConfigurationError(
-                    "model",
-                    f"num_feat_dynamic_real={width}",
-                    f"the datamodule builds time features + age + feat_dynamic_real = {full} columns "
-                    f"(needs time stamps and freq; got freq={collection.freq!r}) "
-                    f"or the user's {user} columns",
-                )
-        cat = inputs.get("feat_static_cat", (1, 0))[-1]
-        real = inputs.get("feat_static_real", (1, 0))[-1]
-        return tuple(keys), kind, cat, real
-
-    def _static(self, given: np.ndarray | None, width: int, dtype: type, name: str) -> np.ndarray:
-        num = self.collection.num_series
-        if given is None:
-            # GluonTS estimators add a dummy static feature ([0] / [0.0]) when none exists.
-            return np.zeros((num, width), dtype=dtype)
-        if given.shape[1] != width:
-            raise ConfigurationError(name, f"{given.shape[1]} columns", f"the model expects {width}")
-        if np.issubdtype(dtype, np.floating):
-            check_float32_range(list(np.asarray(given, dtype=np.float64)), name, self.collection.item_ids)
-        return np.ascontiguousarray(given, dtype=dtype)
-
-    def _dynamic_features(self, collection: SeriesCollection) -> list[np.ndarray] | None:
-        if self._feature_kind == "none":
-            return None
-        out = []
-        for n, target in enumerate(collection.targets):
-            out.append(
-                dynamic_feature_stack(
-                    None if collection.starts is None else collection.starts[n],
-                    len(target),
-                    collection.freq,
-                    None if collection.feat_dynamic_real is None else collection.feat_dynamic_real[n],
-                    self._feature_kind,
-                )
-            )
-        return out
-
-    def _check_time_feat_width(self, inputs: dict[str, tuple[int, ...]] | None) -> None:
-        if inputs is None or "past_time_feat" not in inputs:
-            return
-        expected, got = inputs["past_time_feat"][-1], self._train_store.dynamic.shape[-1]
-        if expected != got:  # pragma: no cover - guarded by _plan_fields
-            raise ConfigurationError("model", f"num_feat_dynamic_real={expected}", f"the datamodule built {got}")
 
     # ------------------------------------------------------------------------------------------------------
     # Public description
@@ -572,17 +349,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
 
     def _windows(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, forecast starts, window number) of the deterministic windows of ``split``."""
-        if split == "val":
-            first, count = 0, self.val_windows
-        elif split == "test":
-            first, count = self.val_windows, self.test_windows
-        else:
-            raise ConfigurationError("split", split, "must be 'val' or 'test'")
-        num = self.collection.num_series
-        rows = np.repeat(np.arange(num, dtype=np.int64), count)
-        window = np.tile(np.arange(count, dtype=np.int64), num)
-        starts = self.train_lengths[rows] + (first + window) * self.prediction_length
-        return rows, starts, window
+        return split_windows(self.train_lengths, self.prediction_length, self.val_windows, self.test_windows, split)
 
     def _eval_loader(self, split: str) -> DataLoader | list:
         rows, starts, _ = self._windows(split)
@@ -625,7 +392,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         and ``future_observed_values``), in the order of :meth:`evaluation_windows` for that split, so
         ``trainer.predict`` outputs line up with ``evaluation_windows(dm.predict_split)``. Deterministic: no
         training randomness is used. GluonTS modules have no ``predict_step``; see
-        :func:`lightning_dpts.export.attach_quantile_predict_step`: without it, ``trainer.predict`` on a GluonTS
+        :func:`lightning_dpts.app.export.attach_quantile_predict_step`: without it, ``trainer.predict`` on a GluonTS
         module is refused here (Lightning's default step would fail inside GluonTS' ``forward``).
         """
         _check_predict_step(getattr(self, "trainer", None))
@@ -633,26 +400,7 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
 
     def evaluation_windows(self, split: str = "test") -> list[EvaluationWindow]:
         """Everything needed to score forecasts of ``split`` (``"val"`` or ``"test"``), in loader order."""
-        rows, starts, window = self._windows(split)
-        out = []
-        squeeze = self.collection.univariate
-        for row, start, w in zip(rows.tolist(), starts.tolist(), window.tolist(), strict=True):
-            series = self.collection.targets[row]
-            first = None if self.collection.starts is None else self.collection.starts[row]
-            history = series[:start]
-            truth = series[start : start + self.prediction_length]
-            out.append(
-                EvaluationWindow(
-                    item_id=self.collection.item_ids[row],
-                    series_index=row,
-                    window=w,
-                    start=first,
-                    forecast_start=None if first is None else first + start,
-                    history=history[:, 0] if squeeze else history,
-                    target=truth[:, 0] if squeeze else truth,
-                )
-            )
-        return out
+        return windows_of(self.collection, *self._windows(split), self.prediction_length)
 
     def gluonts_test_pairs(self, split: str = "test") -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """GluonTS-style ``(input entry, label entry)`` pairs, as ``gluonts.dataset.split`` produces.
@@ -662,27 +410,8 @@ class StructuredSubsamplingDataModule(L.LightningDataModule):
         true values and the forecast start. Use them with a GluonTS ``Predictor`` and
         ``gluonts.model.evaluate_forecasts``.
         """
-        pairs = []
-        for w in self.evaluation_windows(split):
-            n = w.series_index
-            history = w.history if self.collection.univariate else w.history.T
-            entry: dict[str, Any] = {
-                "target": np.asarray(history, dtype=np.float32),
-                "start": w.start,
-                "item_id": w.item_id,
-                "feat_static_cat": self.static_cat[n],
-                "feat_static_real": self.static_real[n],
-            }
-            if self.collection.feat_dynamic_real is not None:
-                stop = len(w.history) + self.prediction_length
-                entry["feat_dynamic_real"] = np.asarray(self.collection.feat_dynamic_real[n][:stop].T, np.float32)
-            label = {
-                "target": w.target if self.collection.univariate else w.target.T,
-                "start": w.forecast_start,
-                "item_id": w.item_id,
-            }
-            pairs.append((entry, label))
-        return pairs
+        return gluonts_pairs(self.evaluation_windows(split), self.collection, self.static_cat, self.static_real,
+                             self.prediction_length)
 
     def describe(self) -> str:
         """A one-paragraph human-readable summary of data, splits and sampling."""
@@ -713,6 +442,6 @@ def _check_predict_step(trainer: Any) -> None:
     raise ConfigurationError(
         "predict_step", type(module).__name__,
         "a GluonTS module has no predict_step, and Lightning's default cannot feed it a batch dict: call "
-        "lightning_dpts.export.attach_quantile_predict_step(module) before trainer.predict (it returns forecast "
+        "lightning_dpts.app.export.attach_quantile_predict_step(module) before trainer.predict (it returns forecast "
         "quantiles [B, L_F, Q]), or forecast with the GluonTS predictor (estimator.create_predictor)",
     )

@@ -549,7 +549,7 @@ def long_table(
         frame: the table (one row per series and time step).
         id_column, timestamp_column, value_column: its column names (a name left at its default that the table
             lacks is read from the old ``dpts`` default, ``id`` / ``value``, with a ``DeprecationWarning``:
-            :func:`lightning_dpts.columns.resolve_columns`).
+            :func:`lightning_dpts.data.columns.resolve_columns`).
         freq: the pandas frequency, or ``None`` to infer it.
         parameters: the names under which errors report the three columns.
         first_line: file line number of row 0 (2 for a CSV with a header), to name lines in errors.
@@ -557,7 +557,7 @@ def long_table(
     Returns:
         The table sorted by series (first appearance) then time, and the period frequency string.
     """
-    from lightning_dpts.columns import resolve_columns
+    from lightning_dpts.data.columns import resolve_columns
 
     id_column, timestamp_column, value_column = resolve_columns(frame.columns, id_column, timestamp_column,
                                                                 value_column)
@@ -691,7 +691,7 @@ def to_collection(
         )
     elif isinstance(data, pd.DataFrame):
         if isinstance(value_column, str):  # old default columns (id, value): read with a DeprecationWarning
-            from lightning_dpts.columns import resolve_columns
+            from lightning_dpts.data.columns import resolve_columns
 
             id_column, timestamp_column, value_column = resolve_columns(data.columns, id_column, timestamp_column,
                                                                         value_column)

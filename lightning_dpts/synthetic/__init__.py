@@ -1,6 +1,7 @@
 """DP synthetic time series by Private Evolution (PETS, Luo et al.): generator, VAE variation, contrastive
-encoders, DP nearest-neighbour voting, Context-FID and TSTR. The ``dpts synth`` job is
-:func:`lightning_dpts.jobs.synth.run_synth`.
+encoders, DP nearest-neighbour voting and Context-FID. The ``dpts synth`` job is
+:func:`lightning_dpts.app.jobs.synth.run_synth`; its configuration and TSTR scoring are in
+:mod:`lightning_dpts.app.synth_pipeline`.
 
 Only the noisy vote histogram (Algorithm 2) touches private data; the models are trained on public data. See
 ``docs/synthetic.md``. Names are imported lazily, so ``dpts`` builds its parser without importing torch.
@@ -19,7 +20,6 @@ _LAZY = {
     "PretrainConfig": "pretrain",
     "PrivateWindows": "evolution",
     "PublicModels": "pretrain",
-    "SynthConfig": "pipeline",
     "VariationVAE": "models",
     "calibrate_pets_noise": "privacy",
     "dp_nn_histogram": "evolution",
@@ -33,7 +33,6 @@ _LAZY = {
     "standardize_windows": "generator",
     "theorem_2_delta": "privacy",
     "theorem_2_epsilon": "privacy",
-    "tstr_scores": "pipeline",
     "variation_schedule": "models",
     "vote_histogram": "evolution",
 }

@@ -200,7 +200,7 @@ def private_evolution(
         round_callback: called with the round number after each round (progress bars).
         noise_free: **not differentially private**: skip the vote noise (sigma = 0). A seam for tests and for
             ``benchmarks/synthetic.py``'s ceiling (what the votes could do without noise); no ``dpts synth`` option
-            and no :class:`~lightning_dpts.synthetic.pipeline.SynthConfig` field reaches it.
+            and no :class:`~lightning_dpts.app.synth_pipeline.SynthConfig` field reaches it.
     """
     if num_samples % num_classes != 0:
         raise ConfigurationError("num_samples", num_samples, f"must be a multiple of the number of classes "

@@ -59,9 +59,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.accountant import PrivacyReport, StructuredSubsamplingAccountant
-from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
+from lightning_dpts.privacy.montecarlo import MonteCarloAccountant
 from lightning_dpts.privacy.risk import RiskReadout, metric_names, no_risk
 from lightning_dpts.privacy.spec import SamplingSpec
+from lightning_dpts.training.monte_carlo_run import (
+    build_monte_carlo,
+    finish_monte_carlo,
+    planned_steps,
+    start_monte_carlo,
+)
 from lightning_dpts.training.roles import StepAccountant
 from lightning_dpts.training.strategy import DPForecastStrategy, PrivacyBudgetExhausted
 
@@ -108,7 +114,7 @@ class AccountantCallback(StepAccountant):
         report: the final :class:`~lightning_dpts.privacy.PrivacyReport` (after fitting).
         hyperparameters: the DP settings logged once per run through every logger's ``log_hyperparams`` under
             the key ``"dp"`` (sigma, C, delta, budget, Lambda, lambda, sampling levels and rates, relation,
-            theorem; see :func:`lightning_dpts.hparams.dp_hyperparameters`), set in ``on_train_start``.
+            theorem; see :func:`lightning_dpts.training.hparams.dp_hyperparameters`), set in ``on_train_start``.
     """
 
     def __init__(
@@ -142,10 +148,7 @@ class AccountantCallback(StepAccountant):
             raise ConfigurationError("bound", bound, "must be 'upper' or 'lower'")
         if not (isinstance(grid_rtol, (int, float)) and 0 < grid_rtol <= 0.5):
             raise ConfigurationError("grid_rtol", grid_rtol, "must lie in (0, 0.5]")
-        self.epsilon = float(epsilon)
-        self.delta = float(delta)
-        self.bound = bound
-        self.grid_rtol = float(grid_rtol)
+        self.epsilon, self.delta, self.bound, self.grid_rtol = float(epsilon), float(delta), bound, float(grid_rtol)
         if max_overhead is not None and not (isinstance(max_overhead, (int, float)) and max_overhead > 0):
             raise ConfigurationError("max_overhead", max_overhead, "must be a number > 0, or None")
         self.max_overhead = max_overhead
@@ -154,7 +157,7 @@ class AccountantCallback(StepAccountant):
         self.background_table = background_table
         self.log_name = log_name
         self._strategy_ref: DPForecastStrategy | None = None
-        self._loaded: dict[str, Any] | None = None
+        self._loaded: dict[str, Any] | None = None  # a restored checkpoint's state, checked at train start
         self.table: EpsilonTable | None = None
         self._rank = 0
         self._reset()
@@ -165,16 +168,16 @@ class AccountantCallback(StepAccountant):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Hold back TensorBoard's HParams session until ``on_train_start`` adds the DP settings to it (one session
-        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.hparams`)."""
+        with the module's ``save_hyperparameters()`` and ``dp/...``; :mod:`lightning_dpts.training.hparams`)."""
         if stage == "fit":
-            from lightning_dpts.hparams import defer_tensorboard_hparams
+            from lightning_dpts.training.hparams import defer_tensorboard_hparams
 
             defer_tensorboard_hparams(trainer.loggers)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """A fit refused before ``on_train_start`` logged: write the held-back session as it is. The table's thread
         has ended (:meth:`EpsilonTable.stop` waits for it), whatever ended the fit."""
-        from lightning_dpts.hparams import release_tensorboard_hparams
+        from lightning_dpts.training.hparams import release_tensorboard_hparams
 
         if self.table is not None:
             self.table.stop()
@@ -228,9 +231,7 @@ class AccountantCallback(StepAccountant):
         self._stop_table()  # a table of an earlier fit (kept for inspection) ends here
         self._last: tuple[int, float] = (0, 0.0)
         self._last_risk: RiskReadout | None = None  # the read-outs at the budget's last count (exact)
-        self._wait_time = 0.0
-        self._train_time = 0.0
-        self._timed_steps = 0
+        self._wait_time, self._train_time, self._timed_steps = 0.0, 0.0, 0
         self._tick: float | None = None
         self._bar_value: float | None = None
         self._bar_time = -math.inf
@@ -247,56 +248,22 @@ class AccountantCallback(StepAccountant):
         top = spec.top_level_scheme
         if top.needs_monte_carlo or (strategy.noise_spec.needs_monte_carlo
                                      and not top.pld_bands_covered(strategy.noise_spec.bands)):
-            self._start_monte_carlo(trainer, pl_module, spec, strategy, sigma)
+            self.monte_carlo, self.monte_carlo_epsilon, self.hyperparameters = start_monte_carlo(
+                self, trainer, pl_module, spec, strategy, sigma)
+            self.max_steps = self.monte_carlo.planned_steps
             return
         if self._loaded is not None:
-            saved_sigma, saved_spec = self._loaded.get("noise_multiplier"), self._loaded.get("spec")
-            if saved_sigma is not None and not math.isclose(saved_sigma, sigma, rel_tol=1e-9):
-                raise ConfigurationError(
-                    "noise_multiplier", sigma,
-                    f"the checkpoint's steps were accounted with noise_multiplier={saved_sigma}; keep it to resume",
-                )
-            if saved_spec is not None and not spec.matches_repr(saved_spec):
-                raise ConfigurationError(
-                    "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
-                )
+            check_resumed(self._loaded, sigma, spec)
             self._loaded = None
         ledger = strategy.begin(trainer, pl_module)  # the model's ledger: checkpoint, attached, or empty
-        if ledger.budget is not None and ledger.budget != (self.epsilon, self.delta):
-            rank_zero_warn(
-                f"AccountantCallback: the model's earlier steps were accounted with the budget "
-                f"epsilon={ledger.budget[0]:g}, delta={ledger.budget[1]:g}; this fit enforces "
-                f"epsilon={self.epsilon:g}, delta={self.delta:g} for the total of "
-                f"all {ledger.steps} earlier and the new steps"
-            )
-        ledger.budget = (self.epsilon, self.delta)
-        if spec.accounts_per_epoch and trainer.num_training_batches != spec.steps_per_epoch:
-            raise ConfigurationError(
-                "limit_train_batches", trainer.num_training_batches,
-                f"{spec.top_level!r} top level is accounted per epoch of spec.steps_per_epoch="
-                f"{spec.steps_per_epoch} steps; the Trainer's epoch must have exactly that many batches",
-            )
-        if top.separates_participations:  # cyclic Poisson: group t mod k of the run's step t (Theorem B.2)
-            if trainer.num_training_batches != spec.steps_per_epoch:
-                raise ConfigurationError(
-                    "limit_train_batches", trainer.num_training_batches,
-                    f"{spec.top_level!r} sampling makes group (t mod {spec.bands}) eligible at the run's step t = pass "
-                    f"x spec.steps_per_epoch={spec.steps_per_epoch} + step; a shorter Trainer epoch would let one "
-                    "series take part in noisy steps fewer than k apart: keep every batch and limit with max_steps",
-                )
-            if not ledger.empty:
-                raise ConfigurationError(
-                    "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
-                    f"the model's privacy ledger already holds {ledger.steps} noisy steps; cyclic Poisson sampling is "
-                    "accounted from the run's first step (its groups follow the step count of one run), so a "
-                    "continuation is not covered: start from freshly initialised weights",
-                )
+        set_budget(ledger, self.epsilon, self.delta)
+        check_epochs(trainer, spec, ledger)
         coefficients = strategy.coefficients if strategy.noise_spec.correlated else None
         acc = StructuredSubsamplingAccountant(spec, sigma, bound=self.bound, coefficients=coefficients)
         self.accountant = acc
         self._rank = rank_and_world_size(trainer)[0]
         accounted = ledger.accounted_steps(spec)
-        left = self._trainer_steps_left(trainer)
+        left = trainer_steps_left(trainer)
         plan = None if left is None else accounted + left  # the search stops at the Trainer's plan
         self._stop_table()
         if self._rank == 0 and plan is not None:
@@ -313,18 +280,7 @@ class AccountantCallback(StepAccountant):
             self._stop_table()
             raise
         strategy.step_cap = self.max_steps
-        if spec.accounts_per_epoch:
-            # Whole epochs remain; a partially done Trainer epoch (mid-epoch resume) finishes as a *new* epoch.
-            spe = spec.steps_per_epoch
-            remaining_epochs = (self.max_steps - accounted) // spe
-            done_in_epoch = trainer.global_step % spe
-            remaining = max(0, remaining_epochs * spe - done_in_epoch) if remaining_epochs > 0 else 0
-        else:
-            remaining = self.max_steps - accounted
-        loop = trainer.fit_loop.epoch_loop
-        allowed = trainer.global_step + max(0, remaining)
-        if loop.max_steps < 0 or loop.max_steps > allowed:
-            loop.max_steps = allowed
+        remaining = cap_trainer(trainer, spec, self.max_steps, accounted)
         if remaining <= 0:
             rank_zero_warn(
                 f"AccountantCallback: the budget epsilon={self.epsilon} at delta={self.delta} allows "
@@ -344,136 +300,22 @@ class AccountantCallback(StepAccountant):
     # ------------------------------------------------------------------------------------------------
     # Monte Carlo path (BandMF noise / b-min-sep sampling; docs/bandmf.md)
     # ------------------------------------------------------------------------------------------------
-    @staticmethod
-    def planned_steps(trainer: L.Trainer) -> int:
-        """n, the optimizer steps of the planned run: Trainer ``max_steps``, else ``max_epochs`` x batches/epoch
-        (the smaller of the two when both are set)."""
-        candidates = []
-        if trainer.max_steps is not None and trainer.max_steps >= 0:
-            candidates.append(int(trainer.max_steps))
-        epochs = trainer.max_epochs
-        if epochs is not None and epochs >= 0 and math.isfinite(trainer.num_training_batches):
-            candidates.append(int(epochs) * int(trainer.num_training_batches))
-        if not candidates:
-            raise ConfigurationError(
-                "max_steps", trainer.max_steps,
-                "the Monte Carlo accountant accounts the whole planned run: set Trainer(max_steps=...) or max_epochs",
-            )
-        return min(candidates)
+    planned_steps = staticmethod(planned_steps)
 
     def build_monte_carlo(self, spec: SamplingSpec, strategy: DPForecastStrategy, sigma: float,
                           planned_steps: int) -> MonteCarloAccountant:
-        """The Monte Carlo accountant of the planned run, in the sound series-level reading (docs/bandmf.md).
-
-        The mechanism is y = C x + z of Dong & Ganesh (2026, Section 5): b-min-sep participations x of one *series*
-        (warm start, p = p0 / (1 - p0 (b - 1)) with p0 = N'/N), add/remove of that series, whose contribution per
-        participation is at most lambda clipped windows, i.e. sensitivity lambda in units of C (the noise std is
-        sigma C). C is the strategy's BandMF matrix, or the identity column (1, 0, ..., 0) of length b for Gaussian
-        noise with b-min-sep sampling (DP-SGD). Leak probability 1: the fixed-direction structured pair is never
-        used (it is not a guarantee for substitution relations).
-        """
-        from lightning_dpts.data.bminsep import sampling_prob_for_rate
-
-        if not spec.top_level_scheme.separates_participations:
-            raise ConfigurationError(
-                "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
-                "the Monte Carlo accountant covers b-min-sep sampling only: use top_level='b_min_sep' with the "
-                "strategy's bands",
-            )
-        if not spec.bottom_level_scheme.bounded_windows_per_series:
-            raise ConfigurationError(
-                "datamodule.sampling_spec", f"bottom_level={spec.bottom_level!r}",
-                "the Monte Carlo accountant's series-level sensitivity is instances_per_series windows, which only "
-                "bottom_level='with_replacement' bounds (a Poisson bottom level may draw every start position)",
-            )
-        if strategy.noise_spec.correlated:
-            coefficients = tuple(strategy.coefficients or ())
-        else:
-            coefficients = (1.0,) + (0.0,) * (spec.bands - 1)
-        if len(coefficients) != spec.bands:
-            raise ConfigurationError(
-                "bands", len(coefficients), f"must equal the datamodule's b_min_sep bands={spec.bands}"
-            )
-        mechanism = BandMFMechanism(
-            iterations=planned_steps, coefficients=coefficients,
-            sampling_prob=sampling_prob_for_rate(spec.top_level_rate, spec.bands), noise_multiplier=sigma,
-            warm_start=True, leak_probability=1.0, sensitivity=float(spec.instances_per_series),
-        )
-        return MonteCarloAccountant(mechanism, samples=self.monte_carlo_samples)
-
-    def _start_monte_carlo(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: SamplingSpec,
-                           strategy: DPForecastStrategy, sigma: float) -> None:
-        """Build the Monte Carlo accountant, check the budget before any step, cap the Trainer at the plan."""
-        if self.bound != "upper":
-            raise ConfigurationError(
-                "bound", self.bound, "the Monte Carlo accountant gives EVR-verified upper bounds only; use 'upper'"
-            )
-        ledger = strategy.begin(trainer, pl_module)  # refuses to continue a BandMF ledger
-        if not ledger.empty:
-            raise ConfigurationError(
-                "datamodule.sampling_spec", "top_level='b_min_sep'",
-                f"the model's privacy ledger already holds {ledger.steps} noisy steps; the Monte Carlo accountant "
-                "accounts one planned run from its first step (a restarted b-min-sep sampler breaks the separation "
-                "across the restart), so a continuation is not covered: start from freshly initialised weights",
-            )
-        if trainer.num_training_batches != spec.steps_per_epoch:
-            raise ConfigurationError(
-                "limit_train_batches", trainer.num_training_batches,
-                f"b_min_sep sampling runs one chain over pass x spec.steps_per_epoch={spec.steps_per_epoch} steps; "
-                "a shorter Trainer epoch would skip chain steps, so consecutive noisy steps could sample the same "
-                "series (the separation the Monte Carlo accounting assumes): keep every batch of the epoch and "
-                "limit the run with max_steps",
-            )
-        planned = self.planned_steps(trainer)
-        acc = self.build_monte_carlo(spec, strategy, sigma, planned)
-        self.monte_carlo = acc
-        start = time.perf_counter()
-        eps = acc.substitution_epsilon(planned, self.delta)
-        seconds = time.perf_counter() - start
-        if not eps <= self.epsilon:
-            raise ConfigurationError(
-                "epsilon", self.epsilon,
-                f"is below the Monte Carlo (EVR-verified) epsilon={eps:.4g} at delta={self.delta:g} of the planned "
-                f"{planned} steps (series-level substitution, sigma={sigma:.4g}, bands={spec.bands}, "
-                f"{acc.samples} samples per direction): raise noise_multiplier, lower Trainer max_steps/max_epochs, "
-                "lower batch_size (the sampling rate), raise the budget, or raise monte_carlo_samples (a tighter "
-                "verified bound)",
-            )
-        self.monte_carlo_epsilon = eps
-        ledger.budget = (self.epsilon, self.delta)
-        self.max_steps = planned
-        strategy.step_cap = planned
-        loop = trainer.fit_loop.epoch_loop
-        allowed = trainer.global_step + planned
-        if loop.max_steps < 0 or loop.max_steps > allowed:
-            loop.max_steps = allowed
-        rank_zero_info(
-            f"AccountantCallback: Monte Carlo accountant (Dong & Ganesh 2026, Theorem 5.1 + EVR, Theorem A.1; "
-            f"{acc.samples} samples per direction, {seconds:.2g} s): the planned {planned} steps spend at most "
-            f"epsilon={eps:.4g} at delta={self.delta:g} (series-level substitution via group privacy; "
-            f"noise={strategy.noise_kind}, bands={spec.bands}, sigma={sigma:.4g}) within the budget "
-            f"epsilon={self.epsilon}; logged as {acc.log_name!r}"
-        )
-        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
-
-        hp = dp_hyperparameters(
-            spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=None,
-            strategy=strategy, datamodule=getattr(trainer, "datamodule", None), bound=self.bound, max_steps=planned,
-        )
-        hp.update({"theorem": "Monte Carlo (Dong & Ganesh 2026 Thm 5.1, EVR Thm A.1)", "bound_kind": "monte_carlo",
-                   "composition_unit": "run", "noise": strategy.noise_kind, "bands": spec.bands,
-                   "monte_carlo_samples": acc.samples})
-        self.hyperparameters = hp
-        log_dp_hyperparameters(trainer.loggers, hp)
+        """The Monte Carlo accountant of the planned run (:func:`~lightning_dpts.training.monte_carlo_run.
+        build_monte_carlo`, with this callback's ``monte_carlo_samples``)."""
+        return build_monte_carlo(spec, strategy, sigma, planned_steps, self.monte_carlo_samples)
 
     def _log_hyperparameters(self, trainer: L.Trainer, spec: SamplingSpec, strategy: DPForecastStrategy,
                              sigma: float) -> None:
         """Log the DP settings once per run to every logger (``log_hyperparams``, key ``"dp"``).
 
-        The dict is :func:`lightning_dpts.hparams.dp_hyperparameters` (no seed or randomness in it); it is
+        The dict is :func:`lightning_dpts.training.hparams.dp_hyperparameters` (no seed or randomness in it); it is
         also kept as :attr:`hyperparameters` for reports.
         """
-        from lightning_dpts.hparams import dp_hyperparameters, log_dp_hyperparameters
+        from lightning_dpts.training.hparams import dp_hyperparameters, log_dp_hyperparameters
 
         self.hyperparameters = dp_hyperparameters(
             spec, noise_multiplier=sigma, epsilon_budget=self.epsilon, delta=self.delta, accountant=self.accountant,
@@ -482,18 +324,6 @@ class AccountantCallback(StepAccountant):
         )
         log_dp_hyperparameters(trainer.loggers, self.hyperparameters)
 
-    @staticmethod
-    def _trainer_steps_left(trainer: L.Trainer) -> int | None:
-        """Optimizer steps the Trainer will still take at most (its step limit, else max_epochs x batches);
-        ``None`` when it has neither."""
-        loop = trainer.fit_loop.epoch_loop
-        left = []
-        if loop.max_steps is not None and loop.max_steps >= 0:
-            left.append(int(loop.max_steps) - trainer.global_step)
-        epochs = trainer.max_epochs
-        if epochs is not None and epochs >= 0 and math.isfinite(trainer.num_training_batches):
-            left.append(int(epochs) * int(trainer.num_training_batches) - trainer.global_step)
-        return max(0, min(left)) if left else None
 
     def _start_table(self, accounted: int, planned: int, shared: bool = False) -> None:
         """Start the epsilon table over the compositions of steps (accounted, planned] in its thread, with an
@@ -585,15 +415,9 @@ class AccountantCallback(StepAccountant):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.monte_carlo is not None:
-            # The whole-run bound holds for every prefix (post-processing): log it, marked as a Monte Carlo bound.
-            name, value = self.monte_carlo.log_name, float(self.monte_carlo_epsilon or 0.0)
-            self.last_logged = {name: value}
-            if value != self._bar_value:
-                pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
-                self._bar_value = value
-            for logger in trainer.loggers:
-                logger.log_metrics({name: value}, step=trainer.global_step - 1)
+        if self.monte_carlo is not None:  # the whole-run bound holds for every prefix (post-processing)
+            self.last_logged, self._bar_value = log_monte_carlo(trainer, pl_module, self.monte_carlo.log_name,
+                                                                float(self.monte_carlo_epsilon or 0.0), self._bar_value)
             return
         if self.accountant is None or self._rank != 0:
             return
@@ -610,14 +434,8 @@ class AccountantCallback(StepAccountant):
         # and only where a progress bar shows it (the loggers get every step below)
         if trainer.progress_bar_callback is not None and value != self._bar_value and (
                 now - self._bar_time >= BAR_INTERVAL or self._bar_value is None or _last_step(trainer)):
-            pl_module.log(self.log_name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
-                          batch_size=1)
-            if readout is not None:  # TPR at FPR 1e-3 of the unit of privacy, next to epsilon
-                name = metric_names(readout.fprs[:1])[0]
-                pl_module.log(name, metrics[name], on_step=True, on_epoch=False, prog_bar=True, logger=False,
-                              batch_size=1)
-            self._bar_value = value
-            self._bar_time = now
+            _show_on_bar(pl_module, self.log_name, metrics, readout)
+            self._bar_value, self._bar_time = value, now
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._tick = time.perf_counter()
@@ -626,24 +444,8 @@ class AccountantCallback(StepAccountant):
         if self.table is not None:
             self.table.stop()  # kept (grid_points) for inspection; waits for the thread (ends after its current count)
         if self.monte_carlo is not None:
-            acc, eps = self.monte_carlo, float(self.monte_carlo_epsilon or 0.0)
-            steps = self.steps
-            report = acc.report()
-            report.update({"steps": steps, "planned_steps": acc.planned_steps, "delta_budget": self.delta,
-                           "epsilon": eps, "relation": "series-level substitution (group privacy from add/remove)",
-                           "log_name": acc.log_name})
-            self.monte_carlo_report = report
-            self.report = PrivacyReport(epsilon=eps, delta=self.delta, steps=steps, compositions=acc.planned_steps,
-                                        unit="run", theorem="Monte Carlo (Dong & Ganesh 2026, Thm 5.1 + EVR Thm A.1)",
-                                        kind="monte_carlo")
-            for logger in trainer.loggers:
-                logger.log_metrics({f"{acc.log_name}_spent": eps, "privacy_steps": float(steps)},
-                                   step=max(0, trainer.global_step - 1))
-            rank_zero_info(
-                f"AccountantCallback: spent epsilon<={eps:.4g} at delta={self.delta:g} after {steps} of the planned "
-                f"{acc.planned_steps} optimizer steps (Monte Carlo, EVR-verified upper bound, {acc.samples} samples "
-                "per direction; series-level substitution)"
-            )
+            self.monte_carlo_report, self.report = finish_monte_carlo(
+                trainer, self.monte_carlo, float(self.monte_carlo_epsilon or 0.0), self.steps, self.delta)
             return
         if self.accountant is None:
             return
@@ -839,3 +641,117 @@ def _stop_live_tables() -> None:
     :class:`EpsilonTable`)."""
     for table in list(_LIVE_TABLES):
         table.stop()
+
+
+def check_resumed(loaded: dict[str, Any], sigma: float, spec: SamplingSpec) -> None:
+    """A resumed checkpoint's steps were accounted with ``loaded``'s sigma and sampling spec: keep them."""
+    saved_sigma, saved_spec = loaded.get("noise_multiplier"), loaded.get("spec")
+    if saved_sigma is not None and not math.isclose(saved_sigma, sigma, rel_tol=1e-9):
+        raise ConfigurationError(
+            "noise_multiplier", sigma,
+            f"the checkpoint's steps were accounted with noise_multiplier={saved_sigma}; keep it to resume",
+        )
+    if saved_spec is not None and not spec.matches_repr(saved_spec):
+        raise ConfigurationError(
+            "datamodule.sampling_spec", spec, f"differs from the checkpoint's {saved_spec}; keep it to resume"
+        )
+
+
+def set_budget(ledger: Any, epsilon: float, delta: float) -> None:
+    """This fit's budget is the model's total: the ledger records it (a warning if earlier steps had another).
+
+    Weights released by private selection (:func:`lightning_dpts.tuning.tune`) are refused: their epsilon covers a
+    search of several runs (Papernot & Steinke 2022, Theorem 2), which this accountant, counting one run's steps,
+    would silently drop. (The Monte Carlo path refuses every non-empty ledger.)"""
+    selection = getattr(ledger, "selection", None)
+    if selection:
+        raise ConfigurationError(
+            "model", f"selected by {selection.get('procedure', 'private selection')}",
+            f"its epsilon={selection.get('epsilon')} covers a search over {selection.get('K')} candidates that "
+            "a continuation cannot add to; train a fresh model, or include the continuation in the search")
+    if ledger.budget is not None and ledger.budget != (epsilon, delta):
+        rank_zero_warn(
+            f"AccountantCallback: the model's earlier steps were accounted with the budget "
+            f"epsilon={ledger.budget[0]:g}, delta={ledger.budget[1]:g}; this fit enforces "
+            f"epsilon={epsilon:g}, delta={delta:g} for the total of "
+            f"all {ledger.steps} earlier and the new steps"
+        )
+    ledger.budget = (epsilon, delta)
+
+
+def check_epochs(trainer: L.Trainer, spec: SamplingSpec, ledger: Any) -> None:
+    """Per-epoch accounting needs whole epochs of ``spec.steps_per_epoch`` batches; cyclic Poisson sampling too,
+    and a run from its first step (Theorem B.2: group t mod k of the run's step t)."""
+    if spec.accounts_per_epoch and trainer.num_training_batches != spec.steps_per_epoch:
+        raise ConfigurationError(
+            "limit_train_batches", trainer.num_training_batches,
+            f"{spec.top_level!r} top level is accounted per epoch of spec.steps_per_epoch="
+            f"{spec.steps_per_epoch} steps; the Trainer's epoch must have exactly that many batches",
+        )
+    if spec.top_level_scheme.separates_participations:  # cyclic Poisson: group t mod k of the run's step t
+        if trainer.num_training_batches != spec.steps_per_epoch:
+            raise ConfigurationError(
+                "limit_train_batches", trainer.num_training_batches,
+                f"{spec.top_level!r} sampling makes group (t mod {spec.bands}) eligible at the run's step t = pass "
+                f"x spec.steps_per_epoch={spec.steps_per_epoch} + step; a shorter Trainer epoch would let one "
+                "series take part in noisy steps fewer than k apart: keep every batch and limit with max_steps",
+            )
+        if not ledger.empty:
+            raise ConfigurationError(
+                "datamodule.sampling_spec", f"top_level={spec.top_level!r}",
+                f"the model's privacy ledger already holds {ledger.steps} noisy steps; cyclic Poisson sampling is "
+                "accounted from the run's first step (its groups follow the step count of one run), so a "
+                "continuation is not covered: start from freshly initialised weights",
+            )
+
+
+def cap_trainer(trainer: L.Trainer, spec: SamplingSpec, max_steps: int, accounted: int) -> int:
+    """Lower the Trainer's step limit to the ``max_steps`` accounted steps the budget allows (``accounted``
+    already taken); returns the optimizer steps that remain."""
+    if spec.accounts_per_epoch:
+        # Whole epochs remain; a partially done Trainer epoch (mid-epoch resume) finishes as a *new* epoch.
+        spe = spec.steps_per_epoch
+        remaining_epochs = (max_steps - accounted) // spe
+        done_in_epoch = trainer.global_step % spe
+        remaining = max(0, remaining_epochs * spe - done_in_epoch) if remaining_epochs > 0 else 0
+    else:
+        remaining = max_steps - accounted
+    loop = trainer.fit_loop.epoch_loop
+    allowed = trainer.global_step + max(0, remaining)
+    if loop.max_steps < 0 or loop.max_steps > allowed:
+        loop.max_steps = allowed
+    return remaining
+
+
+def trainer_steps_left(trainer: L.Trainer) -> int | None:
+    """Optimizer steps the Trainer will still take at most (its step limit, else max_epochs x batches);
+    ``None`` when it has neither."""
+    loop = trainer.fit_loop.epoch_loop
+    left = []
+    if loop.max_steps is not None and loop.max_steps >= 0:
+        left.append(int(loop.max_steps) - trainer.global_step)
+    epochs = trainer.max_epochs
+    if epochs is not None and epochs >= 0 and math.isfinite(trainer.num_training_batches):
+        left.append(int(epochs) * int(trainer.num_training_batches) - trainer.global_step)
+    return max(0, min(left)) if left else None
+
+
+def log_monte_carlo(trainer: L.Trainer, pl_module: L.LightningModule, name: str, value: float,
+                    bar_value: float | None) -> tuple[dict[str, float], float | None]:
+    """Log a Monte Carlo run's whole-run bound after a step, marked as such (it holds for every prefix of the run:
+    post-processing); returns what was logged and the progress bar's value."""
+    if value != bar_value:
+        pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
+    for logger in trainer.loggers:
+        logger.log_metrics({name: value}, step=trainer.global_step - 1)
+    return {name: value}, value
+
+
+def _show_on_bar(pl_module: L.LightningModule, log_name: str, metrics: dict[str, float],
+                 readout: RiskReadout | None) -> None:
+    """Epsilon on the progress bar, and the TPR at FPR 1e-3 of the unit of privacy next to it."""
+    pl_module.log(log_name, metrics[log_name], on_step=True, on_epoch=False, prog_bar=True, logger=False,
+                  batch_size=1)
+    if readout is not None:
+        name = metric_names(readout.fprs[:1])[0]
+        pl_module.log(name, metrics[name], on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)

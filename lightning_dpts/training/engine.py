@@ -879,65 +879,76 @@ class PerWindowClipper:
             grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
             return [grads.get(id(p)) for p in params]
         (b,) = sizes
-        groups = _groups(simple)
-        scale = self._scale(b)  # recorded output gradients are 1/B of the per-window ones for a mean loss
-        sq: torch.Tensor | None = None
-        for group in groups:
-            norms = group.squared_norms()
-            sq = norms if sq is None else sq.add_(norms)
-        formed: list[tuple[list[torch.Tensor] | None, torch.Tensor | None]] = []  # (per-window products, step sum)
-        for record, blocks, g in stacked:
-            norms, per_window, g_sum = _squared_norms(record, blocks, g)
-            sq = norms if sq is None else sq.add_(norms)
-            formed.append((per_window, g_sum))
-        if sq is None:
-            ref = next(iter(samples.values()))
-            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
-        elif scale != 1.0:
-            sq.mul_(scale * scale)
-        for gs in samples.values():
-            sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
-        if not bool(torch.isfinite(sq).all()):
-            windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
-            raise NonFiniteGradientError(
-                f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
-                "overflows); clipping cannot bound its contribution", windows,
-            )
-        factor = clip_factors(sq, max_grad_norm)
-        self._check_sources(params, touched)
-        grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
-        for key, p in touched.items():  # zeros for the sums of draw=None, and of parameters not in params
-            if key not in grads:
-                grads[key] = torch.zeros_like(p)
-        native_factor = factor * scale
-        for group in groups:
-            group.add_clipped_sum(grads, native_factor.to(group.g.dtype), alpha)
-        for (record, blocks, g), (per_window, g_sum) in zip(stacked, formed, strict=True):
-            weights = native_factor.to(g.dtype)
-            if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
-                for (w, _), full in zip(record.weights, per_window, strict=True):
-                    _add_window_sum(grads[id(w)], weights, full, alpha)
-            elif record.weights:
-                # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
-                # over the (window, step) rows in the order in which G is stored
-                time_major = g.is_contiguous()
-                d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
-                if d_all <= g.shape[-1]:
-                    g_flat = _flat(g, time_major).T
-                    for w, k in record.weights:
-                        _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat,
-                               _flat(blocks[k], time_major, weights), alpha)
-                else:
-                    g_flat = _flat(g, time_major, weights).T
-                    for w, k in record.weights:
-                        _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat, _flat(blocks[k], time_major), alpha)
-            if g_sum is not None:  # the record has biases: G summed over the steps, from the norms
-                if len(record.biases) == 1:
-                    _addmv(grads[id(record.biases[0])].view(-1), g_sum.T, weights, alpha)
-                else:
-                    bias_sum = g_sum.T @ weights
-                    for bias in record.biases:
-                        grads[id(bias)].add_(bias_sum, alpha=alpha)
-        for key, gs in samples.items():
-            grads[key].add_(torch.einsum("i,i...->...", factor.to(gs.dtype), gs), alpha=alpha)
-        return [grads.get(id(p)) for p in params]
+        return _clipped_sums(params, b, simple, stacked, samples, touched, self._scale(b), max_grad_norm, draw,
+                             alpha, self._check_sources)
+
+
+def _clipped_sums(params: list[nn.Parameter], b: int, simple: list[Any], stacked: list[Any],
+                  samples: dict[int, torch.Tensor], touched: dict[int, torch.Tensor], scale: float,
+                  max_grad_norm: float, draw: Any, alpha: float, check_sources: Any) -> list[torch.Tensor | None]:
+    """:meth:`PerWindowClipper._clip`'s arithmetic on the gathered records of a batch of ``b`` windows (``simple``:
+    one call and input block, ``stacked``: several, ``samples``: Opacus' per-window gradients; ``touched``: the
+    parameters that get a sum; ``scale``: recorded output gradients are ``scale`` times the per-window ones, e.g.
+    1/B for a mean loss): the squared per-window norms, their clipping factors, and ``alpha * sum_i clip_C(g_i)``
+    added into ``draw()``'s tensors or into zeros."""
+    groups = _groups(simple)
+    sq: torch.Tensor | None = None
+    for group in groups:
+        norms = group.squared_norms()
+        sq = norms if sq is None else sq.add_(norms)
+    formed: list[tuple[list[torch.Tensor] | None, torch.Tensor | None]] = []  # (per-window products, step sum)
+    for record, blocks, g in stacked:
+        norms, per_window, g_sum = _squared_norms(record, blocks, g)
+        sq = norms if sq is None else sq.add_(norms)
+        formed.append((per_window, g_sum))
+    if sq is None:
+        ref = next(iter(samples.values()))
+        sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
+    elif scale != 1.0:
+        sq.mul_(scale * scale)
+    for gs in samples.values():
+        sq += torch.linalg.vector_norm(gs.reshape(b, -1), dim=1).square()
+    if not bool(torch.isfinite(sq).all()):
+        windows = (~torch.isfinite(sq)).nonzero().flatten().tolist()
+        raise NonFiniteGradientError(
+            f"the gradient of window(s) {windows} of the batch is not finite (or its squared l2 norm "
+            "overflows); clipping cannot bound its contribution", windows,
+        )
+    factor = clip_factors(sq, max_grad_norm)
+    check_sources(params, touched)
+    grads = {} if draw is None else {id(p): t for p, t in zip(params, draw(), strict=True)}
+    for key, p in touched.items():  # zeros for the sums of draw=None, and of parameters not in params
+        if key not in grads:
+            grads[key] = torch.zeros_like(p)
+    native_factor = factor * scale
+    for group in groups:
+        group.add_clipped_sum(grads, native_factor.to(group.g.dtype), alpha)
+    for (record, blocks, g), (per_window, g_sum) in zip(stacked, formed, strict=True):
+        weights = native_factor.to(g.dtype)
+        if per_window is not None:  # sum_i c_i (G_i^T A_i) from the per-window products
+            for (w, _), full in zip(record.weights, per_window, strict=True):
+                _add_window_sum(grads[id(w)], weights, full, alpha)
+        elif record.weights:
+            # sum_i c_i G_i^T A_i: weight whichever of A, G is smaller, then one matrix product per block,
+            # over the (window, step) rows in the order in which G is stored
+            time_major = g.is_contiguous()
+            d_all = sum(blocks[k].shape[-1] for _, k in record.weights)
+            if d_all <= g.shape[-1]:
+                g_flat = _flat(g, time_major).T
+                for w, k in record.weights:
+                    _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat,
+                           _flat(blocks[k], time_major, weights), alpha)
+            else:
+                g_flat = _flat(g, time_major, weights).T
+                for w, k in record.weights:
+                    _addmm(grads[id(w)].view(g_flat.shape[0], -1), g_flat, _flat(blocks[k], time_major), alpha)
+        if g_sum is not None:  # the record has biases: G summed over the steps, from the norms
+            if len(record.biases) == 1:
+                _addmv(grads[id(record.biases[0])].view(-1), g_sum.T, weights, alpha)
+            else:
+                bias_sum = g_sum.T @ weights
+                for bias in record.biases:
+                    grads[id(bias)].add_(bias_sum, alpha=alpha)
+    for key, gs in samples.items():
+        grads[key].add_(torch.einsum("i,i...->...", factor.to(gs.dtype), gs), alpha=alpha)
+    return [grads.get(id(p)) for p in params]

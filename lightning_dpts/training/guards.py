@@ -25,10 +25,10 @@ from lightning_dpts.privacy.spec import SamplingSpec
 from lightning_dpts.training.roles import StepAccountant
 
 __all__ = [
-    "check_distributed", "check_global_sample", "check_layers_after_setup", "check_monitors", "check_noise_spec",
-    "check_optimizer", "check_optimizer_params", "check_same_on_all_ranks", "check_schedulers", "check_trainable",
-    "check_trainer", "detach_ddp_averaging", "has_accountant", "released_metrics", "say_where_logs_go",
-    "spec_or_none",
+    "check_accountant", "check_distributed", "check_global_sample", "check_layers_after_setup", "check_monitors",
+    "check_noise_spec", "check_optimizer", "check_optimizer_params", "check_same_on_all_ranks", "check_schedulers",
+    "check_trainable", "check_trainer", "detach_ddp_averaging", "has_accountant", "released_metrics",
+    "say_where_logs_go", "spec_or_none",
 ]
 
 
@@ -145,6 +145,19 @@ def say_where_logs_go(trainer: L.Trainer) -> None:
             f"DPForecastStrategy: {', '.join(places)} will hold what the module logs, e.g. its training loss, "
             "computed on private batches without noise: keep it with the private data, it is not covered by the "
             "(epsilon, delta) guarantee (only 'epsilon' is). Trainer(logger=False) writes no logs"
+        )
+
+
+def check_accountant(trainer: Any, required: bool) -> None:
+    """A fit without an :class:`~lightning_dpts.training.AccountantCallback` is refused when one is ``required``
+    (``DPForecastStrategy(require_accountant=True)``, the default), at setup, before any step."""
+    if required and not has_accountant(trainer):
+        raise ConfigurationError(
+            "callbacks", "DPForecastStrategy without an AccountantCallback",
+            "DP training needs an AccountantCallback(epsilon=..., delta=...) in the same Trainer(callbacks=[...]): "
+            "without it no epsilon is computed, logged or enforced and training does not stop at a budget. Add "
+            "one with your budget; if you account the steps yourself from strategy.ledger (which counts every "
+            "noisy step either way), pass DPForecastStrategy(..., require_accountant=False)",
         )
 
 

@@ -101,7 +101,7 @@ class HeldOutEvaluation(pl.Callback):
         self._chosen: list[int] = []
 
     def _model_quantiles(self, module: Any, dm: Any, windows: list[Any]) -> list[np.ndarray]:
-        from lightning_dpts.scoring import quantile_matrix
+        from lightning_dpts.evaluation import quantile_matrix
 
         if self.predictor is not None:
             entries = [entry for entry, _ in dm.gluonts_test_pairs(self.split)]

@@ -78,6 +78,9 @@ class PrivacyLedger:
             who knows it; :data:`~lightning_dpts.randomness.SEEDED_NOTICE`).
         noise: the noise kind of the steps, ``"gaussian"`` (DP-SGD) or ``"bandmf"`` (never the noise itself).
         bands: b of BandMF noise (1 for DP-SGD).
+        selection: for a model released by private hyperparameter selection (:func:`lightning_dpts.tuning.tune`),
+            the public record of the search (procedure, K candidates, the selected setting, the epsilon of the whole
+            search, which ``budget`` then holds); ``None`` otherwise.
     """
 
     steps: int = 0
@@ -89,6 +92,7 @@ class PrivacyLedger:
     seeded: bool = False
     noise: str = "gaussian"
     bands: int = 1
+    selection: dict[str, Any] | None = None
 
     @property
     def empty(self) -> bool:
@@ -121,6 +125,7 @@ class PrivacyLedger:
             seeded=bool(data.get("seeded", False)),
             noise=str(data.get("noise", "gaussian")),
             bands=int(data.get("bands", 1)),
+            selection=data.get("selection"),
         )
 
     def check_continuation(self, noise_multiplier: float, max_grad_norm: float, spec: SamplingSpec | None) -> None:

@@ -3,12 +3,12 @@
     g~ = ( sum_i g_i / max(1, ||g_i||_2 / C)  +  N(0, sigma^2 C^2 I) ) / Lambda
 
 * :func:`clip_and_noise`: the aggregation on given per-window gradients;
-* :class:`NoisyStep` (a part of the strategy): which per-window gradients a step uses (the fast path's clipped sums
+* :class:`NoisyStep` (an object the strategy owns): which per-window gradients a step uses (the fast path's clipped sums
   from :class:`~lightning_dpts.training.engine.PerWindowClipper`, or the isolated ones of
   :mod:`~lightning_dpts.training.isolated` taken in the wrapped ``training_step``), the step's one noise source
-  (:meth:`NoisyStep._make_noise`: the one :class:`~lightning_dpts.randomness.GaussianNoise` or BandMF source of the
+  (:meth:`NoisyStep.make_noise`: the one :class:`~lightning_dpts.randomness.GaussianNoise` or BandMF source of the
   fit, from fresh entropy; :mod:`lightning_dpts.randomness` owns every secret draw), when its draw is made
-  (:meth:`NoisyStep._prepare_noise`: in a background thread when a core is spare, else at the optimizer step), and
+  (:meth:`NoisyStep.prepare_noise`: in a background thread when a core is spare, else at the optimizer step), and
   on several processes the one all-reduce to which rank 0 alone adds the noise (:meth:`NoisyStep._distributed_step`).
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import nn
 
 from lightning_dpts.distributed import all_reduce_noisy_sum, check_identical
 from lightning_dpts.privacy.mechanisms import NoiseSpec
@@ -31,12 +30,11 @@ from lightning_dpts.training.correlated_noise import make_noise
 from lightning_dpts.training.engine import (
     NoiseSource,
     NonFiniteGradientError,
-    PerWindowClipper,
     add_noise_and_average,
     clip_factors,
 )
+from lightning_dpts.training.fit_context import FitContext
 from lightning_dpts.training.isolated import IsolatedGradients, training_loss
-from lightning_dpts.training.ledger import PrivacyLedger
 from lightning_dpts.training.probe_batches import num_windows
 
 __all__ = ["NoisyStep", "clip_and_noise"]
@@ -84,79 +82,106 @@ def _spare_core() -> bool:
 
 
 class NoisyStep:
-    """The per-step clip-and-noise, as a part of :class:`~lightning_dpts.training.DPForecastStrategy` (which sets
-    the attributes below; not used alone)."""
+    """The per-step clip-and-noise, owned by :class:`~lightning_dpts.training.DPForecastStrategy`.
 
-    noise_spec: NoiseSpec
-    coefficients: tuple[float, ...] | None
-    secure_mode: bool
-    max_grad_norm: float
-    expected_batch_size: int | None
-    isolated: bool
-    vectorised: bool | None
-    noise: NoiseSource | None
-    background_noise: bool | None
-    ledger: PrivacyLedger
-    noise_std: float
-    _clipper: PerWindowClipper | None
-    _params: list[nn.Parameter]
-    _noise_numel: int
-    _rank: int
-    _world_size: int
-    _batch: Any
-    _batch_used: bool
-    _isolated: IsolatedGradients | None
-    _isolated_sums: list[torch.Tensor] | None
-    _original_training_step: Callable[..., Any] | None
-    _probe_args: tuple[int, ...]
+    Its own state: the fit's one noise source (:attr:`noise`) and whether its draws run in a background thread
+    (:attr:`background_noise`), the wrapped ``training_step`` (:meth:`wrap_training_step`; :attr:`batch_used` says
+    whether the current batch reached it), the isolated per-window gradients (:meth:`isolated_gradients`) and this
+    step's clipped sums from them. The shared facts (parameters, hooks, Lambda, C, ranks) come from the
+    :class:`~lightning_dpts.training.fit_context.FitContext`.
+    """
 
-    def _make_noise(self, entropy: Entropy) -> NoiseSource:
+    def __init__(self, context: FitContext, noise_spec: NoiseSpec, coefficients: tuple[float, ...] | None,
+                 secure_mode: bool) -> None:
+        self.context = context
+        self.noise_spec = noise_spec
+        self.coefficients = coefficients
+        self.secure_mode = secure_mode
+        self.noise: NoiseSource | None = None
+        #: whether each step's noise is drawn in a background thread (decided at the first step, see
+        #: :meth:`prepare_noise`); ``None`` until then
+        self.background_noise: bool | None = None
+        #: whether the isolated per-window gradients were computed by ``vmap`` (``False``: one pass per window;
+        #: ``None``: not computed yet)
+        self.vectorised: bool | None = None
+        self.isolated_sums: list[torch.Tensor] | None = None  # this step's clipped sums from each window alone
+        self.batch_used = False  # whether the current batch reached the (wrapped) training_step
+        self.original_training_step: Callable[..., Any] | None = None
+        self.probe_args: tuple[int, ...] = ()  # the arguments after the batch a probe pass gives training_step
+        self._isolated: IsolatedGradients | None = None
+
+    def make_noise(self, entropy: Entropy, steps: int) -> NoiseSource:
         """The one object that draws this fit's DP noise (``sample(numel, std, dtype)``, one flat vector for all
         parameters per optimizer step).
 
-        ``noise="gaussian"``: i.i.d. Gaussian noise (DP-SGD). The stream key includes the ledger's step count, so
-        that even a seeded run continued from its latest checkpoint does not reuse noise (a seeded run resumed from
-        an *older* checkpoint does: seeds are for experiments only). Unseeded, ``entropy`` is fresh at every fit,
-        so nothing is ever replayed. Each step's vector is drawn in a background thread while the step's
-        forward/backward runs (:meth:`_prepare_noise`: the same sequence of draws, each handed out once).
+        ``noise="gaussian"``: i.i.d. Gaussian noise (DP-SGD). The stream key includes the ledger's step count
+        ``steps``, so that even a seeded run continued from its latest checkpoint does not reuse noise (a seeded run
+        resumed from an *older* checkpoint does: seeds are for experiments only). Unseeded, ``entropy`` is fresh at
+        every fit, so nothing is ever replayed. Each step's vector is drawn in a background thread while the step's
+        forward/backward runs (:meth:`prepare_noise`: the same sequence of draws, each handed out once).
         ``noise="bandmf"``: row i of C^{-1}Z at step i
         (:class:`~lightning_dpts.training.correlated_noise.BandMFNoise` via ``make_noise``, Section 2.3 of
         Dong & Ganesh 2026); its band state is secret, never stored, and a BandMF run is never continued.
         """
         if self.noise_spec.correlated:
             return make_noise(self.noise_spec, entropy, secure=self.secure_mode, coefficients=self.coefficients)
-        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, self.ledger.steps))
+        return GaussianNoise(entropy, secure=self.secure_mode, stream=(7, steps))
 
-    def _wrap_training_step(self, pl_module: L.LightningModule) -> None:
+    def wrap_training_step(self, pl_module: L.LightningModule) -> None:
         """A batch without windows (Poisson sampling) skips the model: ``None`` loss, then the noise-only step."""
         from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
         original = pl_module.training_step
-        self._original_training_step = original
-        self._probe_args = (0,) if is_param_in_hook_signature(original, "batch_idx", min_args=2) else ()
+        self.original_training_step = original
+        self.probe_args = (0,) if is_param_in_hook_signature(original, "batch_idx", min_args=2) else ()
+        ctx = self.context
 
         @functools.wraps(original)
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            self._batch_used = True
+            self.batch_used = True
             if num_windows(batch) == 0:
-                if self._world_size > 1:  # Lightning refuses a skipped step under DDP; a zero loss touches no
-                    return self._params[0].new_zeros(()).requires_grad_()  # parameter: this rank adds zero
+                if ctx.world_size > 1:  # Lightning refuses a skipped step under DDP; a zero loss touches no
+                    return ctx.params[0].new_zeros(()).requires_grad_()  # parameter: this rank adds zero
                 return None
-            if self.isolated:
+            if ctx.isolated:
                 return self._isolated_step(pl_module, original, batch, *args, **kwargs)
             return original(batch, *args, **kwargs)
 
         pl_module.training_step = training_step  # type: ignore[method-assign]
 
-    def _isolated_gradients(self, pl_module: L.LightningModule) -> IsolatedGradients:
+    def unwrap_training_step(self, pl_module: L.LightningModule) -> None:
+        """Put the module's own ``training_step`` back (idempotent)."""
+        if self.original_training_step is not None:
+            if "training_step" in vars(pl_module):
+                del pl_module.training_step
+            self.original_training_step = None
+
+    def close(self) -> None:
+        """End the noise's background thread, if any (idempotent)."""
+        close = getattr(self.noise, "close", None)
+        if close is not None:
+            close()
+
+    def isolated_gradients(self, pl_module: L.LightningModule) -> IsolatedGradients:
         """The isolated per-window gradients of this module and its trainable parameters (built on first use)."""
-        assert self._original_training_step is not None
-        iso = self._isolated
-        if iso is None or iso.params is not self._params or iso.module is not pl_module:
-            iso = IsolatedGradients(pl_module, self._original_training_step, self._probe_args, self._params,
-                                    self._clipper)
+        assert self.original_training_step is not None
+        ctx, iso = self.context, self._isolated
+        if iso is None or iso.params is not ctx.params or iso.module is not pl_module:
+            iso = IsolatedGradients(pl_module, self.original_training_step, self.probe_args, ctx.params, ctx.clipper)
             self._isolated = iso
         return iso
+
+    def forget_isolated(self) -> None:
+        """Drop the isolated-gradient machinery and any clipped sums (at the end of a fit)."""
+        self._isolated = None
+        self.isolated_sums = None
+
+    def recompute(self, trainer: L.Trainer, iso: IsolatedGradients, batch: Any) -> None:
+        """This step's clipped sums from each window alone (the batch as it arrived), used for its update."""
+        try:
+            self.isolated_sums = iso.clipped_sums(batch, self.context.max_grad_norm)
+        except NonFiniteGradientError as err:
+            raise NonFiniteGradientError(self.context.describe_windows(trainer, err.windows), err.windows) from err
 
     def _isolated_step(
         self, module: L.LightningModule, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any
@@ -165,14 +190,12 @@ class NoisyStep:
         that window alone (kept for the optimizer step); then ``training_step`` once on the whole batch without
         gradient, for its logging and return value, whose loss is handed to Lightning as a leaf (its backward
         touches no parameter)."""
-        iso = self._isolated_gradients(module)
+        iso = self.isolated_gradients(module)
         iso.step_args = args  # the step's own batch_idx (positional, as Lightning passes it)
-        try:
-            self._isolated_sums = iso.clipped_sums(batch, self.max_grad_norm)
-            self.vectorised = iso.vectorised
-        except NonFiniteGradientError as err:
-            raise NonFiniteGradientError(self._describe_windows(module.trainer, err.windows), err.windows) from err
-        with torch.no_grad(), (self._clipper.bypassed() if self._clipper is not None else contextlib.nullcontext()):
+        self.recompute(module.trainer, iso, batch)
+        self.vectorised = iso.vectorised
+        clipper = self.context.clipper
+        with torch.no_grad(), (clipper.bypassed() if clipper is not None else contextlib.nullcontext()):
             out = original(batch, *args, **kwargs)
         loss = training_loss(out)
         if loss is None:
@@ -180,7 +203,7 @@ class NoisyStep:
         leaf = loss.detach().clone().requires_grad_()
         return {**out, "loss": leaf} if isinstance(out, dict) else leaf
 
-    def _prepare_noise(self) -> None:
+    def prepare_noise(self) -> None:
         """Start this step's noise draw in the background (:meth:`GaussianNoise.prepare`) now that the previous
         step's noisy gradients are released: the draw overlaps the forward and backward pass, and only one noise
         vector (the size of the gradients) is alive at a time. The vector is the one the step's
@@ -192,39 +215,41 @@ class NoisyStep:
         intra-op threads, and every parallel operation waits for its slowest thread (measured with two threads
         on two cores: SimpleFeedForward at Lambda = 1024, 1.22x the non-DP step against 1.03x drawing in place).
         """
+        ctx = self.context
         prepare = getattr(self.noise, "prepare", None)
-        if prepare is None or self.expected_batch_size is None or not self._params:
+        if prepare is None or ctx.expected_batch_size is None or not ctx.params:
             return
         if self.background_noise is None:
-            self.background_noise = self._params[0].device.type != "cpu" or _spare_core()
+            self.background_noise = ctx.params[0].device.type != "cpu" or _spare_core()
         if not self.background_noise:
             return
-        std = self.noise_std if self._world_size > 1 else self.noise_std / self.expected_batch_size
-        prepare(self._noise_numel, std, self._params[0].dtype)
+        std = ctx.noise_std if ctx.world_size > 1 else ctx.noise_std / ctx.expected_batch_size
+        prepare(ctx.noise_numel, std, ctx.params[0].dtype)
 
-    def _noisy_gradients(self, trainer: L.Trainer, step: int, refused: Exception | None) -> list[torch.Tensor]:
+    def noisy_gradients(self, trainer: L.Trainer, step: int, refused: Exception | None) -> list[torch.Tensor]:
         """Algorithm 2's noisy averaged gradient of this step, one per trainable parameter: from the isolated
         per-window gradients or the fast path's clipped sums, with this process's noise draw, or on several
         processes by :meth:`_distributed_step` (``refused``: this rank's refusal, raised after the all-reduce)."""
-        assert self.expected_batch_size is not None and self._clipper is not None
-        if self._world_size > 1:
+        ctx = self.context
+        assert ctx.expected_batch_size is not None and ctx.clipper is not None
+        if ctx.world_size > 1:
             return self._distributed_step(trainer, step, refused)
         assert self.noise is not None
         try:
-            if self.isolated or self._isolated_sums is not None:  # (a spot check recomputed this step alone)
-                return add_noise_and_average(self._take_isolated_sums(), self._params, self.noise_std,
-                                             self.expected_batch_size, self.noise)
-            return self._clipper.noisy_gradients(
-                self._params, self.max_grad_norm, self.noise_std, self.expected_batch_size, self.noise
+            if ctx.isolated or self.isolated_sums is not None:  # (a spot check recomputed this step alone)
+                return add_noise_and_average(self._take_isolated_sums(), ctx.params, ctx.noise_std,
+                                             ctx.expected_batch_size, self.noise)
+            return ctx.clipper.noisy_gradients(
+                ctx.params, ctx.max_grad_norm, ctx.noise_std, ctx.expected_batch_size, self.noise
             )
         except NonFiniteGradientError as err:
-            raise NonFiniteGradientError(self._describe_windows(trainer, err.windows), err.windows) from err
+            raise NonFiniteGradientError(ctx.describe_windows(trainer, err.windows), err.windows) from err
 
     def _take_isolated_sums(self) -> list[torch.Tensor | None]:
         """This step's clipped sums from the isolated per-window gradients (zeros: the batch had no windows)."""
-        sums, self._isolated_sums = self._isolated_sums, None
+        sums, self.isolated_sums = self.isolated_sums, None
         if sums is None:
-            return [None] * len(self._params)
+            return [None] * len(self.context.params)
         return list(sums)
 
     def _distributed_step(
@@ -234,25 +259,27 @@ class NoisyStep:
 
         A rank that cannot clip (a non-finite per-window gradient, a parameter without per-window gradients) or
         whose step was ``refused`` before clipping (its trainable parameters changed during the fit:
-        :meth:`_check_trainable`) contributes a failure flag to the same all-reduce, so every rank raises at this
-        step (that rank its own error, the others a ``RuntimeError`` pointing to it) instead of failing inside the
-        collective with a transport error that names nothing. No noisy gradient is applied on any rank.
+        :func:`~lightning_dpts.training.guards.check_trainable`) contributes a failure flag to the same all-reduce,
+        so every rank raises at this step (that rank its own error, the others a ``RuntimeError`` pointing to it)
+        instead of failing inside the collective with a transport error that names nothing. No noisy gradient is
+        applied on any rank.
         """
-        assert self._clipper is not None and self.expected_batch_size is not None
+        ctx = self.context
+        assert ctx.clipper is not None and ctx.expected_batch_size is not None
         failed: Exception | None = refused
-        sums: list[torch.Tensor | None] = [None] * len(self._params)
+        sums: list[torch.Tensor | None] = [None] * len(ctx.params)
         if failed is None:
             try:
-                sums = (self._take_isolated_sums() if self.isolated or self._isolated_sums is not None
-                        else list(self._clipper.clipped_sums(self._params, self.max_grad_norm)))
+                sums = (self._take_isolated_sums() if ctx.isolated or self.isolated_sums is not None
+                        else list(ctx.clipper.clipped_sums(ctx.params, ctx.max_grad_norm)))
             except Exception as err:  # re-raised after the all-reduce, so that no rank is left waiting in it
                 failed = err
         noisy, failures = all_reduce_noisy_sum(
-            sums, self._params, self.noise_std, self.expected_batch_size, self.noise, failed=failed is not None
+            sums, ctx.params, ctx.noise_std, ctx.expected_batch_size, self.noise, failed=failed is not None
         )
         if isinstance(failed, NonFiniteGradientError):
             raise NonFiniteGradientError(
-                f"rank {self._rank}: {self._describe_windows(trainer, failed.windows)}", failed.windows
+                f"rank {ctx.rank}: {ctx.describe_windows(trainer, failed.windows)}", failed.windows
             ) from failed
         if failed is not None:
             raise failed
@@ -264,20 +291,3 @@ class NoisyStep:
             )
         check_identical(noisy, step)
         return noisy
-
-    def _describe_windows(self, trainer: L.Trainer, windows: list[int]) -> str:
-        """Error message naming the series of the windows (from the batch's ``series_index``)."""
-        index = self._batch.get("series_index") if isinstance(self._batch, dict) else None
-        names: list[str] = []
-        if isinstance(index, torch.Tensor) and index.numel() > max(windows):
-            ids = getattr(getattr(trainer, "datamodule", None), "item_ids", None)
-            for w in windows:
-                n = int(index[w])
-                names.append(repr(ids[n]) if ids is not None and n < len(ids) else f"#{n}")
-        where = f"series {', '.join(dict.fromkeys(names))}" if names else "(the batch has no 'series_index')"
-        return (
-            f"the per-window gradient of window(s) {windows} of the batch, {where}, is not finite (or its squared "
-            "norm overflows): clipping cannot bound its contribution, so no step is taken. Check those series' "
-            "values and the model's numerical stability (e.g. the loss on unscaled data)"
-        )
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.mechanisms import NOISE_SPECS
@@ -16,8 +17,8 @@ from lightning_dpts.randomness import resolve_entropy
 from lightning_dpts.training.correlated_noise import NOISE_KINDS, banded_sqrt_coefficients, check_coefficients
 
 __all__ = [
-    "PER_WINDOW_MODES", "check_independence_options", "check_noise", "check_sigma_or_target", "check_step_options",
-    "positive",
+    "PER_WINDOW_MODES", "calibrated_noise_multiplier", "check_independence_options", "check_noise",
+    "check_sigma_or_target", "check_step_options", "lambda_from_spec", "positive",
 ]
 
 #: ``per_window`` values: how each window's gradient is computed (see :class:`DPForecastStrategy`)
@@ -114,3 +115,51 @@ def check_step_options(
         raise ConfigurationError("data_dependent_schedulers", data_dependent_schedulers,
                                  "must be 'disable' or 'error'")
     return scale
+
+
+def lambda_from_spec(spec: Any, given: int | None) -> int:
+    """Lambda, the expected batch size: the sampling spec's ``batch_size`` (``given`` must then be ``None`` or equal
+    to it), else ``given`` (a datamodule without a ``sampling_spec``)."""
+    if spec is not None:
+        if given is not None and given != spec.batch_size:
+            raise ConfigurationError(
+                "expected_batch_size", given,
+                f"must equal the datamodule's sampling_spec.batch_size={spec.batch_size} (or be omitted)",
+            )
+        return int(spec.batch_size)
+    if given is not None:
+        return given
+    raise ConfigurationError(
+        "expected_batch_size", None,
+        "the datamodule has no sampling_spec; use a StructuredSubsamplingDataModule or give Lambda",
+    )
+
+
+def calibrated_noise_multiplier(spec: Any, target_epsilon: float | None, target_delta: float | None,
+                                epochs: int | None, noise_spec: Any, coefficients: Sequence[float] | None) -> float:
+    """sigma that reaches (``target_epsilon``, ``target_delta``) after ``epochs`` epochs of ``spec``
+    (:func:`~lightning_dpts.privacy.calibrate_noise_multiplier`, PLD accounting; BandMF through its coefficients).
+    b-min-sep sampling needs the Monte Carlo calibration, and no spec no calibration: both refused, naming the fix."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
+
+    if spec is not None and spec.top_level_scheme.needs_monte_carlo:
+        raise ConfigurationError(
+            "target_epsilon", target_epsilon,
+            "calibrating sigma for b_min_sep sampling needs the Monte Carlo accountant: compute sigma with "
+            "lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (Algorithm 5) and "
+            "pass it as noise_multiplier",
+        )
+    if spec is None:
+        raise ConfigurationError(
+            "target_epsilon", target_epsilon,
+            "calibrating sigma needs a datamodule with a sampling_spec; give noise_multiplier instead",
+        )
+    sigma = calibrate_noise_multiplier(
+        spec, float(target_epsilon), float(target_delta), epochs=epochs,  # type: ignore[arg-type]
+        coefficients=coefficients if noise_spec.correlated else None,
+    )
+    rank_zero_info(f"DPForecastStrategy: noise_multiplier={sigma:.4g} reaches epsilon={target_epsilon} at "
+                   f"delta={target_delta} after {epochs} epochs")
+    return sigma

@@ -37,33 +37,55 @@ by one ``all_reduce`` to which rank 0 alone adds the one Gaussian draw
 (:func:`~lightning_dpts.distributed.all_reduce_noisy_sum`), every rank divides by the global Lambda and applies
 the identical update (checked every step); DDP's own gradient averaging is switched off.
 
-The class composes single-purpose parts: :mod:`~lightning_dpts.training.guards` (the run-time refusals),
-:mod:`~lightning_dpts.training.independence` with :mod:`~lightning_dpts.training.probe_batches` (the probe and the
-spot check), :mod:`~lightning_dpts.training.noisy_step` (the per-step clip-and-noise and its noise draw) and
-:mod:`~lightning_dpts.training.ledger_wiring` (the fit's privacy ledger and the checkpoint state); this module holds
-the constructor, the Lightning hooks that call them in order, and the layer swaps' set-up and undo.
+The class owns single-purpose parts, each an object with its own state (docs/architecture.md): a
+:class:`~lightning_dpts.training.fit_context.FitContext` (the facts they share: parameters, hooks, Lambda, C,
+ranks), :class:`~lightning_dpts.training.noisy_step.NoisyStep` (the per-step clip-and-noise and its noise draw),
+:class:`~lightning_dpts.training.independence.WindowProbe` and :class:`~lightning_dpts.training.independence.
+SpotCheck` (the fast path's evidence), :class:`~lightning_dpts.training.ledger_wiring.FitLedger` (the fit's privacy
+ledger and the checkpoint state), :class:`~lightning_dpts.training.attachment.ModelAttachment` (the layer swaps,
+hooks and wrapped ``training_step``, undone after the fit) and :class:`~lightning_dpts.training.attachment.
+StepCounter` (one batch per step); :mod:`~lightning_dpts.training.guards` holds the run-time refusals. This module
+holds the constructor and the Lightning hooks that call the parts in order.
+
+Settings that would break the guarantee raise :class:`~lightning_dpts.errors.ConfigurationError`: Trainer
+``gradient_clip_val``, gradient accumulation in any form (``accumulate_grad_batches != 1``, a
+``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step), more than
+one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on DDP, BandMF noise,
+b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm, trainable parameters
+in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit (checked before every noisy step;
+changes before the first step, e.g. in the module's ``setup``, are taken at ``on_fit_start``), layers created after
+the strategy's ``setup`` (``configure_model``), Lightning's ``LearningRateFinder`` and ``BatchSizeFinder`` (their
+trial steps run without the strategy), a ``forward`` that mixes windows on the fast path (found by the probe or the
+spot check after the fit's first step, or with ``per_window="fast"``), and continuing a model whose ledger is not
+empty without an :class:`~lightning_dpts.training.AccountantCallback`.
+
+``DPForecastStrategy.audit_observer`` is a test-facing seam for :mod:`lightning_dpts.audit` (not a constructor
+option, and nothing a fit needs): a callable ``observer(module, strategy, step, noisy)`` called at every noisy step
+after the noisy averaged gradient ``noisy`` (one tensor per trainable parameter, copies) is computed and before the
+optimizer applies it, with the parameters still at their pre-step values. It sees what the DP analysis already
+assumes public (every intermediate noisy gradient, docs/privacy.md "Hidden-state assumptions"), cannot change the
+update, and draws nothing from the fit's randomness.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
 
 from lightning_dpts.distributed import rank_and_world_size
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.privacy.accountant import calibrate_noise_multiplier
 from lightning_dpts.privacy.mechanisms import NoiseSpec, noise_from_name
-from lightning_dpts.training.engine import NoiseSource, NonFiniteGradientError, PerWindowClipper
+from lightning_dpts.randomness import Entropy
+from lightning_dpts.training.attachment import ModelAttachment, StepCounter
+from lightning_dpts.training.engine import NoiseSource, NonFiniteGradientError
+from lightning_dpts.training.fit_context import FitContext
 from lightning_dpts.training.guards import (
+    check_accountant,
     check_distributed,
-    check_layers_after_setup,
     check_monitors,
     check_noise_spec,
     check_optimizer,
@@ -72,34 +94,28 @@ from lightning_dpts.training.guards import (
     check_trainable,
     check_trainer,
     detach_ddp_averaging,
-    has_accountant,
     say_where_logs_go,
     spec_or_none,
 )
-from lightning_dpts.training.independence import IndependenceChecks
-from lightning_dpts.training.isolated import IsolatedGradients
-from lightning_dpts.training.ledger import PrivacyLedger
-from lightning_dpts.training.ledger_wiring import LedgerWiring
+from lightning_dpts.training.independence import SpotCheck, WindowProbe
+from lightning_dpts.training.ledger import LEDGER_KEY, PrivacyLedger
+from lightning_dpts.training.ledger_wiring import FitLedger, PrivacyBudgetExhausted
 from lightning_dpts.training.noisy_step import NoisyStep, clip_and_noise
 from lightning_dpts.training.options import (
+    calibrated_noise_multiplier,
     check_independence_options,
     check_noise,
     check_sigma_or_target,
     check_step_options,
+    lambda_from_spec,
     positive,
 )
-from lightning_dpts.training.probe_batches import copy_batch
 from lightning_dpts.training.state_guard import StateGuard
-from lightning_dpts.training.surgery import Surgery, make_private_compatible
 
 __all__ = ["DPForecastStrategy", "NonFiniteGradientError", "PrivacyBudgetExhausted", "clip_and_noise"]
 
 
-class PrivacyBudgetExhausted(RuntimeError):
-    """Raised instead of taking an optimizer step the privacy budget does not cover (a safety net)."""
-
-
-class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
+class DPForecastStrategy(Callback):
     """Differentially private training of an unchanged LightningModule (DP-SGD, Algorithm 2).
 
     Add it to ``Trainer(callbacks=[...])`` together with a datamodule that has a ``sampling_spec`` (e.g.
@@ -117,18 +133,8 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     ``epochs``) must be given. With the target, sigma is calibrated at setup with
     :func:`~lightning_dpts.privacy.calibrate_noise_multiplier` on ``trainer.datamodule.sampling_spec``.
 
-    Settings that would break the guarantee raise :class:`~lightning_dpts.errors.ConfigurationError`:
-    Trainer ``gradient_clip_val``, gradient accumulation in any form (``accumulate_grad_batches != 1``, a
-    ``GradientAccumulationScheduler``: checked at every step, exactly one sampled batch per optimizer step),
-    more than one optimizer, manual optimisation, several processes on anything but Lightning's DDP (and, on
-    DDP, BandMF noise, b-min-sep sampling, SyncBatchNorm, DDP comm hooks, static graphs), mixed precision, BatchNorm,
-    trainable parameters in the optimizer that the hooks do not cover, a parameter (un)frozen during the fit
-    (checked before every noisy step; changes before the first step, e.g. in the module's ``setup``, are taken at
-    ``on_fit_start``), layers created after this callback's ``setup`` (``configure_model``), Lightning's
-    ``LearningRateFinder`` and ``BatchSizeFinder`` (their trial steps run without this callback), a ``forward``
-    that mixes windows on the fast path (found by the probe or the spot check after the fit's first step, or with
-    ``per_window="fast"``), and continuing a model whose ledger is not empty without an
-    :class:`~lightning_dpts.training.AccountantCallback`.
+    Settings that would break the guarantee raise :class:`~lightning_dpts.errors.ConfigurationError` (the list:
+    :mod:`this module's <lightning_dpts.training.strategy>` documentation).
 
     Privacy ledger: every noisy step is counted in ``self.ledger`` (a
     :class:`~lightning_dpts.training.ledger.PrivacyLedger`), which is attached to the LightningModule
@@ -175,7 +181,7 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
             clipped gradient computed with that window alone must equal, within the float tolerance, the one the
             batched pass attributes to it; a larger gap is re-examined in float64 and the step refused before its
             update only if the mix is there too, else computed from each window alone (a warning; counted in
-            ``spot_check_recomputed``; :meth:`~lightning_dpts.training.independence.IndependenceChecks._reexamine`).
+            ``spot_check_recomputed``; :meth:`~lightning_dpts.training.independence.SpotCheck._reexamine`).
             1.0 checks every step
             (0.4-0.7 of a non-DP step at Lambda = 64-256 for the GluonTS feed-forward models). Skipped, with a
             message, for a ``training_step`` whose result is random (dropout): two calls on one window then differ
@@ -250,93 +256,64 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
         self._noise_multiplier: float | None = check_sigma_or_target(noise_multiplier, target_epsilon, target_delta,
                                                                      epochs)
-        self.target_epsilon = target_epsilon
-        self.target_delta = target_delta
-        self.epochs = epochs
-        self.spot_check = check_independence_options(seed, secure_mode, check_independence, per_window, spot_check)
+        self.target_epsilon, self.target_delta, self.epochs = target_epsilon, target_delta, epochs
+        spot = check_independence_options(seed, secure_mode, check_independence, per_window, spot_check)
         self.scaler_default_scale = check_step_options(expected_batch_size, loss_reduction, scaler_default_scale,
                                                        data_dependent_schedulers)
-        self._seed = seed
-        self.secure_mode = secure_mode
-        self.check_independence = check_independence
-        self.per_window = per_window
-        #: whether this fit computes per-window gradients in isolation (``per_window="isolated"``, or ``"auto"``
-        #: after the probe found a mix before the first step)
-        self.isolated = per_window == "isolated"
-        self._isolated: IsolatedGradients | None = None
-        #: whether the isolated per-window gradients were computed by ``vmap`` (``False``: one pass per window;
-        #: ``None``: not computed yet)
-        self.vectorised: bool | None = None
-        self._isolated_sums: list[torch.Tensor] | None = None
-        self._fit_steps = 0  # noisy steps taken in this fit
-        self._next_probe: int | None = None  # the fit's step (1-based) at which the probe runs next
-        self.probes = 0  #: probes run in this fit (see check_independence)
-        self.probe_seconds = 0.0  #: wall time the probes of this fit took, in seconds
-        self._probe_variant: tuple[bool, bool] | None = None  # the probe variant that ran in this fit
-        self._stochastic: bool | None = None  # whether training_step's result on one window is random (spot check)
-        self._spot_batch: Any = None  # a copy of this step's batch when the step is spot-checked
-        self._warned_reduction = False  # the spot check found the fast path's gradients scaled by the batch size
-        #: steps of the current fit whose spot check found a gap that float64 showed to be round-off (each was
-        #: recomputed with every window alone; docs/training.md)
-        self.spot_check_recomputed = 0
-        self._choices = random.Random()  # which steps and windows the spot check takes: not a privacy draw
-        self._schedule = random.Random()  # the probe's steps (not a privacy draw either)
-        self._given_batch_size = expected_batch_size
-        self.loss_reduction = loss_reduction
+        self._seed, self.secure_mode, self.check_independence = seed, secure_mode, check_independence
+        self.per_window, self._given_batch_size, self.loss_reduction = per_window, expected_batch_size, loss_reduction
         self.data_dependent_schedulers = data_dependent_schedulers
-        self.noise: NoiseSource | None = None
-        #: whether each step's noise is drawn in a background thread (decided at the first step, see
-        #: :meth:`_prepare_noise`); ``None`` until then
-        self.background_noise: bool | None = None
-        self.ledger = PrivacyLedger()
-        self.step_cap: int | None = None  # accounted-step cap set by AccountantCallback
-        self._restored: PrivacyLedger | None = None
-        self._before_swaps: PrivacyLedger | None = None  # the module's ledger at setup, before the layer swaps
+        # the owned parts (docs/architecture.md): the facts they share, the step, the two checks, the ledger, the
+        # changes to the module, the batch count
+        self.context = FitContext(self.max_grad_norm, loss_reduction, per_window)
+        self.noisy_step = NoisyStep(self.context, self.noise_spec, self.coefficients, secure_mode)
+        self.probe = WindowProbe(self.context, self.noisy_step)
+        self.spot = SpotCheck(self.context, self.noisy_step, spot)
+        self.fit_ledger = FitLedger()
+        self.attachment = ModelAttachment(self.context, self.noisy_step, self.scaler_default_scale)
+        self.counter = StepCounter()
         self._begun = False
-        self._new_epoch = True
-        self._batches_since_step = 0
-        self._batch_used = False  # whether the current batch reached the (wrapped) training_step
-        self._batch: Any = None
-        self._original_training_step: Callable[..., Any] | None = None
-        self.expected_batch_size: int | None = None
-        self.surgery: Surgery | None = None
-        self._clipper: PerWindowClipper | None = None
-        self._params: list[nn.Parameter] = []  # set with _use_params, with what follows from it:
-        self._hooked_ids: set[int] = set()  # their ids
-        self._noise_numel = 0  # their number of coordinates (the size of the step's noise vector)
-        self._setup_param_ids: list[int] = []  # every parameter of the module at setup, trainable or not
-        self._setup_module_ids: list[int] = []  # every submodule at setup (after the layer swaps)
-        self._rank, self._world_size = 0, 1
         self._ddp: Any = None  # the DistributedDataParallel wrapper on several processes
         self._buffer_guard: StateGuard | None = None  # the fit's state guard (state that changes is refused)
-        #: Test-facing seam for :mod:`lightning_dpts.audit` (not a constructor option, and nothing a fit needs): a
-        #: callable ``observer(module, strategy, step, noisy)`` called at every noisy step after the noisy averaged
-        #: gradient ``noisy`` (one tensor per trainable parameter, copies) is computed and before the optimizer
-        #: applies it, with the parameters still at their pre-step values. It sees what the DP analysis already
-        #: assumes public (every intermediate noisy gradient, docs/privacy.md "Hidden-state assumptions"), cannot
-        #: change the update, and draws nothing from the fit's randomness. ``None``: no observer.
+        #: the audit's seam (the module's documentation, "audit_observer"); ``None``: no observer
         self.audit_observer: Callable[[L.LightningModule, DPForecastStrategy, int, list[torch.Tensor]], None] | None
         self.audit_observer = None
 
     # ------------------------------------------------------------------------------------------------
-    @property
-    def state_key(self) -> str:
-        return "DPForecastStrategy"
+    # what the parts hold, read through the strategy
+    # ------------------------------------------------------------------------------------------------
+    state_key = property(lambda self: "DPForecastStrategy")
+    #: the layer swaps of this fit (``None`` outside a fit)
+    surgery = property(lambda self: self.attachment.surgery)
+    #: the model's privacy ledger (:class:`~lightning_dpts.training.ledger.PrivacyLedger`), every noisy step counted
+    ledger = property(lambda self: self.fit_ledger.ledger)
+    #: whether this fit computes each window's gradient alone (``per_window="isolated"``, or ``"auto"`` after the
+    #: probe found a mix before the first step)
+    isolated = property(lambda self: self.context.isolated)
+    #: Lambda, read from the datamodule's sampling spec at setup
+    expected_batch_size = property(lambda self: self.context.expected_batch_size)
+    #: the fit's noise source (on rank 0), and whether its draws run in a background thread
+    noise = property(lambda self: self.noisy_step.noise)
+    background_noise = property(lambda self: self.noisy_step.background_noise)
+    #: whether the isolated per-window gradients were computed by ``vmap`` (``None``: not computed yet)
+    vectorised = property(lambda self: self.noisy_step.vectorised)
+    #: probes run in this fit, and the wall time they took (seconds)
+    probes = property(lambda self: self.probe.probes)
+    probe_seconds = property(lambda self: self.probe.seconds)
+    #: steps of this fit whose spot-check gap was round-off, recomputed with each window alone
+    spot_check_recomputed = property(lambda self: self.spot.recomputed)
+    #: the probability that a step is spot-checked
+    spot_check = property(lambda self: self.spot.probability, lambda self, p: setattr(self.spot, "probability", p))
 
-    @property
-    def noise_kind(self) -> str:
-        """The noise's name, ``"gaussian"`` or ``"bandmf"`` (as given; ``noise_spec`` is the object)."""
-        return self.noise_spec.name
-
-    @property
-    def seeded(self) -> bool:
-        """``True`` if the noise comes from an explicit seed (see :data:`~lightning_dpts.randomness.SEEDED_NOTICE`)."""
-        return self._seed is not None
-
-    @property
-    def steps(self) -> int:
-        """Noisy optimizer steps taken by the model, over every fit (``self.ledger.steps``)."""
-        return self.ledger.steps
+    #: the accounted-step cap an :class:`~lightning_dpts.training.AccountantCallback` sets for this fit
+    step_cap = property(lambda self: self.fit_ledger.step_cap,
+                        lambda self, cap: setattr(self.fit_ledger, "step_cap", cap))
+    #: the noise's name, ``"gaussian"`` or ``"bandmf"`` (as given; ``noise_spec`` is the object)
+    noise_kind = property(lambda self: self.noise_spec.name)
+    #: ``True`` if the noise comes from an explicit seed (see :data:`~lightning_dpts.randomness.SEEDED_NOTICE`)
+    seeded = property(lambda self: self._seed is not None)
+    #: noisy optimizer steps taken by the model, over every fit (``self.ledger.steps``)
+    steps = property(lambda self: self.ledger.steps)
 
     @property
     def noise_multiplier(self) -> float:
@@ -353,43 +330,70 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     def resolve(self, trainer: L.Trainer) -> float:
         """Read Lambda from the datamodule and calibrate sigma if needed (idempotent); returns sigma."""
         spec = spec_or_none(trainer)
-        if spec is not None:
-            if self._given_batch_size is not None and self._given_batch_size != spec.batch_size:
-                raise ConfigurationError(
-                    "expected_batch_size", self._given_batch_size,
-                    f"must equal the datamodule's sampling_spec.batch_size={spec.batch_size} (or be omitted)",
-                )
-            self.expected_batch_size = spec.batch_size
-        elif self._given_batch_size is not None:
-            self.expected_batch_size = self._given_batch_size
-        else:
-            raise ConfigurationError(
-                "expected_batch_size", None,
-                "the datamodule has no sampling_spec; use a StructuredSubsamplingDataModule or give Lambda",
-            )
+        self.context.expected_batch_size = lambda_from_spec(spec, self._given_batch_size)
         check_noise_spec(spec, self.noise_spec)
         if self._noise_multiplier is None:
-            if spec is not None and spec.top_level_scheme.needs_monte_carlo:
-                raise ConfigurationError(
-                    "target_epsilon", self.target_epsilon,
-                    "calibrating sigma for b_min_sep sampling needs the Monte Carlo accountant: compute sigma with "
-                    "lightning_dpts.privacy.montecarlo.calibrate_noise_multiplier_monte_carlo (Algorithm 5) and "
-                    "pass it as noise_multiplier",
-                )
-            if spec is None:
-                raise ConfigurationError(
-                    "target_epsilon", self.target_epsilon,
-                    "calibrating sigma needs a datamodule with a sampling_spec; give noise_multiplier instead",
-                )
-            self._noise_multiplier = calibrate_noise_multiplier(
-                spec, float(self.target_epsilon), float(self.target_delta), epochs=self.epochs,  # type: ignore[arg-type]
-                coefficients=self.coefficients if self.noise_spec.correlated else None,
-            )
-            rank_zero_info(
-                f"DPForecastStrategy: noise_multiplier={self._noise_multiplier:.4g} reaches "
-                f"epsilon={self.target_epsilon} at delta={self.target_delta} after {self.epochs} epochs"
-            )
+            self._noise_multiplier = calibrated_noise_multiplier(spec, self.target_epsilon, self.target_delta,
+                                                                 self.epochs, self.noise_spec, self.coefficients)
         return self._noise_multiplier
+
+    def begin(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PrivacyLedger:
+        """Start this fit's ledger and noise (idempotent per fit; AccountantCallback calls it too).
+
+        The ledger continues the one of the checkpoint this fit resumed from, else the one attached to the
+        module, else starts empty (:meth:`FitLedger.begin`); a fresh :class:`~lightning_dpts.randomness.Entropy` is
+        drawn (no replay), and the step and the checks start anew.
+        """
+        if self._begun:
+            return self.ledger
+        sigma = self.resolve(trainer)
+        ctx = self.context
+        ledger, entropy = self.fit_ledger.begin(
+            trainer, pl_module, sigma=sigma, max_grad_norm=self.max_grad_norm, noise_spec=self.noise_spec,
+            bands=self.bands, seed=self._seed, rank=ctx.rank, world_size=ctx.world_size)
+        # one noise source, on rank 0 only: the one Gaussian draw of every step (other ranks add none)
+        self.noisy_step.noise = self._make_noise(entropy) if ctx.rank == 0 else None
+        self.noisy_step.isolated_sums = None
+        ctx.noise_std = self.noise_std
+        ctx.isolated = self.per_window == "isolated"
+        ctx.fit_steps, ctx.earlier_steps = 0, ledger.steps
+        self.probe.begin(self.check_independence and not ctx.isolated)
+        self.spot.begin()
+        self.counter.begin()
+        self._begun = True
+        return ledger
+
+    def _make_noise(self, entropy: Entropy) -> NoiseSource:
+        """The fit's one noise source (:meth:`NoisyStep.make_noise`; the audit wraps this method)."""
+        return self.noisy_step.make_noise(entropy, self.ledger.steps)
+
+    def counts_after_next_step(self) -> tuple[int, int]:
+        """(steps, epochs) the ledger counts once the next noisy step is taken: what a write-ahead copy of the
+        ledger must cover before that step touches the data (``dpts fit``'s ``ledger.json``)."""
+        return self.ledger.steps + 1, self.ledger.epochs + int(self.counter.new_epoch)
+
+    def charge_restored(self, steps: int, epochs: int) -> None:
+        """Count at least ``steps`` steps and ``epochs`` epochs in the restored checkpoint's ledger
+        (:meth:`FitLedger.charge_restored`; ``dpts fit --resume``)."""
+        self.fit_ledger.charge_restored(steps, epochs, self._begun)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sigma, C and the privacy ledger - never anything that reproduces noise (:meth:`FitLedger.state_dict`)."""
+        return self.fit_ledger.state_dict(self._noise_multiplier, self.max_grad_norm, self.seeded)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the checkpoint's ledger; the noise of the resumed fit comes from fresh entropy (no replay)."""
+        self.fit_ledger.load_state_dict(state_dict, self._noise_multiplier, self.max_grad_norm)
+        self._begun = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+                           ) -> None:
+        """Refuse a checkpoint holding state that changed during the fit (the state guard, exactly: callbacks' state
+        too, which no state-dict hook sees), then write the ledger at the top level of the checkpoint (read by
+        ``load_from_checkpoint``). Lightning builds the whole checkpoint dict before it writes the file."""
+        if self._buffer_guard is not None:
+            self._buffer_guard.check()
+        checkpoint[LEDGER_KEY] = self.ledger.to_dict()
 
     # ------------------------------------------------------------------------------------------------
     # Lightning hooks
@@ -398,177 +402,94 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
         if stage != "fit":
             return
         check_trainer(trainer)
-        if self.require_accountant and not has_accountant(trainer):
-            raise ConfigurationError(
-                "callbacks", "DPForecastStrategy without an AccountantCallback",
-                "DP training needs an AccountantCallback(epsilon=..., delta=...) in the same Trainer(callbacks=[...]): "
-                "without it no epsilon is computed, logged or enforced and training does not stop at a budget. Add "
-                "one with your budget; if you account the steps yourself from strategy.ledger (which counts every "
-                "noisy step either way), pass DPForecastStrategy(..., require_accountant=False)",
-            )
+        check_accountant(trainer, self.require_accountant)
         self.resolve(trainer)
-        self._rank, self._world_size = rank_and_world_size(trainer)
+        ctx = self.context
+        ctx.rank, ctx.world_size = rank_and_world_size(trainer)
         say_where_logs_go(trainer)
-        if self._world_size > 1:
-            self._check_distributed(trainer)
-        if self.surgery is not None:  # setup twice without teardown
+        if ctx.world_size > 1:
+            check_distributed(trainer, self.noise_spec, ctx.world_size)
+        if self.attachment.surgery is not None:  # setup twice without teardown
             return
-        self.remember_ledger(pl_module)  # before the swaps: a swapped layer's replacement holds no ledger
-        self.surgery = make_private_compatible(pl_module, scaler_default_scale=self.scaler_default_scale)
-        if self.surgery.swaps:
-            rank_zero_info(f"DPForecastStrategy: swapped {', '.join(self.surgery.swapped)} (weights copied)")
-        self._setup_param_ids = [id(p) for p in pl_module.parameters()]
-        self._setup_module_ids = [id(m) for m in pl_module.modules()]
-        self.background_noise = None
-        self._hook_trainable(pl_module)
-        self._wrap_training_step(pl_module)
+        self.fit_ledger.remember(pl_module)  # before the swaps: a swapped layer's replacement holds no ledger
+        self.noisy_step.background_noise = None
+        self.attachment.attach(pl_module)
         self._begun = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.spot_check_recomputed = 0
+        self.spot.recomputed = 0
         check_optimizer(trainer, pl_module)
-        self._refresh_trainable(pl_module)
-        check_optimizer_params(trainer, self._hooked_ids)
+        self.attachment.refresh(pl_module)
+        check_optimizer_params(trainer, self.context.hooked_ids)
         check_schedulers(trainer, self.data_dependent_schedulers)
-        if self._world_size > 1:
+        if self.context.world_size > 1:
             self._ddp = detach_ddp_averaging(trainer)
         released = check_monitors(trainer)  # stopping or checkpoint rules on noise-free metrics: refused here
         # after any restored checkpoint, before sanity validation
         self._buffer_guard = StateGuard.start(pl_module, trainer.callbacks, exempt=released)
 
-    def _refresh_trainable(self, pl_module: L.LightningModule) -> None:
-        """Take the trainable parameters again at ``on_fit_start``, before any step, if they changed since this
-        callback's ``setup``: the LightningModule's own ``setup`` hook, ``configure_model`` and callbacks listed after
-        this one run later and may freeze or unfreeze layers (e.g. ``BaseFinetuning.freeze_before_training``).
-        The per-window hooks are attached again for the new set; from here on the set is fixed for the fit
-        (:func:`~lightning_dpts.training.guards.check_trainable`). Only ``requires_grad`` may have changed:
-        parameters created after ``setup`` (e.g. layers built in ``configure_model``) missed the layer swaps and
-        the model checks: a new module with parameters or buffers is refused (one without, e.g. a torchmetrics
-        metric built in ``setup``, is not; :func:`~lightning_dpts.training.guards.check_layers_after_setup`).
-        """
-        assert self._clipper is not None
-        check_layers_after_setup(pl_module, self._setup_module_ids, self._setup_param_ids)
-        if [id(p) for p in pl_module.parameters() if p.requires_grad] == [id(p) for p in self._params]:
-            return
-        self._clipper.remove()
-        self._clipper = None
-        self._hook_trainable(pl_module)
-
-    def _hook_trainable(self, pl_module: L.LightningModule) -> None:
-        """Take the module's trainable parameters as those DP training updates, and attach the per-window hooks
-        (:class:`PerWindowClipper`) for them."""
-        self._use_params([p for p in pl_module.parameters() if p.requires_grad])
-        if not self._params:
-            raise ConfigurationError("model", type(pl_module).__name__, "has no trainable parameters")
-        self._clipper = PerWindowClipper(pl_module, loss_reduction=self.loss_reduction)
-
-    def _check_distributed(self, trainer: L.Trainer) -> None:
-        """Settings that DP training on several processes refuses (at ``setup``, before any step)."""
-        check_distributed(trainer, self.noise_spec, self._world_size)
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.begin(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._new_epoch = True  # the first noisy step of this epoch counts a new epoch (also a resumed one)
+        self.counter.new_epoch = True  # the first noisy step of this epoch counts a new epoch (also a resumed one)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if not self._begun:
             self.begin(trainer, pl_module)
-        if self._world_size > 1:  # keep DDP's own gradient averaging off (Lightning's no_sync restores the flag)
+        ctx, step = self.context, self.noisy_step
+        if ctx.world_size > 1:  # keep DDP's own gradient averaging off (Lightning's no_sync restores the flag)
             self._ddp.require_backward_grad_sync = False
             self._ddp.require_forward_param_sync = False
-        if self._batches_since_step >= 1 and not self._batch_used:
-            # the previous batch never reached training_step (the module's on_train_batch_start returned -1 to
-            # skip the rest of the epoch, or its optimizer_step did not run the closure): nothing of it reached a
-            # gradient (this hook clears them below) and no step was taken or accounted for it
-            self._batches_since_step = 0
-        if self._batches_since_step >= 1:
-            raise ConfigurationError(
-                "accumulate_grad_batches", self._batches_since_step + 1,
-                "a second batch started before the optimizer step of the previous one (gradient accumulation, "
-                "e.g. a GradientAccumulationScheduler): DP training needs exactly one sampled batch per "
-                "optimizer step; raise the datamodule's batch_size instead",
-            )
-        self._batches_since_step += 1
-        self._batch_used = False
-        self._batch = batch
-        self._clear()
-        self._isolated_sums = None
-        for p in self._params:  # every hooked parameter's .grad is written by this step alone (a parameter outside
-            p.grad = None  # the optimizer keeps its last noisy .grad through zero_grad; the check would misread it)
-        if not self.isolated and self._next_probe is not None and self._fit_steps + 1 >= self._next_probe:
-            self._next_probe = self._probe_after(self._fit_steps + 1)  # (after the last step's gradients are gone:
-            self._check_window_independence(pl_module, batch)  # the probe's peak memory does not hold them)
-        # the spot check's draw: a copy of the batch as it arrived (training_step may write into its input)
-        self._spot_batch = None
-        if not self.isolated and self.spot_check > 0 and self._choices.random() < self.spot_check:
-            self._spot_batch = copy_batch(batch)
-        self._prepare_noise()
-        if self._clipper is not None and not self.isolated:
-            self._clipper.enable()
-        elif self._clipper is not None:
-            self._clipper.disable()
-
-    def _use_params(self, params: list[nn.Parameter]) -> None:
-        """The parameters DP training updates (trainable when the per-window hooks were attached)."""
-        self._params = params
-        self._hooked_ids = {id(p) for p in params}
-        self._noise_numel = sum(p.numel() for p in params)
+        self.counter.batch_started(step.batch_used)
+        step.batch_used, step.isolated_sums = False, None
+        ctx.start_batch(batch)
+        self.probe.due(pl_module, batch)
+        self.spot.draw(batch)
+        step.prepare_noise()
+        ctx.hooks_for_mode()
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        assert self.expected_batch_size is not None and self._clipper is not None
-        assert self.noise is not None or self._rank != 0
-        if self._batches_since_step != 1:
-            raise ConfigurationError(
-                "accumulate_grad_batches", self._batches_since_step,
-                "DP training needs exactly one sampled batch per optimizer step",
-            )
+        ctx = self.context
+        assert ctx.expected_batch_size is not None and ctx.clipper is not None
+        assert self.noise is not None or ctx.rank != 0
+        self.counter.check_step()
         refused: ConfigurationError | None = None
         try:
-            check_trainable(trainer, pl_module, self._hooked_ids)
-            if self._spot_batch is not None and not self.isolated:
-                self._spot_check(pl_module)
+            check_trainable(trainer, pl_module, ctx.hooked_ids)
+            self.spot.due(pl_module)
             if self._buffer_guard is not None:
                 self._buffer_guard.check_step()  # state changed since the last step: refused before this update
         except ConfigurationError as err:
-            if self._world_size == 1:
+            if ctx.world_size == 1:
                 raise
             refused = err  # raised after the step's all-reduce, so that no other rank is left waiting in it
-        after = PrivacyLedger(steps=self.ledger.steps + 1, epochs=self.ledger.epochs + int(self._new_epoch))
-        spec = spec_or_none(trainer)
-        if self.step_cap is not None and spec is not None and after.accounted_steps(spec) > self.step_cap:
-            raise PrivacyBudgetExhausted(
-                f"noisy step {after.steps} would bring the accounted steps to {after.accounted_steps(spec)}, beyond "
-                f"the {self.step_cap} the privacy budget allows"
-            )
-        noisy = self._noisy_gradients(trainer, after.steps, refused)
+        after = self.fit_ledger.next_step(*self.counts_after_next_step(), spec_or_none(trainer))
+        noisy = self.noisy_step.noisy_gradients(trainer, after.steps, refused)
         if self.audit_observer is not None:  # the audit's white-box view (copies: it cannot change the update)
             self.audit_observer(pl_module, self, after.steps, [g.detach().clone() for g in noisy])
-        for p, g in zip(self._params, noisy, strict=True):
+        for p, g in zip(ctx.params, noisy, strict=True):
             p.grad = g
-        self._clear()
-        self.ledger.steps = after.steps
-        self.ledger.epochs = after.epochs
-        self._fit_steps += 1
-        self._new_epoch = False
-        self._batches_since_step = 0
+        ctx.clear()
+        self.fit_ledger.count(after)
+        ctx.fit_steps += 1
+        self.counter.stepped()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._buffer_guard is not None:  # exact, also for writes that bypass version counters (buf.data) and
             self._buffer_guard.check()  # state written by the last step's on_train_batch_end
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._clipper is not None:
-            self._clipper.disable()
+        if self.context.clipper is not None:
+            self.context.clipper.disable()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._clipper is not None and trainer.training:
-            self._clipper.enable()
+        if self.context.clipper is not None and trainer.training:
+            self.context.clipper.enable()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -580,35 +501,16 @@ class DPForecastStrategy(LedgerWiring, NoisyStep, IndependenceChecks, Callback):
     def _undo(self, pl_module: L.LightningModule) -> None:
         """Remove the Opacus hooks and per-sample state, put the original layers back, and end the noise's background
         thread (idempotent; at train end and on an exception, so no thread of the fit outlives it)."""
-        begun = self._begun
-        self._clear()
-        close = getattr(self.noise, "close", None)
-        if close is not None:
-            close()
+        begun, ctx = self._begun, self.context
+        ctx.clear()
+        self.noisy_step.close()
         if self._buffer_guard is not None:  # stays attached (the module refuses state_dict) if a buffer changed
             self._buffer_guard.release(pl_module)
             self._buffer_guard = None
-        if self._original_training_step is not None:
-            if "training_step" in vars(pl_module):
-                del pl_module.training_step
-            self._original_training_step = None
         self._begun = False
-        self._batch = None
-        if self._clipper is not None:
-            self._clipper.remove()
-            self._clipper = None
-        if self.surgery is not None:
-            self.surgery.restore()
-            self.surgery = None
+        ctx.batch = None
+        self.attachment.detach(pl_module)
         if begun:  # the original layers hold the fit's ledger again
-            self.end_ledger(pl_module)
-        self._use_params([])
-        self._isolated = None
-        self._isolated_sums = None
-        self.background_noise = None
-
-    def _clear(self) -> None:
-        """Drop per-window state left from a previous step (also after a forward pass without backward)."""
-        if self._clipper is not None:
-            self._clipper.clear(self._params)
-
+            self.fit_ledger.end(pl_module)
+        self.noisy_step.forget_isolated()
+        self.noisy_step.background_noise = None

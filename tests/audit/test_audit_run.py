@@ -2,9 +2,9 @@
 
 Sharpness plays the attacker: a run whose noise is a quarter of what the accountant assumes, and a model whose
 forward mixes the windows of a batch, must both be caught (a lower bound above the accountant's epsilon); the
-correct mechanism must not (soundness). Bounds hold with confidence 0.95, so a sound audit exceeds the accountant's
-epsilon with probability at most 5% per run; the seeds are fixed (the runs are deterministic), and the margins
-below are wide (measured: see docs/audit.md).
+correct mechanism must not (soundness). Bounds hold with confidence 0.999 (the default), so a sound audit exceeds
+the accountant's epsilon with probability at most 0.1% per run; the seeds are fixed (the runs are deterministic),
+and the margins below are wide (measured: see docs/audit.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_observer_sees_the_update_the_optimizer_applies() -> None:
     original = scores.WhiteBoxScorer.__call__
 
     def spy(self, module, strategy, step, noisy):  # noqa: ANN001
-        seen.append(([p.detach().clone() for p in strategy._params], [g.clone() for g in noisy]))
+        seen.append(([p.detach().clone() for p in strategy.context.params], [g.clone() for g in noisy]))
         return original(self, module, strategy, step, noisy)
 
     scores.WhiteBoxScorer.__call__ = spy  # type: ignore[method-assign]
@@ -70,8 +70,9 @@ def test_correct_mechanism_stays_below_the_accountant() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_sound_over_seeds(seed: int) -> None:
-    """The primary bound of a correct mechanism stays at or below the accountant's epsilon (each seed can fail with
-    probability at most 5% for a sound audit; the seeds are fixed, so the outcome is too)."""
+    """The primary bound (here the Gaussian one: nothing is sampled) of a correct mechanism stays at or below the
+    accountant's epsilon (each seed can fail with probability at most 0.1% at the default confidence 0.999; at 0.95
+    the Gaussian bound is tight enough to use its 5%: seed 101 gave 4.015 against 3.997)."""
     result = run_audit(epsilon=4.0, canaries=2048, steps=5, seed=100 + seed, progress=None)
     assert result.white_box_epsilon <= result.accountant_epsilon
 
@@ -125,3 +126,60 @@ def test_window_mixing_model_is_harmless_on_the_default_path() -> None:
     result = run_audit(epsilon=2.0, canaries=1024, steps=5, seed=6, black_box=False, progress=None,
                        module=lambda n, p, h: WindowMixingForecaster(n, p, h))
     assert result.white_box_epsilon <= result.accountant_epsilon
+
+
+def test_primary_is_fixed_by_the_configuration() -> None:
+    """No sampling (one window per piece, every piece in every batch) reads the Gaussian bound; subsampled whole
+    series read the assumption-free f-DP one."""
+    own = run_audit(epsilon=2.0, canaries=32, steps=2, black_box=False, seed=1, progress=None)
+    assert own.primary == "white_box_gauss" and own.as_dict()["primary"] == "white_box_gauss"
+    theirs = run_audit(epsilon=2.0, canaries=32, steps=2, black_box=False, seed=1, progress=None,
+                       chunk_length=None, batch_size=16)
+    assert theirs.primary == "white_box_fdp"
+    assert theirs.white_box_epsilon == theirs.bounds["white_box_fdp"]["epsilon"]
+
+
+def test_runs_are_pooled() -> None:
+    result = run_audit(epsilon=8.0, canaries=64, steps=2, black_box=False, seed=2, progress=None, runs=2)
+    assert result.runs == 2 and result.canaries == 128 and result.included.shape == (128,)
+    assert result.white_box_scores.shape == (128,) and result.config["runs"] == 2
+    assert result.bounds["white_box_gauss"]["runs"] == 2 and result.bounds["white_box_fdp"]["runs"] == 2
+    assert "2 runs of 2 steps" in result.table()
+    with pytest.raises(ConfigurationError) as err:
+        run_audit(runs=0, progress=None)
+    assert err.value.parameter == "runs"
+
+
+def test_ci_check_catches_half_the_noise() -> None:
+    """The CI regression check (512 canaries, 5 steps, confidence 0.999; docs/audit.md) on a run with half the noise
+    sigma says: the primary bound exceeds the accountant's epsilon (measured power 20/20, margin > 2x: a miss has
+    probability far below 1e-6 at this seed's draw; benchmarks/audit.py measures the rate)."""
+    result = run_audit(epsilon=8.0, canaries=512, steps=5, black_box=False, seed=7,
+                       progress=None, _noise_scale=0.5)
+    assert result.primary == "white_box_gauss"
+    assert result.white_box_epsilon > result.accountant_epsilon
+
+
+def test_a_dpts_fit_model_is_audited() -> None:
+    """``fit_model("seasonal_linear")`` trains the module ``dpts fit`` trains; spike canaries, pooled runs, the
+    centred white-box score: every bound stays at or below the accountant's epsilon (margin: measured 0.55 of
+    epsilon at 120 canaries, here 8)."""
+    from lightning_dpts.app.audit_models import fit_model
+
+    result = run_audit(epsilon=8.0, canaries=2, steps=3, runs=4, seed=3, progress=None, context_length=13,
+                       module=fit_model("seasonal_linear", season_length=12), canary_shape="spike")
+    assert result.canaries == 8 and result.primary == "white_box_gauss"
+    assert result.config["model"] == "SeasonalLinearLightningModule" and result.config["canary_shape"] == "spike"
+    for name, bound in result.bounds.items():
+        assert bound["epsilon"] <= result.accountant_epsilon, name
+
+
+@pytest.mark.slow
+def test_ci_check_raises_no_false_alarm_over_seeds() -> None:
+    """The CI check (confidence 0.999) on 20 correct runs: no false alarm (probability of any at most 20 x 0.001 =
+    2%; benchmarks/audit.py measured 0 of 100)."""
+    from lightning_dpts.audit.runner import CHECK_OPTIONS
+
+    for seed in range(20):
+        result = run_audit(epsilon=8.0, seed=300 + seed, progress=None, **CHECK_OPTIONS)
+        assert result.white_box_epsilon <= result.accountant_epsilon, seed

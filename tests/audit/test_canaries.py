@@ -84,3 +84,28 @@ def test_chunks_are_consecutive_pieces_round_robin() -> None:
     assert len(chunk_series([a, b], 3, max_chunks=2)) == 2
     with pytest.raises(ConfigurationError):
         chunk_series([a], 11)
+
+
+@pytest.mark.parametrize("shape, expected", [("shift", [1, 1, 1, 1]), ("spike", [1, 0, 0, 0]),
+                                             ("zigzag", [1, -1, 1, -1])])
+def test_event_shapes_differ_only_inside_the_unit(shape: str, expected: list[int]) -> None:
+    """Each shape's two worlds differ by at most the magnitude at each of the unit's w steps and nowhere else (a
+    neighbouring pair of the w-event relation with value bound = magnitude)."""
+    base = [np.arange(40.0), np.zeros(40)]
+    plan = plan_canaries([40, 40], count=2, relation=NeighbouringRelation(size=4, value_bound=2.0), past_length=3,
+                         prediction_length=2, magnitude=2.0, rng=np.random.default_rng(0), shape=shape)
+    inside, outside = plan.world(base, "in"), plan.world(base, "out")
+    for c in plan.canaries:
+        diff = inside[c.series] - outside[c.series]
+        np.testing.assert_allclose(diff[c.position:c.position + 4], 2.0 * np.array(expected))
+        assert np.count_nonzero(diff) == np.count_nonzero(expected)
+
+
+def test_offset_places_every_canary_at_its_piece_start() -> None:
+    plan = plan_canaries([14] * 5, count=5, relation=NeighbouringRelation(), past_length=13, prediction_length=1,
+                         magnitude=1.0, rng=np.random.default_rng(0), offset=0)
+    assert [c.position for c in plan.canaries] == [0] * 5
+    with pytest.raises(ConfigurationError) as err:
+        plan_canaries([14], count=1, relation=NeighbouringRelation(), past_length=1, prediction_length=1,
+                      magnitude=1.0, rng=np.random.default_rng(0), shape="wave")
+    assert err.value.parameter == "canary_shape"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy.montecarlo import BandMFMechanism, MonteCarloAccountant
 from lightning_dpts.training.correlated_noise import banded_sqrt_coefficients
 
@@ -62,7 +62,7 @@ def test_bandmf_command_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from lightning_dpts.cli import main; "
+    code = ("import sys; from lightning_dpts.app.cli import main; "
             "rc = main(['privacy', 'bandmf', '--iterations', '20', '--bands', '2', '--sampling-prob', '0.1', "
             "'--noise-multiplier', '1', '--epsilon', '1', '--samples', '200', '--json']); "
             "assert rc == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:3]")
@@ -73,7 +73,7 @@ def test_bandmf_command_does_not_import_torch():
 
 def _dpts(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    return subprocess.run([sys.executable, "-m", "lightning_dpts.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lightning_dpts.app.cli", *argv], capture_output=True, text=True,
                           env=env, timeout=120)
 
 
@@ -110,6 +110,7 @@ def test_b_min_sep_refuses_cyclic_only_options(capsys):
     assert err.value.code == 2 and "--delta" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three console-script processes; tests/test_console.py checks the warn-once in-process
 def test_privacy_commands_warn_once_when_delta_is_at_least_one_over_n():
     done = _dpts("privacy", "epsilon", "--num-series", "50", "--min-length", "60", "--context-length", "6",
                  "--prediction-length", "6", "--batch-size", "8", "--noise-multiplier", "1", "--delta", "0.05",

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lightning_dpts.cli import main
-from lightning_dpts.console import DeltaWarning
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.console import DeltaWarning
 
 _BASE = ["--prediction-length", "6", "--model", "simple_feedforward", "--batch-size", "8", "--epochs", "3",
          "--epsilon", "8", "--delta", "0.05", "--monte-carlo-samples", "20000", "--no-non-dp",
@@ -117,6 +117,7 @@ def test_cyclic_bands_refuses_before_writing_anything(tiny_csv, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.slow  # a whole fit; tests/test_console.py checks the warn-once in-process
 def test_fit_warns_once_when_delta_is_at_least_one_over_n(tiny_csv, tmp_path):
     argv = ["fit", "--data", str(tiny_csv), *_CYCLIC, "--delta", "0.05", "--noise-multiplier", "3", "--epochs", "1",
             "--output-dir", str(tmp_path / "run")]

@@ -92,7 +92,7 @@ def test_optimiser_improves_on_default_and_dpsgd():
     assert res.error < res.initial_error < prefix_sum_error([1.0], n)
     assert res.error == pytest.approx(prefix_sum_error(res.coefficients, n), rel=1e-9)
     assert np.all(res.coefficients >= 0) and np.linalg.norm(res.coefficients) == pytest.approx(1.0)
-    assert res.seconds < 10
+    assert 0 < res.iterations < 500  # converged before L-BFGS-B's iteration cap (work counted, not timed)
     assert optimize_coefficients(8, n, participations=3).error == pytest.approx(3 * res.error, rel=1e-6)
 
 

@@ -182,7 +182,7 @@ def _entries(series: list[np.ndarray]) -> list[dict]:
 
 @pytest.mark.parametrize("per_window", ["auto", "isolated"])
 def test_trains_under_the_dp_strategy_and_exports(tmp_path, per_window):
-    from lightning_dpts.export import export_model, load_predictor, make_checkpoint_loadable
+    from lightning_dpts.app.export import export_model, load_predictor, make_checkpoint_loadable
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy, IterateAveraging
 
     torch.manual_seed(0)

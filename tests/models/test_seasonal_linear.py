@@ -77,7 +77,7 @@ def test_windows_are_independent():
 
 
 def test_trains_under_the_dp_strategy_and_exports(tmp_path):
-    from lightning_dpts.export import export_model, load_predictor, make_checkpoint_loadable
+    from lightning_dpts.app.export import export_model, load_predictor, make_checkpoint_loadable
     from lightning_dpts.training import AccountantCallback, DPForecastStrategy
 
     torch.manual_seed(0)

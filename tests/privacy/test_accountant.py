@@ -162,6 +162,8 @@ def spec_for(top="without_replacement", bottom="with_replacement", lam=1, batch=
 
 SCHEMES = [(t, b, lam) for t in ("iteration", "without_replacement") for b in ("with_replacement", "poisson")
            for lam in (1, 4)]
+# the monotonicity sweeps compose many accountants: lam = 1 covers every scheme in the fast suite, lam = 4 is slow
+SWEEP_SCHEMES = [pytest.param(*s, marks=pytest.mark.slow) if s[2] == 4 else s for s in SCHEMES]
 
 
 @pytest.mark.parametrize("top,bottom,lam", SCHEMES)
@@ -185,14 +187,14 @@ def test_tight_cases_equal_their_lower_bound(top, bottom):
     np.testing.assert_allclose(upper.profile.delta(eps), lower.profile.delta(eps), rtol=1e-12)
 
 
-@pytest.mark.parametrize("top,bottom,lam", SCHEMES)
+@pytest.mark.parametrize("top,bottom,lam", SWEEP_SCHEMES)
 def test_epsilon_decreases_in_sigma(top, bottom, lam):
     spec = spec_for(top, bottom, lam)
     eps = [StructuredSubsamplingAccountant(spec, s).epsilon(200, 1e-6) for s in (0.8, 1.0, 1.5, 3.0)]
     assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
 
 
-@pytest.mark.parametrize("top,bottom,lam", SCHEMES)
+@pytest.mark.parametrize("top,bottom,lam", SWEEP_SCHEMES)
 def test_epsilon_increases_in_r(top, bottom, lam):
     # shorter series -> fewer start positions T -> larger r
     eps = [StructuredSubsamplingAccountant(spec_for(top, bottom, lam, length=length), 1.0).epsilon(100, 1e-6)
@@ -200,7 +202,8 @@ def test_epsilon_increases_in_r(top, bottom, lam):
     assert all(a < b for a, b in zip(eps, eps[1:], strict=False))
 
 
-@pytest.mark.parametrize("bottom,lam", [("with_replacement", 1), ("with_replacement", 4), ("poisson", 2)])
+@pytest.mark.parametrize("bottom,lam", [("with_replacement", 1), ("poisson", 2),
+                                        pytest.param("with_replacement", 4, marks=pytest.mark.slow)])
 def test_epsilon_increases_in_rho(bottom, lam):
     eps = [StructuredSubsamplingAccountant(spec_for("without_replacement", bottom, lam, n=n), 1.0).epsilon(100, 1e-6)
            for n in (2000, 640, 320, 64)]

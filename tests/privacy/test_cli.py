@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant
 
 COMMON = ["--num-series", "320", "--min-length", "400", "--context-length", "24", "--prediction-length", "12",
@@ -81,7 +81,7 @@ def test_delta_out_of_range_and_unknown_mode(capsys):
 
 
 def test_console_script_runs_without_torch():
-    code = ("import sys; from lightning_dpts.cli import main; main(['privacy', 'epsilon', *sys.argv[1:]]); "
+    code = ("import sys; from lightning_dpts.app.cli import main; main(['privacy', 'epsilon', *sys.argv[1:]]); "
             "assert 'torch' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code, *COMMON, "--noise-multiplier", "1", "--steps", "3", "--json"],
                           capture_output=True, text=True, check=True)

@@ -66,7 +66,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+SLOW_CASES = {"demo, tiny delta", "traffic, Poisson bottom level"}  # the same paths as the demo cases, longer
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
 def test_curve_is_within_one_percent_above_the_accountant(name):
     spec, sigma, delta, last = CASES[name]
     curve = list(StructuredSubsamplingAccountant(spec, sigma).epsilon_curve(last, delta))

@@ -147,6 +147,7 @@ def test_the_event_is_frozen_hashable_data_that_round_trips():
     assert DpEvent.from_named_tuple(nested.to_named_tuple()) == nested
 
 
+@pytest.mark.slow  # the whole example in a fresh process
 def test_example_accounts_a_plain_loop():
     """examples/dp_accounting_event.py: a numpy DP-SGD loop composed step by step, then a Gaussian release."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
 from lightning_dpts.privacy import NeighbouringRelation, SamplingSpec, StructuredSubsamplingAccountant
 
 from . import reference as R

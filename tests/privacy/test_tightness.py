@@ -73,6 +73,7 @@ def _check_curve(acc: StructuredSubsamplingAccountant, last: int, delta: float, 
         assert want <= logged <= 1.01 * want, (step, logged, want)
 
 
+@pytest.mark.slow  # every step of the default job; tests/privacy/test_epsilon_curve.py checks the curve's paths
 def test_curve_of_the_default_job_is_within_one_percent_at_every_step():
     acc = StructuredSubsamplingAccountant(DEMO, DEMO_SIGMA)
     _check_curve(acc, 400, 1e-7, range(1, 401))

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from lightning_dpts.app.release_cli import RELEASE_OPTION_NAMES, add_release_parser, run_release
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy.spec import NeighbouringRelation
 from lightning_dpts.release import ReleaseAccountant, ReleaseSpec
-from lightning_dpts.release.cli import RELEASE_OPTION_NAMES, add_release_parser, run_release
 
 BASE = "--rate 0.5 --size 4 --value-bound 0.1 --delta 1e-4"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.synthetic.pipeline import SynthConfig
+from lightning_dpts.app.synth_pipeline import SynthConfig
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lightning_dpts.jobs.synth import run_synth
+from lightning_dpts.app.jobs.synth import run_synth
 from lightning_dpts.randomness import SEEDED_NOTICE, GaussianNoise, resolve_entropy
 from lightning_dpts.synthetic.evolution import _STREAM_NOISE
 from lightning_dpts.synthetic.pretrain import PUBLIC_PRETRAIN_SEED

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_dpts.cli import main
-from lightning_dpts.jobs.synth import run_synth
-from lightning_dpts.loading import load_long_table
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.jobs.synth import run_synth
+from lightning_dpts.data.loading import load_long_table
 from tests.synthetic.conftest import tiny_config as _tiny_config
 
 TINY = ["--length", "12", "--num-samples", "8", "--iterations", "2", "--prediction-length", "4",
@@ -65,7 +65,7 @@ def test_cli_errors_name_the_option(tiny_csv: Path, tmp_path: Path, capsys: pyte
 
 def test_compare_dp_sgd_runs_the_fit_job_the_command_line_passes(tiny_csv: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_dpts.jobs.fit as fit_job
+    import lightning_dpts.app.jobs.fit as fit_job
 
     seen = []
 

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from lightning_dpts.cli import main
+from lightning_dpts.app.cli import main
+from lightning_dpts.app.jobs.synth import run_synth
+from lightning_dpts.app.synth_pipeline import SynthConfig, distinct_rows, plot_real_vs_synthetic, synth_verdict
 from lightning_dpts.errors import ConfigurationError
-from lightning_dpts.jobs.synth import run_synth
 from lightning_dpts.synthetic.evolution import private_windows, vote_histogram
-from lightning_dpts.synthetic.pipeline import SynthConfig, distinct_rows, plot_real_vs_synthetic, synth_verdict
 from lightning_dpts.synthetic.privacy import PETSAccountant, sensitivity
 from tests.synthetic.conftest import tiny_config
 

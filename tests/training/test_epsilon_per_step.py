@@ -31,7 +31,7 @@ def _assert_within_one_percent(acc: StructuredSubsamplingAccountant, logged, del
 
 @pytest.mark.slow
 def test_default_job_logs_epsilon_within_one_percent_at_every_step(tmp_path):
-    from lightning_dpts.cli import main
+    from lightning_dpts.app.cli import main
 
     out = tmp_path / "default"
     assert main(["fit", "--no-non-dp", "--output-dir", str(out)]) == 0
@@ -85,7 +85,7 @@ def test_table_thread_failure_leaves_lookups_empty_not_raising():
 def test_public_epsilon_curve_reuses_the_training_table(tmp_path, monkeypatch):
     """report.json's epsilon_curve comes from the table the callback logged from (issue 26: no second computation
     after training), and its values are the same upper bounds as a fresh accountant's curve at the same counts."""
-    from lightning_dpts.reporting import EPSILON_CURVE_RTOL, epsilon_curve
+    from lightning_dpts.app.reporting import EPSILON_CURVE_RTOL, epsilon_curve
 
     module = make_module("simple_feedforward")
     dm = FakeDataModule(module, num_series=48, batch_size=8)

@@ -45,8 +45,8 @@ class RecordingLogger(Logger):
 
 def _fit(loggers: list[Logger], steps: int = 3, save_hyperparameters: bool = False):
     module = make_module("dlinear")
-    if save_hyperparameters:  # what dpts fit does: the module calls save_hyperparameters() (lightning_dpts.export)
-        from lightning_dpts.export import make_checkpoint_loadable
+    if save_hyperparameters:  # what dpts fit does: the module calls save_hyperparameters() (lightning_dpts.app.export)
+        from lightning_dpts.app.export import make_checkpoint_loadable
 
         make_checkpoint_loadable(module)
     dm = FakeDataModule(module, num_series=64, batch_size=8)
@@ -186,7 +186,7 @@ data = pytest.importorskip("lightning_dpts.data")
 
 @pytest.mark.parametrize("name", ["dlinear", "deepar"])
 def test_trainer_predict_after_private_training(name):
-    from lightning_dpts.export import attach_quantile_predict_step
+    from lightning_dpts.app.export import attach_quantile_predict_step
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
     module = make_module(name)

@@ -108,6 +108,7 @@ def test_what_the_accountant_refuses():
         register_structured_accountant(spec, name="rdp")
 
 
+@pytest.mark.slow  # the whole example in a fresh process
 def test_example_accounts_a_plain_opacus_loop():
     """examples/opacus_structured.py: PrivacyEngine(accountant="structured"), make_private_with_epsilon, a loop."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

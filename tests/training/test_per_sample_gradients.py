@@ -38,7 +38,7 @@ class _Spy(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.grad_samples:
             return
-        clipper, params = self.strategy._clipper, self.strategy._params
+        clipper, params = self.strategy.context.clipper, self.strategy.context.params
         samples = clipper.per_window_gradients(params)
         names = {id(p): n for n, p in pl_module.named_parameters()}
         for p, gs in zip(params, samples, strict=True):

@@ -349,7 +349,7 @@ def test_the_checks_leave_training_unchanged_also_with_dropout():
         torch.manual_seed(1)
         _fit_with(strategies[-1], module)
         thetas.append(_theta(module))
-    assert strategies[0]._stochastic is True and strategies[1]._stochastic is None
+    assert strategies[0].spot.stochastic is True and strategies[1].spot.stochastic is None
     assert torch.equal(thetas[0], thetas[1])
 
 

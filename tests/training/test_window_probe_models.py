@@ -114,4 +114,4 @@ def test_a_random_training_step_skips_the_spot_check_and_is_not_refused():
                                              test_windows=0)
         strategy = DPForecastStrategy(1.0, 1.0, seed=0, per_window="fast", spot_check=1.0)
         trainer(max_steps=3, callbacks=[strategy]).fit(module, datamodule=dm)
-    assert strategy._stochastic is True and module.trainer.global_step == 3
+    assert strategy.spot.stochastic is True and module.trainer.global_step == 3

@@ -1,0 +1,78 @@
+"""Forecasting and scoring the held-out test windows of a ``dpts fit`` run: the models' quantile matrices, the
+unclipped truth of a clipped run, the baselines (:mod:`lightning_dpts.baselines`: seasonal naive with calibrated
+intervals, AutoETS, AutoTheta) as GluonTS forecasts, and the pooled metrics
+(:func:`lightning_dpts.evaluation.score_windows`). Computed from the private data without DP: the results belong
+under ``private/`` (or in a DP release, :func:`lightning_dpts.app.reporting.dp_metrics`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["baseline_forecasts", "raw_evaluation", "score_forecasts", "score_models"]
+
+
+def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
+    """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median.
+
+    One window per forecast, pooled: :func:`lightning_dpts.evaluation.score_windows` without histories.
+    """
+    from lightning_dpts.evaluation import quantile_matrix, score_windows
+
+    n = len(forecasts)
+    scores = score_windows([quantile_matrix(f) for f in forecasts], labels, [np.empty(0)] * n, [0] * n, season=1)
+    return {"crps": scores["crps"], "mae": scores["mae"]}
+
+
+def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
+                    freq: str) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Unclipped inputs and labels of the test windows (clipping changes only what the private model is trained on).
+
+    The raw table has the clipped table's geometry (clipping keeps every row), so the raw series are read at the
+    same positions: history = the first ``len(history)`` values, label = the next ``prediction_length``.
+    """
+    from lightning_dpts.data.sources import to_collection
+
+    raw = to_collection(raw_table, freq=freq, id_column="item_id", timestamp_column="timestamp", value_column="target")
+    by_id = dict(zip(raw.item_ids, raw.targets, strict=True))
+    inputs, labels = [], []
+    for entry, _ in pairs:
+        series = np.asarray(by_id[entry["item_id"]], dtype=float).reshape(len(by_id[entry["item_id"]]), -1)[:, 0]
+        n = len(entry["target"])
+        inputs.append({**entry, "target": np.asarray(series[:n], dtype=np.float32)})
+        labels.append(series[n:n + dm.prediction_length])
+    return inputs, labels
+
+
+def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, *,
+                       statsforecast: bool = True, cache: Any = None,
+                       progress: Any = None) -> tuple[dict[str, list[Any]], Any]:
+    """The baselines of :func:`lightning_dpts.baselines.baseline_quantiles` from the unclipped histories, as GluonTS
+    ``QuantileForecast`` objects (what the plots and the DP release read); returns ``(forecasts by name, the
+    :class:`~lightning_dpts.baselines.Baselines` with the fallback counts and the skip reason)``."""
+    from gluonts.model.forecast import QuantileForecast
+
+    from lightning_dpts.baselines import baseline_quantiles
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
+    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    result = baseline_quantiles(histories, prediction_length, season, statsforecast=statsforecast, cache=cache,
+                                progress=progress)
+    keys = [str(q) for q in DEFAULT_QUANTILES]
+    out = {name: [QuantileForecast(np.asarray(q).T, start_date=entry["start"] + len(entry["target"]),
+                                   forecast_keys=keys, item_id=entry.get("item_id"))
+                  for q, entry in zip(quantiles, raw_inputs, strict=True)]
+           for name, quantiles in result.forecasts.items()}
+    return out, result
+
+
+def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
+                 windows: list[int], season: int) -> dict[str, dict[str, Any]]:
+    """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`)."""
+    from lightning_dpts.evaluation import quantile_matrix, score_windows
+
+    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)
+            for name, fc in predictions.items()}
