@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.app.jobs.synth import run_synth
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.randomness import GaussianNoise
 from lightning_dpts.synthetic.evolution import private_windows
 from lightning_dpts.synthetic.privacy import PETSAccountant, sensitivity
