@@ -578,7 +578,7 @@ def _python_blocks() -> list[tuple[str, int, str]]:
 
 def _trains(block: str) -> bool:
     """A snippet that trains a model (minutes: the slow suite runs it)."""
-    return bool(re.search(r"\.(fit|train)\(|run_synth\(|run_audit\(", block)) and "tempfile" not in block
+    return bool(re.search(r"\.(fit|train)\(|run_synth\(|run_audit\(|\btune\(", block)) and "tempfile" not in block
 
 
 def _run_python(block: str, tmp_path: Path, timeout: int) -> None:
