@@ -336,3 +336,313 @@ def test_privacy_options_documented_as_required_are_refused_when_missing(capsys)
         with pytest.raises(SystemExit) as exit_info:
             main(argv[:i] + argv[i + 2:])
         assert exit_info.value.code == 2 and option in capsys.readouterr().err, option
+
+
+# --- the word budget (issue 39) ----------------------------------------------------------------------------------
+
+#: words over docs/*.md, api.md included (issue 39: <= 25,000), and per page (api.md excepted)
+DOCS_WORD_BUDGET, PAGE_WORD_LIMIT = 25_000, 2_500
+
+
+def _words(path: Path) -> int:
+    """Words as ``wc -w`` counts them: runs of non-whitespace."""
+    return len(path.read_text().split())
+
+
+def test_docs_fit_the_word_budget_and_no_page_is_too_long():
+    counts = {p.name: _words(p) for p in sorted(DOCS.glob("*.md"))}
+    assert sum(counts.values()) <= DOCS_WORD_BUDGET, (sum(counts.values()), counts)
+    long_pages = {name: n for name, n in counts.items() if n > PAGE_WORD_LIMIT and name != "api.md"}
+    assert not long_pages, long_pages
+
+
+def test_the_word_count_is_wc_s():
+    assert _words(ROOT / "pyproject.toml") == len((ROOT / "pyproject.toml").read_text().split())
+    page = ROOT / "README.md"
+    assert _words(page) > 100
+
+
+# --- every command and snippet of the docs and the README runs (issue 39) ----------------------------------------
+
+import os  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+SHELL_LANGUAGES = ("console", "bash", "sh", "shell")
+#: extra options that make a long command quick in the fast suite (the slow suite runs it as written)
+FAST_OPTIONS = {
+    ("dpts", "fit"): ["--epochs", "1", "--no-baselines", "--no-non-dp", "--no-private-plots"],
+    ("dpts", "synth"): ["--num-samples", "8", "--pretrain-epochs", "1,1", "--num-public", "64", "--no-tstr",
+                        "--no-progress", "--no-private-plots"],
+    ("dpts", "audit"): ["--canaries", "64", "--steps", "1", "--no-black-box"],
+}
+#: commands that run quickly as written (the fast suite runs them and compares their shown output)
+QUICK = (("dpts", "privacy"), ("dpts", "release"), ("python", "examples/privacy_accounting.py"))
+#: commands not run by this file, with the reason (every other command is run)
+NOT_RUN = {"make test": "runs this test suite itself (and ruff); CI runs it",
+           "make install": "installs packages: CI's environment step"}
+#: what a make target runs (the Makefile's recipe, without its install step)
+MAKE_TARGETS = {"make demo": "dpts fit --output-dir runs/demo --overwrite"}
+
+
+def _shell_commands(text: str) -> list[tuple[str, list[str]]]:
+    """(command, shown output lines) of every shell block: ``$ ``-prompted lines with the output below them, or
+    (a block without prompts) every line. Comments are stripped; a trailing ``\\`` continues a command."""
+    found: list[tuple[str, list[str]]] = []
+    for block in _blocks(text, *SHELL_LANGUAGES):
+        lines = block.splitlines()
+        prompted = any(line.startswith("$ ") for line in lines)
+        current: list[str] | None = None  # the parts of a command continued with a backslash
+        for line in lines:
+            if current is None and prompted and not line.startswith("$ "):
+                if found:
+                    found[-1][1].append(line)  # output of the last command
+                continue
+            if line.startswith("$ "):
+                line = line[2:]
+            code = "" if line.lstrip().startswith("#") else line.split(" #", 1)[0].rstrip()
+            if current is None and not code.strip():
+                continue
+            parts = (current or []) + [code.rstrip("\\").strip()]
+            if code.endswith("\\"):
+                current = parts
+            else:
+                found.append((" ".join(parts), []))
+                current = None
+    return found
+
+
+def test_shell_blocks_are_read_as_commands_and_outputs():
+    text = "```console\n$ dpts a \\\n    --b 1   # note\nout 1\n...\n$ dpts c\n```\n```bash\nmake demo  # x\n```\n"
+    assert _shell_commands(text) == [("dpts a --b 1", ["out 1", "..."]), ("dpts c", []), ("make demo", [])]
+
+
+def _documented_commands() -> list[tuple[str, str, list[str]]]:
+    """(page, command, shown output) of every shell block of the docs and the README."""
+    return [(page.name, command, output) for page in PAGES for command, output in _shell_commands(page.read_text())]
+
+
+def _kind(command: str) -> str:
+    """``"quick"`` (the fast suite runs it as written), ``"long"`` (fast settings in the fast suite, as written in the
+    slow suite), ``"slow"`` (the slow suite only) or ``"not run"``."""
+    if command in NOT_RUN:
+        return "not run"
+    words = tuple(shlex.split(MAKE_TARGETS.get(command, command))[:2])
+    if words in QUICK or words[:2] == ("dpts", "privacy") and "bandmf" not in command or "--sampling cyclic_poisson" \
+            in command:
+        return "quick"
+    if words in FAST_OPTIONS or words == ("dpts", "predict"):
+        return "long"
+    return "slow"
+
+
+def test_every_command_is_classified_and_make_targets_match_the_makefile():
+    makefile = (ROOT / "Makefile").read_text()
+    for target, command in MAKE_TARGETS.items():
+        assert command in makefile.split(f"{target.split()[1]}:", 1)[1].split("\n\n", 1)[0], target
+    kinds = {command: _kind(command) for _page, command, _output in _documented_commands()}
+    assert {k for k in kinds.values()} <= {"quick", "long", "slow", "not run"}
+    assert all(command in NOT_RUN for command, kind in kinds.items() if kind == "not run")
+    assert "quick" in kinds.values() and "long" in kinds.values()
+
+
+def _output_matches(shown: list[str], actual: str) -> bool:
+    """The shown output matches the actual one: line by line, ``...`` inside a line matches any text, a line of
+    ``...`` alone any number of lines, runs of spaces any run of spaces."""
+    pattern = []
+    for line in shown:
+        if line.strip() == "...":
+            pattern.append(r"(?:[^\n]*\n)*?")
+            continue
+        parts = [re.sub(r"\\ +", r" +", re.escape(part.strip())) for part in line.split("...")]
+        pattern.append(r" *" + r".*".join(parts) + r" *\n")
+    return re.fullmatch("".join(pattern) + r"(?:[^\n]*\n)*", actual.rstrip("\n") + "\n") is not None if shown else True
+
+
+def test_the_output_check_sees_a_wrong_number():
+    actual = "head\n  steps   epsilon\n  1000   0.22\nfoot\n"
+    assert _output_matches(["head", "steps epsilon", "1000 0.22", "..."], actual)
+    assert _output_matches(["...epsilon", "1000 ..."], "  steps   epsilon\n  1000   0.22\n")
+    assert not _output_matches(["head", "steps epsilon", "1000 0.23"], actual)
+
+
+def _fixture_files(cwd: Path) -> None:
+    """The input files the documented commands name (sales.csv, series.csv, new.csv, my.csv), made from the
+    bundled data so that the commands run as written."""
+    import numpy as np
+    import pandas as pd
+
+    from lightning_dpts.data import load_dataset
+
+    table = load_dataset("us_employment")
+    table.to_csv(cwd / "series.csv", index=False)
+    table.to_csv(cwd / "new.csv", index=False)
+    table.to_csv(cwd / "my.csv", index=False)
+    rng = np.random.default_rng(0)
+    rows = [pd.DataFrame({"store": f"s{i}", "week": pd.period_range("2015-01-05", periods=200, freq="W")
+                          .to_timestamp(), "units": 50 + 10 * np.sin(np.arange(200) * 2 * np.pi / 52)
+                          + rng.normal(0, 2, 200)}) for i in range(100)]
+    pd.concat(rows).to_csv(cwd / "sales.csv", index=False)
+
+
+def _argv(command: str, fast: bool) -> list[str]:
+    words = shlex.split(MAKE_TARGETS.get(command, command))
+    extra = FAST_OPTIONS.get(tuple(words[:2]), []) if fast else []
+    if words[0] == "dpts":
+        return [sys.executable, "-m", "lightning_dpts.app.cli", *words[1:], *extra]
+    if words[0] == "python":
+        return [sys.executable, *[str(ROOT / w) if w.startswith("examples/") else w for w in words[1:]], *extra]
+    raise AssertionError(f"no way to run {command!r}: add it to MAKE_TARGETS or NOT_RUN")
+
+
+def _run(argv: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A quick ``dpts`` command through ``lightning_dpts.app.cli.main`` in this process (no interpreter start-up)."""
+    import contextlib
+    import io
+
+    from lightning_dpts.app.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(shlex.split(command)[1:])
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
+
+
+def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path) -> int:
+    """Run the page's commands of these kinds, in order, in one working directory; returns how many ran."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(exist_ok=True)
+    if kinds != {"quick"}:  # the quick commands read no files
+        _fixture_files(cwd)
+    ran = 0
+    for name, command, output in _documented_commands():
+        if name != page or _kind(command) not in kinds:
+            continue
+        if "--model runs/demo" in command and not (cwd / "runs" / "demo").exists():  # the run it forecasts with
+            done = _run(_argv("dpts fit --output-dir runs/demo", fast=True), cwd, 900)
+            assert done.returncode == 0, done.stderr[-3000:]
+        done = _run_in_process(command, cwd) if _kind(command) == "quick" and command.startswith("dpts ") \
+            else _run(_argv(command, fast), cwd, 3000)
+        assert done.returncode == 0, f"{page}: {command}\n{done.stderr[-3000:]}"
+        assert _output_matches(output, done.stdout), f"{page}: {command}: shown\n" + "\n".join(output) + \
+            f"\nactual\n{done.stdout}"
+        ran += 1
+    return ran
+
+
+def _pages_with(kinds: set[str]) -> list[str]:
+    return sorted({page for page, command, _ in _documented_commands() if _kind(command) in kinds})
+
+
+@pytest.mark.parametrize("page", _pages_with({"quick"}))
+def test_quick_commands_run_and_print_what_the_docs_show(page: str, tmp_path: Path):
+    assert _run_page_commands(page, {"quick"}, fast=False, tmp_path=tmp_path) >= 1
+
+
+#: pages whose long commands (with fast settings) the fast suite runs; the others' take minutes on 2 shared cores
+#: even with fast settings (synth's public pretraining, audit's canaries, a fit before predict), so they run in the
+#: slow suite, with fast settings here and as written in test_every_command_runs_as_written
+FAST_SUITE_PAGES = ("README.md",)
+
+
+@pytest.mark.parametrize("page", [p if p in FAST_SUITE_PAGES else pytest.param(p, marks=pytest.mark.slow)
+                                  for p in _pages_with({"long"})])
+def test_long_commands_run_with_fast_settings(page: str, tmp_path: Path):
+    assert _run_page_commands(page, {"long"}, fast=True, tmp_path=tmp_path) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", _pages_with({"long", "slow"}))
+def test_every_command_runs_as_written(page: str, tmp_path: Path):
+    assert _run_page_commands(page, {"long", "slow"}, fast=False, tmp_path=tmp_path) >= 1
+
+
+def _python_blocks() -> list[tuple[str, int, str]]:
+    return [(page.name, i, block) for page in PAGES
+            for i, block in enumerate(_blocks(page.read_text(), "python"))]
+
+
+def _trains(block: str) -> bool:
+    """A snippet that trains a model (minutes: the slow suite runs it)."""
+    return bool(re.search(r"\.(fit|train)\(|run_synth\(|run_audit\(|\btune\(", block)) and "tempfile" not in block
+
+
+def _run_python(block: str, tmp_path: Path, timeout: int) -> None:
+    script = tmp_path / "snippet.py"
+    script.write_text(block)
+    done = _run([sys.executable, str(script)], tmp_path, timeout)
+    assert done.returncode == 0, f"{block}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("page,index,block", [b for b in _python_blocks() if not _trains(b[2])],
+                         ids=lambda v: v if isinstance(v, (str, int)) and not str(v).count("\n") else "")
+def test_python_snippet_runs(page: str, index: int, block: str, tmp_path: Path):
+    _run_python(block, tmp_path, 600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,index,block", [b for b in _python_blocks() if _trains(b[2])],
+                         ids=lambda v: v if isinstance(v, (str, int)) and not str(v).count("\n") else "")
+def test_python_snippet_that_trains_runs(page: str, index: int, block: str, tmp_path: Path):
+    _run_python(block, tmp_path, 3000)
+
+
+def test_doctest_blocks_print_what_they_show():
+    """```pycon blocks run as doctests (``...`` matches any text)."""
+    import doctest
+
+    ran = 0
+    for page in PAGES:
+        for block in _blocks(page.read_text(), "pycon"):
+            test = doctest.DocTestParser().get_doctest(block, {}, page.name, str(page), 0)
+            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+            runner.run(test)
+            assert runner.summarize(verbose=False).failed == 0, page.name
+            ran += 1
+    assert ran >= 1
+
+
+@pytest.mark.slow
+def test_the_quickstart_table_is_what_dpts_fit_prints(tmp_path: Path):
+    """The sample table of docs/quickstart.md: every row label and the privacy line (numbers left open, since no two
+    runs are alike) appear in what `make demo`'s job prints."""
+    block = next(b for lang, b in _FENCE.findall((DOCS / "quickstart.md").read_text()) if lang == ""
+                 and "privacy spent" in b)
+    done = _run(_argv("make demo", fast=False), tmp_path, 3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in block.splitlines():
+        pattern = re.sub(r"\\ +", " +", re.escape(line.strip()))
+        pattern = re.sub(r"\d+(?:\\\.\d+)?(?:x)?", r"[\\d.]+x?", pattern)
+        assert re.search(pattern, done.stdout), line
+
+
+def test_fit_default_yaml_is_the_default_job():
+    """examples/fit_default.yaml spells out the default job: every key is a FitConfig field at its default."""
+    import dataclasses
+
+    import yaml
+
+    from lightning_dpts.app.config import FitConfig
+
+    values = yaml.safe_load((ROOT / "examples" / "fit_default.yaml").read_text())
+    defaults = {f.name: f.default for f in dataclasses.fields(FitConfig)}
+    assert set(values) <= set(defaults)
+    assert {k: v for k, v in values.items() if v != defaults[k]} == {}
+    text = (ROOT / "examples" / "fit_default.yaml").read_text()
+    from lightning_dpts.recipe import RECIPE_MODEL
+
+    assert f"recipe: {RECIPE_MODEL}" in text

@@ -41,6 +41,8 @@ SYNTH_OPTION_NAMES = {
     "private_outputs": "--no-private-outputs",
     "private_plots": "--no-private-plots",
     "overwrite": "--overwrite",
+    "value_range": "--value-range",
+    "start": "--start",
 }
 
 
@@ -117,6 +119,12 @@ def add_synth_parser(sub: argparse._SubParsersAction) -> None:
                         "shows the evaluation")
     p.add_argument("--no-private-plots", dest="private_plots", action="store_false",
                    help="do not write private/real_vs_synthetic.png, which shows real private windows")
+    p.add_argument("--value-range", type=float, nargs=2, metavar=("LO", "HI"),
+                   help="bounds of the values, declared public: write the release in the data's units with a DP "
+                        "level and spread (one more noisy round, accounted in epsilon). Default: standardised "
+                        "values (mean 0, std 1 per window), and the output says so")
+    p.add_argument("--start", metavar="DATE", help="first time stamp of every synthetic window, declared public "
+                   "(default: the placeholder 2000-01-01; the data's own dates are private)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true",
                    help="show third-party warnings, Lightning's info lines and progress bars even when stdout is not "
@@ -162,6 +170,7 @@ def run_synth_command(args: argparse.Namespace) -> int:
         secure_noise=args.secure_noise, seed=args.seed, output_dir=args.output_dir,
         progress=not args.no_progress and progress_bar_wanted(args.verbose),
         private_outputs=args.private_outputs, private_plots=args.private_plots, overwrite=args.overwrite,
+        value_range=None if args.value_range is None else tuple(args.value_range), start=args.start,
     )
     try:
         with dpts_console(args.verbose):

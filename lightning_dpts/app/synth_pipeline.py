@@ -79,6 +79,12 @@ class SynthConfig:
             (``--no-private-outputs``) writes none of it (the terminal still shows it).
         private_plots: write ``private/real_vs_synthetic.png`` (real private windows); ``False``
             (``--no-private-plots``) skips it.
+        value_range: (LO, HI) [data units], bounds of the values the user declares public: the release is written
+            in the data's units, de-standardised with a DP level and spread (one more noisy round, accounted:
+            :mod:`lightning_dpts.synthetic.scale`). ``None`` (default): the values stay standardised (mean 0, std 1
+            per window) and the output says why.
+        start: the first time stamp of every synthetic window, a date declared public (e.g. ``"2015-01-01"``);
+            ``None``: the public placeholder 2000-01-01 (the data's own dates are private and never written).
         overwrite: allow a non-empty ``output_dir``: first remove the earlier run's files (those it listed; the
             public pretrained weights are kept for reuse); a directory holding other files is refused.
     """
@@ -114,6 +120,8 @@ class SynthConfig:
     progress: bool = True
     private_outputs: bool = True
     private_plots: bool = True
+    value_range: tuple[float, float] | None = None
+    start: str | None = None
     overwrite: bool = False
 
     def validate(self) -> None:
@@ -160,9 +168,23 @@ class SynthConfig:
         epochs = tuple(self.pretrain_epochs)
         if len(epochs) != 2 or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs):
             raise ConfigurationError("pretrain_epochs", self.pretrain_epochs, "must be two integers >= 1")
+        from lightning_dpts.synthetic.scale import check_value_range
+
+        self.value_range = check_value_range(self.value_range)
+        if self.start is not None:
+            try:
+                pd.Timestamp(self.start)
+            except (TypeError, ValueError):
+                raise ConfigurationError("start", self.start, "must be a date, e.g. 2015-01-01 (declared public)") \
+                    from None
         from lightning_dpts.randomness import resolve_entropy
 
         resolve_entropy(self.seed)  # validates the seed; the Entropy is drawn again in run_synth
+
+    @property
+    def rounds(self) -> int:
+        """The noisy rounds the release composes: ``iterations`` votes, plus the scale round with ``value_range``."""
+        return self.iterations + (self.value_range is not None)
 
     @property
     def resolved_relation(self) -> str:
@@ -349,10 +371,13 @@ def synth_verdict(evaluation: dict, *, epsilon: float, noise_std: float, votes: 
 
 
 def write_synthetic(path: Path, synthetic: np.ndarray, classes: np.ndarray, config: SynthConfig, freq: str) -> None:
-    """Long format (the data's id, time stamp and value columns [+ class column]); time stamps are an arbitrary
-    public start."""
+    """Long format (the data's id, time stamp and value columns [+ class column]); time stamps from
+    ``config.start`` (declared public) or the public placeholder :data:`~lightning_dpts.synthetic.scale.DEFAULT_START`.
+    """
+    from lightning_dpts.synthetic.scale import DEFAULT_START
+
     m, length = synthetic.shape
-    stamps = pd.period_range("2000-01-01", periods=length, freq=freq).to_timestamp()
+    stamps = pd.period_range(config.start or DEFAULT_START, periods=length, freq=freq).to_timestamp()
     frame = pd.DataFrame({
         config.id_column: np.repeat([f"synthetic-{i:05d}" for i in range(m)], length),
         config.timestamp_column: np.tile(stamps, m),

@@ -40,6 +40,8 @@ class PrivateWindows:
         series: ``[n]`` index of the series each window comes from.
         unit: ``"window"`` or ``"series"``; max_windows: m (series unit) or ``None``.
         skipped_missing: windows left out because they contain missing values (they cast no vote).
+        raw_means, raw_stds: ``[n]`` mean and std of every window before z-scoring [data units]: private, in
+            memory only (the scale round of :mod:`lightning_dpts.synthetic.scale` releases them with DP).
     """
 
     windows: np.ndarray
@@ -49,6 +51,8 @@ class PrivateWindows:
     unit: str
     max_windows: int | None
     skipped_missing: int
+    raw_means: np.ndarray | None = None
+    raw_stds: np.ndarray | None = None
 
 
 def private_windows(series: Sequence[np.ndarray], length: int, *, unit: str = "series", max_windows: int = 4,
@@ -86,8 +90,10 @@ def private_windows(series: Sequence[np.ndarray], length: int, *, unit: str = "s
             idx.append(i)
     if not out:
         raise ConfigurationError("length", length, "no private series holds a complete window of this length")
-    return PrivateWindows(standardize_windows(np.stack(out)), np.asarray(weights), np.asarray(cls, dtype=np.int64),
-                          np.asarray(idx, dtype=np.int64), unit, max_windows if unit == "series" else None, skipped)
+    raw = np.stack(out)
+    return PrivateWindows(standardize_windows(raw), np.asarray(weights), np.asarray(cls, dtype=np.int64),
+                          np.asarray(idx, dtype=np.int64), unit, max_windows if unit == "series" else None, skipped,
+                          raw.mean(axis=1), raw.std(axis=1))
 
 
 def vote_histogram(private_embeddings: torch.Tensor, candidate_embeddings: torch.Tensor,

@@ -7,7 +7,9 @@
 2. cut the training part into private windows (series-level unit by default: at most m windows per series,
    vote weight 1/m);
 3. pretrain (or reuse from the output directory) the VAE and the two encoders on public data only;
-4. calibrate sigma for (epsilon, delta) over ``iterations`` rounds and run Algorithms 1-2 with secret noise;
+4. calibrate sigma for (epsilon, delta) over ``iterations`` rounds (plus the scale round with ``value_range``) and
+   run Algorithms 1-2 with secret noise; with ``value_range``, release a DP level and spread and write the
+   release in the data's units (:mod:`lightning_dpts.synthetic.scale`), else standardised, saying why;
 5. write the output directory (:mod:`lightning_dpts.outputs`: refused if not empty unless ``overwrite``, locked,
    every file written atomically; nothing is created before every input is validated), split by what the
    (epsilon, delta) guarantee covers. At the top, public: ``synthetic.csv.gz`` (the release), ``report.json``
@@ -81,14 +83,19 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
 
     with OutputDirectory(out, config.overwrite, keep=KEEP_ON_OVERWRITE) as run_dir:
         models = _pretrain(config, plan["pretrain"], public, out, run_dir, log)
+        scale_round = " + 1 scale round" if config.value_range is not None else ""
         log(f"noise multiplier {plan['sigma']:.4f} (std {plan['noise_std']:.4f} votes per bin, sensitivity "
-            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} round(s) give "
-            f"epsilon={plan['epsilon']:.4f} at delta={config.delta:g}")
+            f"{plan['sensitivity']:.4g}), threshold {plan['threshold']:.3f}; {config.iterations} round(s)"
+            f"{scale_round} give epsilon={plan['epsilon']:.4f} at delta={config.delta:g}")
         result = _evolve(config, data, plan, models, entropy)
-        synthetic = standardize_windows(result.synthetic)
+        synthetic = standardize_windows(result.synthetic)  # the scale PE, C-FID and TSTR work in
+        scale = _scale(config, data, plan, entropy)
+        for line in _scale_lines(config, scale):
+            log(line)
+        released = synthetic if scale is None else scale.apply(synthetic)
         run_dir.register("synthetic.csv.gz", "public: the DP synthetic dataset (the release the guarantee covers)")
         with atomic_path(out / "synthetic.csv.gz") as tmp:
-            write_synthetic(tmp, synthetic, result.classes, config, data["freq"])
+            write_synthetic(tmp, released, result.classes, config, data["freq"])
         evaluation = _evaluate(config, data, models, result, synthetic, run_dir, log,  # private data: not covered
                                compare)
         evaluation["verdict"] = synth_verdict(
@@ -96,6 +103,7 @@ def run_synth(config: SynthConfig, log: Callable[[str], None] = print, *,
             votes=float(data["private"].weights.sum()), unit=config.unit, iterations=config.iterations)
         evaluation["seconds"] = round(time.perf_counter() - started, 1)
         report = _report(config, data, plan, models, result, entropy)
+        report |= _scale_report(config, scale)
         _write(config, report, evaluation, data, result, synthetic, run_dir, out)
     c_fid, c_fid_initial, tstr = evaluation["c_fid"], evaluation["c_fid_initial"], evaluation["tstr"]
     log(f"released {config.num_samples} synthetic windows: epsilon={plan['epsilon']:.4f}, delta={config.delta:g}; "
@@ -163,13 +171,13 @@ def _plan(config: SynthConfig, data: dict[str, Any], out: Path) -> dict[str, Any
     pre = PretrainConfig(num_public=config.num_public, vae_epochs=config.pretrain_epochs[0],
                          encoder_epochs=config.pretrain_epochs[1])
     pre.validate()
-    sigma = calibrate_pets_noise(config.epsilon, config.delta, config.iterations)
+    sigma = calibrate_pets_noise(config.epsilon, config.delta, config.rounds)  # + the scale round, if any
     delta_l2 = sensitivity(config.resolved_relation)
     plan = {
         "pretrain": pre, "sigma": sigma, "sensitivity": delta_l2, "noise_std": sigma * delta_l2,
         "threshold": config.resolved_threshold(sigma * delta_l2), "relation": config.resolved_relation,
-        "epsilon": PETSAccountant(sigma).epsilon(config.iterations, config.delta),
-        "closed_form": theorem_2_epsilon(config.delta, sigma, config.iterations),
+        "epsilon": PETSAccountant(sigma).epsilon(config.rounds, config.delta),
+        "closed_form": theorem_2_epsilon(config.delta, sigma, config.rounds),
         "schedule": variation_schedule(config.iterations, config.variation_schedule),
     }
     if config.tstr:  # the held-out real test windows exist (checked again, with the same data, by tstr_scores)
@@ -208,6 +216,55 @@ def _evolve(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
             lookahead=config.lookahead, schedule=plan["schedule"], vae=models.vae, encoder=models.select_encoder,
             entropy=entropy, secure_noise=config.secure_noise, round_callback=lambda _t: bar.update(1),
         )
+
+
+def _scale(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], entropy: Any) -> Any:
+    """The DP level and spread (the scale round, :mod:`lightning_dpts.synthetic.scale`), or ``None`` without
+    ``value_range`` (the release stays standardised)."""
+    if config.value_range is None:
+        return None
+    from lightning_dpts.randomness import GaussianNoise
+    from lightning_dpts.synthetic.scale import _STREAM_SCALE, dp_scale
+
+    private = data["private"]
+    noise = GaussianNoise(entropy, secure=config.secure_noise, stream=(_STREAM_SCALE,))
+    try:
+        return dp_scale(private.raw_means, private.raw_stds, private.weights, config.value_range, noise=noise,
+                        noise_multiplier=plan["sigma"], relation=plan["relation"])
+    finally:
+        noise.close()
+
+
+def _scale_lines(config: SynthConfig, scale: Any) -> list[str]:
+    """What the terminal says about the release's scale and time stamps."""
+    from lightning_dpts.synthetic.scale import DEFAULT_START, STANDARDISED_WHY
+
+    if scale is None:
+        lines = [f"NOTE: {STANDARDISED_WHY}."]
+    else:
+        lines = [f"values in the data's units: DP level {scale.level:.6g} and spread {scale.spread:.6g} within the "
+                 f"declared public range [{scale.value_range[0]:g}, {scale.value_range[1]:g}] (scale round, "
+                 "accounted in epsilon)"]
+    if config.start is None:
+        lines.append(f"NOTE: time stamps start at the placeholder {DEFAULT_START}: the data's own dates are private; "
+                     "pass --start DATE to give a public one.")
+    return lines
+
+
+def _scale_report(config: SynthConfig, scale: Any) -> dict[str, Any]:
+    """report.json's ``scale`` and ``time_stamps`` (public: DP or declared-public values only)."""
+    from lightning_dpts.synthetic.scale import DEFAULT_START, STANDARDISED_WHY
+
+    if scale is None:
+        scale_entry: dict[str, Any] = {"values": "standardised", "why": STANDARDISED_WHY}
+    else:
+        scale_entry = {"values": "data units: standardised windows * spread + level",
+                       "level": scale.level, "spread": scale.spread, "value_range": list(scale.value_range),
+                       "released_by": "the scale round: Gaussian mechanism on clipped window means and stds, noise "
+                                      "multiplier as the vote rounds, accounted in epsilon"}
+    stamps = ({"start": config.start, "source": "--start, declared public"} if config.start is not None else
+              {"start": DEFAULT_START, "source": "placeholder: the data's own dates are private, never written"})
+    return {"scale": scale_entry, "time_stamps": stamps}
 
 
 def _evaluate(config: SynthConfig, data: dict[str, Any], models: Any, result: Any, synthetic: np.ndarray,
@@ -265,7 +322,10 @@ def _report(config: SynthConfig, data: dict[str, Any], plan: dict[str, Any], mod
         "epsilon_budget": config.epsilon,
         "epsilon_theorem_2": plan["closed_form"],
         "accounting": "PLD composition (connect-the-dots, pessimistic) of the Gaussian mechanism over "
-                      f"{config.iterations} rounds; PETS Theorem 2 closed form in epsilon_theorem_2",
+                      f"{config.rounds} rounds ({config.iterations} vote round(s)"
+                      + (" + the scale round" if config.value_range is not None else "")
+                      + "); PETS Theorem 2 closed form in epsilon_theorem_2",
+        "rounds": config.rounds,
         "noise_multiplier": plan["sigma"],
         "noise_std_votes": plan["noise_std"],
         "sensitivity": plan["sensitivity"],
