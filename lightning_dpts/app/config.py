@@ -254,9 +254,8 @@ class FitConfig:
                          "default when the optional statsforecast package is installed, and are skipped otherwise)")
     baselines: bool = _opt(True, "bool", "skip the AutoETS and AutoTheta baselines (statsforecast; seasonal naive "
                            "with intervals is always scored)", flag="--no-baselines", negate=True)
-    baseline_windows: int = _opt(BASELINE_WINDOWS, "int", "fit AutoETS and AutoTheta to at most N held-out windows "
-                                 "(a fixed subsample on which every model is compared; default "
-                                 f"{BASELINE_WINDOWS}; 0: all)",
+    baseline_windows: int = _opt(BASELINE_WINDOWS, "int", "fit AutoETS and AutoTheta to at most N held-out windows (a "
+                                 f"fixed subsample every model is compared on; default {BASELINE_WINDOWS}; 0: all)",
                                  low=0, high=10**9, metavar="N")
     evaluation: str = _opt("rolling", "str", "evaluation protocol: rolling (default; several rolling test windows "
                            "per series) or last (the single last window: the last H points of every series, M4's)",
