@@ -157,20 +157,9 @@ def baselines(histories: list[np.ndarray], horizon: int, season: int, cache: Pat
 
 def model_quantiles(module: Any, histories: list[np.ndarray], context: int) -> list[np.ndarray]:
     """The model's ``[H, Q]`` quantiles (Gaussian) from the last ``context`` values of each history."""
-    from scipy.stats import norm
+    from lightning_dpts.tuning import quantiles
 
-    x = np.zeros((len(histories), context), np.float32)
-    obs = np.zeros_like(x)
-    for i, history in enumerate(histories):
-        tail = np.asarray(history[-context:], dtype=float)
-        ok = np.isfinite(tail)
-        x[i, context - len(tail):] = np.where(ok, tail, 0.0)
-        obs[i, context - len(tail):] = ok
-    module.eval()
-    with torch.no_grad():
-        (mu, sigma), _, scale = module.model(torch.from_numpy(x), torch.from_numpy(obs))
-    z = torch.tensor(norm.ppf(_levels()), dtype=mu.dtype)
-    return list(((mu[..., None] + sigma[..., None] * z) * scale[..., None]).numpy().astype(float))
+    return quantiles(module, histories, context)
 
 
 def _train(module: Any, dm: Any, epochs: int, clip: float, epsilon: float | None, seed: int) -> tuple[int, float]:
