@@ -381,7 +381,8 @@ FAST_OPTIONS = {
 QUICK = (("dpts", "privacy"), ("dpts", "release"), ("python", "examples/privacy_accounting.py"))
 #: commands not run by this file, with the reason (every other command is run)
 NOT_RUN = {"make test": "runs this test suite itself (and ruff); CI runs it",
-           "make install": "installs packages: CI's environment step"}
+           "make install": "installs packages: CI's environment step",
+           "srun python train.py": "a SLURM job script (needs a cluster); the 2-process DDP test runs the same code"}
 #: what a make target runs (the Makefile's recipe, without its install step)
 MAKE_TARGETS = {"make demo": "dpts fit --output-dir runs/demo --overwrite"}
 
