@@ -135,7 +135,8 @@ def test_l5_the_ledger_key_of_the_package_root_is_the_ledgers():
     assert lightning_dpts._LEDGER_KEY == LEDGER_KEY
 
 
-@pytest.mark.parametrize("before, after", [("import lightning_dpts", ""), ("", "import lightning_dpts.privacy")],
+@pytest.mark.parametrize("before, after", [("import lightning_dpts", ""),
+                                           pytest.param("", "import lightning_dpts.privacy", marks=pytest.mark.slow)],
                          ids=["package-before-torch", "package-after-torch"])
 def test_l5_loading_before_importing_the_training_package_attaches_the_ledger(tmp_path, before, after):
     module = _Wrapped()
