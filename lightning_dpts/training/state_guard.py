@@ -249,6 +249,7 @@ class StateGuard(StateDictGuard):
             for (key, buffer), value in o.state().items():
                 if self._tensorish(value):
                     self._starts[(id(o), key, buffer)] = _copy(value)
+        self.indexed = 0  # objects (re)indexed for the per-step check: all at the start, then only those that moved
         self._index()
 
     def _tensorish(self, value: Any) -> bool:
@@ -264,14 +265,27 @@ class StateGuard(StateDictGuard):
         return (_no_guard, ())
 
     # -- the per-step index --------------------------------------------------------------------------------------
-    def _index(self) -> None:
+    def _index(self, moved: Iterable[_Object] | None = None) -> None:
         """Flat lists for :meth:`check_step`: every watched attribute and buffer with its current value, the sizes
-        of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version."""
-        self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
-        self._sizes: list[tuple[Any, int, _Object]] = []
-        self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
-        self._tensors: list[_Tensor] = []
-        for o in self._objects:
+        of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version.
+        ``moved``: rebuild only these objects' parts (the others' entries still hold their current values, and their
+        tensors' versions were brought up to date by the check), e.g. a callback that appends to a list every step;
+        ``None``: everything. Counted in :attr:`indexed` (objects indexed since the start)."""
+        if moved is None:
+            objects = self._objects
+            self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
+            self._sizes: list[tuple[Any, int, _Object]] = []
+            self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
+            self._tensors: list[_Tensor] = []
+        else:
+            objects = list(moved)
+            gone = {id(o) for o in objects}
+            self._entries = [e for e in self._entries if id(e[3]) not in gone]
+            self._sizes = [e for e in self._sizes if id(e[2]) not in gone]
+            self._elements = [e for e in self._elements if id(e[3]) not in gone]
+            self._tensors = [t for t in self._tensors if id(t.owner) not in gone]
+        self.indexed += len(objects)
+        for o in objects:
             o.last = o.state()
             d = vars(o.obj)
             self._sizes.append((d, len(d), o))
@@ -342,9 +356,10 @@ class StateGuard(StateDictGuard):
                     self._refuse(t.owner, t.key, t.buffer)
                 t.version = t.tensor._version  # the same value written in place
         if moved:
-            for o in dict.fromkeys(moved):
+            changed = list(dict.fromkeys(moved))
+            for o in changed:
                 self._examine(o)
-            self._index()
+            self._index(changed)
 
     def check(self) -> None:
         """Everything, exactly: the per-step check, every tracked tensor against its start (also writes that bypass

@@ -275,6 +275,54 @@ def test_plain_values_that_change_every_step_cost_no_reindexing(monkeypatch):
         _fit(LinearModule(DIM, lr=1.0), _TensorTimer(), max_steps=8)
 
 
+class _StepLog(Callback):
+    """Appends a Python float to a list at every step (a benchmark's step timer)."""
+
+    def __init__(self) -> None:
+        self.times: list = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.times.append(float(batch_idx))
+
+
+def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch):
+    """Work, counted (issue 44): a callback whose list grows at every step is re-examined and re-indexed alone (one
+    object per step), not the whole module and every callback; a tensor appended to that list is still refused."""
+    from lightning_dpts.training.state_guard import StateGuard
+
+    guards = []
+    start = StateGuard.start.__func__
+
+    def recorded(cls, *args, **kwargs):
+        guards.append(start(cls, *args, **kwargs))
+        return guards[-1]
+
+    checks = []
+    check_step = StateGuard.check_step
+    monkeypatch.setattr(StateGuard, "start", classmethod(recorded))
+    monkeypatch.setattr(StateGuard, "check_step", lambda self: (checks.append(1), check_step(self))[1])
+    log = _StepLog()
+    idle = [_StepLog() for _ in range(6)]  # watched, never changed
+    for callback in idle:
+        callback.on_train_batch_end = lambda *args: None
+    _fit(LinearModule(DIM, lr=1.0), log, *idle, max_steps=8)
+    (guard,) = guards
+    watched = len(guard._objects)
+    assert watched >= 9 and len(log.times) == 8 and len(checks) >= 8
+    # all objects at the start, then about one per check (the step log; the module moves once), not all of them
+    # (9 or more) at every check
+    assert guard.indexed - watched <= 2 * len(checks) < 9 * len(checks)
+
+    class _TensorLog(_StepLog):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if len(self.times) == 3:
+                self.times.append(outputs["loss"].detach())  # a noise-free function of the data, kept
+
+    with pytest.raises(ConfigurationError, match="callback _TensorLog attribute 'times'"):
+        _fit(LinearModule(DIM, lr=1.0), _TensorLog(), max_steps=8)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # L6: stopping and checkpoint rules on metrics computed without noise
 # ----------------------------------------------------------------------------------------------------------------
