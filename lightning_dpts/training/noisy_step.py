@@ -218,7 +218,8 @@ class NoisyStep:
 
         Only when the background thread has a core to itself (:attr:`background_noise`, decided at the first
         step): the model trains on an accelerator, or the process may use more CPUs than torch's intra-op
-        threads and the vector has at least :data:`BACKGROUND_MIN_NUMEL` coordinates. Otherwise the draw is made at the optimizer step: a background draw would pre-empt one of the
+        threads and the vector has at least :data:`BACKGROUND_MIN_NUMEL` coordinates. Otherwise the draw is made at
+        the optimizer step: a background draw would pre-empt one of the
         intra-op threads, and every parallel operation waits for its slowest thread (measured with two threads
         on two cores: SimpleFeedForward at Lambda = 1024, 1.22x the non-DP step against 1.03x drawing in place).
         """
