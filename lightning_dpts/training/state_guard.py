@@ -39,6 +39,7 @@ DP fit are refused until that state holds its value from the start of the fit ag
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -250,6 +251,9 @@ class StateGuard(StateDictGuard):
                 if self._tensorish(value):
                     self._starts[(id(o), key, buffer)] = _copy(value)
         self.indexed = 0  # objects (re)indexed for the per-step check: all at the start, then only those that moved
+        #: (object id, key, is a buffer) -> (a list attribute, a copy of it) last found to hold plain values only
+        self._plain_lists: dict[tuple[int, str, bool], tuple[list, list]] = {}
+        self.plain_scanned = 0  # elements of such lists type-checked (new ones only, see _plain_list)
         self._index()
 
     def _tensorish(self, value: Any) -> bool:
@@ -376,11 +380,30 @@ class StateGuard(StateDictGuard):
         for (key, buffer), value in o.state().items():
             if o.last.get((key, buffer), _MISSING) is value and not isinstance(value, (list, tuple, dict)):
                 continue
+            if type(value) is list and self._plain_list(o, key, buffer, value):
+                continue
             if not self._tensorish(value):
                 continue
             start = self._starts.get((id(o), key, buffer))
             if start is None or not _same(value, start):
                 self._refuse(o, key, buffer, added=buffer and (key, True) not in o.last)
+
+    def _plain_list(self, o: _Object, key: str, buffer: bool, value: list) -> bool:
+        """Whether the list ``value`` holds plain Python values only (no tensor, nothing that may hold one), checking
+        only what is new since it was last found so: its earlier elements must be the very objects seen then (one
+        identity test each, in C), the rest plain. A list a callback appends to at every step (a step timer) then
+        costs its new elements, not a scan of all of them per step. Counted in :attr:`plain_scanned`."""
+        seen = self._plain_lists.get((id(o), key, buffer))
+        start = 0
+        if seen is not None and seen[0] is value and len(value) >= len(seen[1]) and all(
+                map(operator.is_, value, seen[1])):
+            start = len(seen[1])
+        self.plain_scanned += len(value) - start
+        if not all(type(v) in _PLAIN for v in value[start:]):
+            self._plain_lists.pop((id(o), key, buffer), None)
+            return False
+        self._plain_lists[(id(o), key, buffer)] = (value, list(value))
+        return True
 
     def check_saved(self, module: nn.Module) -> None:
         """What ``module`` itself saves besides its parameters must equal its value at the fit's start (exact);

@@ -287,7 +287,8 @@ class _StepLog(Callback):
 
 def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch):
     """Work, counted (issue 44): a callback whose list grows at every step is re-examined and re-indexed alone (one
-    object per step), not the whole module and every callback; a tensor appended to that list is still refused."""
+    object per step), not the whole module and every callback, and only the list's new elements are scanned; a
+    tensor appended to that list, or put in place of an earlier element, is still refused."""
     from lightning_dpts.training.state_guard import StateGuard
 
     guards = []
@@ -309,6 +310,8 @@ def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch)
     (guard,) = guards
     watched = len(guard._objects)
     assert watched >= 9 and len(log.times) == 8 and len(checks) >= 8
+    # the growing list's new elements are type-checked once each (8), not the whole list at every check (36)
+    assert guard.plain_scanned <= 2 * 8
     # all objects at the start, then about one per check (the step log; the module moves once), not all of them
     # (9 or more) at every check
     assert guard.indexed - watched <= 2 * len(checks) < 9 * len(checks)
@@ -321,6 +324,15 @@ def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch)
 
     with pytest.raises(ConfigurationError, match="callback _TensorLog attribute 'times'"):
         _fit(LinearModule(DIM, lr=1.0), _TensorLog(), max_steps=8)
+
+    class _ReplacingLog(_StepLog):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if len(self.times) == 4:
+                self.times[1] = outputs["loss"].detach()  # an earlier element replaced, while the list grows
+
+    with pytest.raises(ConfigurationError, match="callback _ReplacingLog attribute 'times'"):
+        _fit(LinearModule(DIM, lr=1.0), _ReplacingLog(), max_steps=8)
 
 
 # ----------------------------------------------------------------------------------------------------------------
