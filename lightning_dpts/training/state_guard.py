@@ -280,6 +280,8 @@ class StateGuard(StateDictGuard):
             self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
             self._sizes: list[tuple[Any, int, _Object]] = []
             self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
+            # (list or dict, its keys (dict) or None, its elements or values, owner): every element by identity
+            self._contents: list[tuple[Any, list | None, list, _Object]] = []
             self._tensors: list[_Tensor] = []
         else:
             objects = list(moved)
@@ -287,6 +289,7 @@ class StateGuard(StateDictGuard):
             self._entries = [e for e in self._entries if id(e[3]) not in gone]
             self._sizes = [e for e in self._sizes if id(e[2]) not in gone]
             self._elements = [e for e in self._elements if id(e[3]) not in gone]
+            self._contents = [e for e in self._contents if id(e[3]) not in gone]
             self._tensors = [t for t in self._tensors if id(t.owner) not in gone]
         self.indexed += len(objects)
         for o in objects:
@@ -299,6 +302,10 @@ class StateGuard(StateDictGuard):
                 self._entries.append(((o.obj._buffers if buffer else d).get, key, value, o))
                 if isinstance(value, (list, tuple, dict)):
                     self._sizes.append((value, len(value), o))
+                    if isinstance(value, dict):
+                        self._contents.append((value, list(value), list(value.values()), o))
+                    elif isinstance(value, list):  # a plain value replaced in place by a tensor moves the owner
+                        self._contents.append((value, None, list(value), o))
                     pairs = value.items() if isinstance(value, dict) else enumerate(value)
                     for k, v in pairs:
                         if v is None or isinstance(v, torch.Tensor):  # an element that is or may become state
@@ -353,6 +360,12 @@ class StateGuard(StateDictGuard):
                 moved.append(o)
         for holder, k, value, o in self._elements:
             if holder[k] is not value:
+                moved.append(o)
+        for holder, keys, values, o in self._contents:  # (a size change is one of _sizes)
+            if keys is None:
+                if not all(map(operator.is_, holder, values)):
+                    moved.append(o)
+            elif not (all(map(operator.is_, holder, keys)) and all(map(operator.is_, holder.values(), values))):
                 moved.append(o)
         for t in self._tensors:
             if t.tensor._version != t.version:

@@ -335,6 +335,32 @@ def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch)
         _fit(LinearModule(DIM, lr=1.0), _ReplacingLog(), max_steps=8)
 
 
+class _SwapInPlace(Callback):
+    """Keeps two floats in a list and a dict, then puts the step's loss (a noise-free function of the data) in place
+    of one of them: the container's size and identity stay the same."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.history = [0.0, 0.0]
+        self.table = {"a": 0.0, "b": 0.0}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1:
+            if self.where == "list":
+                self.history[0] = outputs["loss"].detach()
+            else:
+                self.table["a"] = outputs["loss"].detach()
+
+
+@pytest.mark.parametrize("where", ["list", "dict"])
+def test_a_plain_value_replaced_in_place_by_a_tensor_is_refused(where):
+    """The attacker's pattern: a plain value of a list or dict attribute replaced in place by a tensor (no size
+    change, same container) escaped the per-step check before (only tensor and None elements were tracked)."""
+    attribute = "history" if where == "list" else "table"
+    with pytest.raises(ConfigurationError, match=f"callback _SwapInPlace attribute '{attribute}'"):
+        _fit(LinearModule(DIM, lr=1.0), _SwapInPlace(where), max_steps=4)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # L6: stopping and checkpoint rules on metrics computed without noise
 # ----------------------------------------------------------------------------------------------------------------
