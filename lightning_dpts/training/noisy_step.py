@@ -74,11 +74,11 @@ def clip_and_noise(
 
 
 
-#: the smallest noise vector (coordinates) drawn in the background thread on CPU: a smaller draw (under about 0.5 ms)
-#: costs less in place than the thread hand-off, whose GIL switches stall the training thread by up to milliseconds
-#: per step on a loaded machine (issue 44: SimpleFeedForward, 106,243 coordinates, Lambda = 64, at load 3.7-3.9:
-#: 1.53x the plain step drawn in place against 1.64x in the background)
-BACKGROUND_MIN_NUMEL = 1 << 18
+#: the smallest noise vector (coordinates) drawn in the background thread on CPU: a smaller draw (about 0.1 ms) gains
+#: less than the thread hand-off's GIL switches cost the training thread (issue 44; DeepAR, 23,324 coordinates, draws
+#: in place). Larger ones gain: SimpleFeedForward (106,243) at Lambda = 64 / 256, load 0.9, 1.52 / 1.30x the plain
+#: fit drawn in the background against 1.64 / 1.34x in place; DLinear (298,179) at 256, load 0.3-0.8, 1.19 / 1.25x
+BACKGROUND_MIN_NUMEL = 1 << 16
 
 
 def _spare_core() -> bool:
