@@ -39,6 +39,7 @@ DP fit are refused until that state holds its value from the start of the fit ag
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -249,6 +250,10 @@ class StateGuard(StateDictGuard):
             for (key, buffer), value in o.state().items():
                 if self._tensorish(value):
                     self._starts[(id(o), key, buffer)] = _copy(value)
+        self.indexed = 0  # objects (re)indexed for the per-step check: all at the start, then only those that moved
+        #: (object id, key, is a buffer) -> (a list attribute, a copy of it) last found to hold plain values only
+        self._plain_lists: dict[tuple[int, str, bool], tuple[list, list]] = {}
+        self.plain_scanned = 0  # elements of such lists type-checked (new ones only, see _plain_list)
         self._index()
 
     def _tensorish(self, value: Any) -> bool:
@@ -264,14 +269,30 @@ class StateGuard(StateDictGuard):
         return (_no_guard, ())
 
     # -- the per-step index --------------------------------------------------------------------------------------
-    def _index(self) -> None:
+    def _index(self, moved: Iterable[_Object] | None = None) -> None:
         """Flat lists for :meth:`check_step`: every watched attribute and buffer with its current value, the sizes
-        of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version."""
-        self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
-        self._sizes: list[tuple[Any, int, _Object]] = []
-        self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
-        self._tensors: list[_Tensor] = []
-        for o in self._objects:
+        of every attribute dict, buffer dict and list/dict attribute, and every tracked tensor with its version.
+        ``moved``: rebuild only these objects' parts (the others' entries still hold their current values, and their
+        tensors' versions were brought up to date by the check), e.g. a callback that appends to a list every step;
+        ``None``: everything. Counted in :attr:`indexed` (objects indexed since the start)."""
+        if moved is None:
+            objects = self._objects
+            self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
+            self._sizes: list[tuple[Any, int, _Object]] = []
+            self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
+            # (list or dict, its keys (dict) or None, its elements or values, owner): every element by identity
+            self._contents: list[tuple[Any, list | None, list, _Object]] = []
+            self._tensors: list[_Tensor] = []
+        else:
+            objects = list(moved)
+            gone = {id(o) for o in objects}
+            self._entries = [e for e in self._entries if id(e[3]) not in gone]
+            self._sizes = [e for e in self._sizes if id(e[2]) not in gone]
+            self._elements = [e for e in self._elements if id(e[3]) not in gone]
+            self._contents = [e for e in self._contents if id(e[3]) not in gone]
+            self._tensors = [t for t in self._tensors if id(t.owner) not in gone]
+        self.indexed += len(objects)
+        for o in objects:
             o.last = o.state()
             d = vars(o.obj)
             self._sizes.append((d, len(d), o))
@@ -281,6 +302,10 @@ class StateGuard(StateDictGuard):
                 self._entries.append(((o.obj._buffers if buffer else d).get, key, value, o))
                 if isinstance(value, (list, tuple, dict)):
                     self._sizes.append((value, len(value), o))
+                    if isinstance(value, dict):
+                        self._contents.append((value, list(value), list(value.values()), o))
+                    elif isinstance(value, list):  # a plain value replaced in place by a tensor moves the owner
+                        self._contents.append((value, None, list(value), o))
                     pairs = value.items() if isinstance(value, dict) else enumerate(value)
                     for k, v in pairs:
                         if v is None or isinstance(v, torch.Tensor):  # an element that is or may become state
@@ -336,15 +361,22 @@ class StateGuard(StateDictGuard):
         for holder, k, value, o in self._elements:
             if holder[k] is not value:
                 moved.append(o)
+        for holder, keys, values, o in self._contents:  # (a size change is one of _sizes)
+            if keys is None:
+                if not all(map(operator.is_, holder, values)):
+                    moved.append(o)
+            elif not (all(map(operator.is_, holder, keys)) and all(map(operator.is_, holder.values(), values))):
+                moved.append(o)
         for t in self._tensors:
             if t.tensor._version != t.version:
                 if not _same(t.tensor, t.value):
                     self._refuse(t.owner, t.key, t.buffer)
                 t.version = t.tensor._version  # the same value written in place
         if moved:
-            for o in dict.fromkeys(moved):
+            changed = list(dict.fromkeys(moved))
+            for o in changed:
                 self._examine(o)
-            self._index()
+            self._index(changed)
 
     def check(self) -> None:
         """Everything, exactly: the per-step check, every tracked tensor against its start (also writes that bypass
@@ -361,11 +393,30 @@ class StateGuard(StateDictGuard):
         for (key, buffer), value in o.state().items():
             if o.last.get((key, buffer), _MISSING) is value and not isinstance(value, (list, tuple, dict)):
                 continue
+            if type(value) is list and self._plain_list(o, key, buffer, value):
+                continue
             if not self._tensorish(value):
                 continue
             start = self._starts.get((id(o), key, buffer))
             if start is None or not _same(value, start):
                 self._refuse(o, key, buffer, added=buffer and (key, True) not in o.last)
+
+    def _plain_list(self, o: _Object, key: str, buffer: bool, value: list) -> bool:
+        """Whether the list ``value`` holds plain Python values only (no tensor, nothing that may hold one), checking
+        only what is new since it was last found so: its earlier elements must be the very objects seen then (one
+        identity test each, in C), the rest plain. A list a callback appends to at every step (a step timer) then
+        costs its new elements, not a scan of all of them per step. Counted in :attr:`plain_scanned`."""
+        seen = self._plain_lists.get((id(o), key, buffer))
+        start = 0
+        if seen is not None and seen[0] is value and len(value) >= len(seen[1]) and all(
+                map(operator.is_, value, seen[1])):
+            start = len(seen[1])
+        self.plain_scanned += len(value) - start
+        if not all(type(v) in _PLAIN for v in value[start:]):
+            self._plain_lists.pop((id(o), key, buffer), None)
+            return False
+        self._plain_lists[(id(o), key, buffer)] = (value, list(value))
+        return True
 
     def check_saved(self, module: nn.Module) -> None:
         """What ``module`` itself saves besides its parameters must equal its value at the fit's start (exact);

@@ -95,6 +95,7 @@ def test_the_strategy_keeps_one_noise_vector_alive_and_draws_once_per_step(monke
     from lightning_dpts.training import noisy_step as strategy_module
 
     monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
+    monkeypatch.setattr(strategy_module, "BACKGROUND_MIN_NUMEL", 0)  # this small model's draw too
     prepared = []
     prepare = GaussianNoise.prepare
     monkeypatch.setattr(GaussianNoise, "prepare", lambda self, *a: prepared.append(a) or prepare(self, *a))

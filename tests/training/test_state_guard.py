@@ -275,6 +275,92 @@ def test_plain_values_that_change_every_step_cost_no_reindexing(monkeypatch):
         _fit(LinearModule(DIM, lr=1.0), _TensorTimer(), max_steps=8)
 
 
+class _StepLog(Callback):
+    """Appends a Python float to a list at every step (a benchmark's step timer)."""
+
+    def __init__(self) -> None:
+        self.times: list = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.times.append(float(batch_idx))
+
+
+def test_a_list_that_grows_every_step_reindexes_that_callback_alone(monkeypatch):
+    """Work, counted (issue 44): a callback whose list grows at every step is re-examined and re-indexed alone (one
+    object per step), not the whole module and every callback, and only the list's new elements are scanned; a
+    tensor appended to that list, or put in place of an earlier element, is still refused."""
+    from lightning_dpts.training.state_guard import StateGuard
+
+    guards = []
+    start = StateGuard.start.__func__
+
+    def recorded(cls, *args, **kwargs):
+        guards.append(start(cls, *args, **kwargs))
+        return guards[-1]
+
+    checks = []
+    check_step = StateGuard.check_step
+    monkeypatch.setattr(StateGuard, "start", classmethod(recorded))
+    monkeypatch.setattr(StateGuard, "check_step", lambda self: (checks.append(1), check_step(self))[1])
+    log = _StepLog()
+    idle = [_StepLog() for _ in range(6)]  # watched, never changed
+    for callback in idle:
+        callback.on_train_batch_end = lambda *args: None
+    _fit(LinearModule(DIM, lr=1.0), log, *idle, max_steps=8)
+    (guard,) = guards
+    watched = len(guard._objects)
+    assert watched >= 9 and len(log.times) == 8 and len(checks) >= 8
+    # the growing list's new elements are type-checked once each (8), not the whole list at every check (36)
+    assert guard.plain_scanned <= 2 * 8
+    # all objects at the start, then about one per check (the step log; the module moves once), not all of them
+    # (9 or more) at every check
+    assert guard.indexed - watched <= 2 * len(checks) < 9 * len(checks)
+
+    class _TensorLog(_StepLog):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if len(self.times) == 3:
+                self.times.append(outputs["loss"].detach())  # a noise-free function of the data, kept
+
+    with pytest.raises(ConfigurationError, match="callback _TensorLog attribute 'times'"):
+        _fit(LinearModule(DIM, lr=1.0), _TensorLog(), max_steps=8)
+
+    class _ReplacingLog(_StepLog):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if len(self.times) == 4:
+                self.times[1] = outputs["loss"].detach()  # an earlier element replaced, while the list grows
+
+    with pytest.raises(ConfigurationError, match="callback _ReplacingLog attribute 'times'"):
+        _fit(LinearModule(DIM, lr=1.0), _ReplacingLog(), max_steps=8)
+
+
+class _SwapInPlace(Callback):
+    """Keeps two floats in a list and a dict, then puts the step's loss (a noise-free function of the data) in place
+    of one of them: the container's size and identity stay the same."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.history = [0.0, 0.0]
+        self.table = {"a": 0.0, "b": 0.0}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1:
+            if self.where == "list":
+                self.history[0] = outputs["loss"].detach()
+            else:
+                self.table["a"] = outputs["loss"].detach()
+
+
+@pytest.mark.parametrize("where", ["list", "dict"])
+def test_a_plain_value_replaced_in_place_by_a_tensor_is_refused(where):
+    """The attacker's pattern: a plain value of a list or dict attribute replaced in place by a tensor (no size
+    change, same container) escaped the per-step check before (only tensor and None elements were tracked)."""
+    attribute = "history" if where == "list" else "table"
+    with pytest.raises(ConfigurationError, match=f"callback _SwapInPlace attribute '{attribute}'"):
+        _fit(LinearModule(DIM, lr=1.0), _SwapInPlace(where), max_steps=4)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # L6: stopping and checkpoint rules on metrics computed without noise
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ several fits). Each test names what it would catch.
 
 from __future__ import annotations
 
+import threading
+
 import lightning as L
 import pytest
 import torch
@@ -223,6 +225,7 @@ class _Recorder(Callback):
 
 def _run_with(spare_core: bool, monkeypatch) -> tuple[list[torch.Tensor], list[tuple]]:
     monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
+    monkeypatch.setattr(strategy_module, "BACKGROUND_MIN_NUMEL", 0)  # this small model's draw too
     prepared: list[tuple] = []
     prepare = GaussianNoise.prepare
     monkeypatch.setattr(GaussianNoise, "prepare", lambda self, *a: prepared.append(a) or prepare(self, *a))
@@ -256,6 +259,22 @@ def test_background_noise_is_the_inline_noise_draw_for_draw(monkeypatch):
     empty_step_noise = background[1]  # the noise-only step: its gradient is the draw / Lambda itself
     for i in (0, 2, 3):
         assert not bool(torch.isin(empty_step_noise, background[i]).any())
+
+
+def test_a_small_noise_vector_is_drawn_in_place_even_with_a_spare_core(monkeypatch):
+    """Work, counted (issue 44): below ``BACKGROUND_MIN_NUMEL`` coordinates the draw is made at the optimizer step, in
+    the training thread (no thread hand-off per step), still once per step."""
+    monkeypatch.setattr(strategy_module, "_spare_core", lambda: True)
+    assert A_NUMEL + B_NUMEL < strategy_module.BACKGROUND_MIN_NUMEL
+    draws = []
+    draw = GaussianNoise._draw
+    monkeypatch.setattr(GaussianNoise, "_draw",
+                        lambda self, *a: draws.append(threading.current_thread()) or draw(self, *a))
+    rec = _Recorder()
+    t = trainer(max_steps=4, callbacks=[_strategy(), rec])
+    t.fit(_TwoLayers(), datamodule=SpecDataModule(SPEC, _batches(4)))
+    assert draws == [threading.main_thread()] * 4  # one draw per step, each in the training thread
+    assert len(rec.grads) == 4  # (bit-identical to background draws: test_background_noise_is_the_inline_...)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -330,6 +349,7 @@ def test_bandmf_background_noise_is_the_inline_noise_draw_for_draw(monkeypatch):
 
     def run(spare_core: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(strategy_module, "_spare_core", lambda: spare_core)
+        monkeypatch.setattr(strategy_module, "BACKGROUND_MIN_NUMEL", 0)
         module = make_module("dlinear")
         dm = StructuredSubsamplingDataModule("us_employment", batch_size=16, model=module, seed=1,
                                              top_level="b_min_sep", bands=2)
