@@ -159,13 +159,14 @@ def fit_job_child(store: str, out: str, options: str) -> dict:
            "--overwrite", *shlex.split(options)]
     import tempfile
 
-    first = float("nan")  # when the job printed its first noisy step (imports, loading, calibration included)
+    first = float("nan")  # when the job printed its first step line (imports, loading, calibration included; the
+    # job prints a line per tenth of the steps, so this is after the first noisy step, not at it)
     with tempfile.TemporaryFile("w+") as errors:
         begin = time.perf_counter()
         job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
         assert job.stdout is not None
         for line in job.stdout:
-            if first != first and line.lstrip().startswith("step 1,"):
+            if first != first and line.lstrip().startswith("step "):
                 first = time.perf_counter() - begin
         code = job.wait()
         seconds = time.perf_counter() - begin
@@ -268,7 +269,7 @@ def fit_jobs(directory: Path, small: Path, sizes: list[str], options: str, keep:
     fixed = _child("fitjob", str(small), str(out), options)
     print(f"dpts fit {options}: fixed (862 x 1,000 values) peak {fixed['peak_mib']:.0f} MiB, "
           f"{fixed['seconds']:.0f} s")
-    print(f"{'size':>5} {'values':>12} {'raw MiB':>8} {'step 1 s':>8} {'wall s':>7} {'peak MiB':>9} {'peak/raw':>9} "
+    print(f"{'size':>5} {'values':>12} {'raw MiB':>8} {'step s':>8} {'wall s':>7} {'peak MiB':>9} {'peak/raw':>9} "
           f"{'(peak-fixed)/raw':>17}")
     for size in sizes:
         path = directory / f"traffic_{size}.arrow"
