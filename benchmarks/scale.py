@@ -3,7 +3,7 @@
 Usage::
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/scale.py [--sizes 15M,150M] [--steps 40] [--batch 256]
-        [--dir /tmp/dpts-scale] [--ingest] [--accountant] [--keep]
+        [--dir /tmp/dpts-scale] [--ingest] [--accountant] [--keep] [--fit-job [--fit-args "..."]]
 
 Data (synthetic, of realistic shape): hourly "traffic-like" occupancy rates in [0, 1] (a per-sensor level, a
 weekday profile with two rush hours, a weekend profile, multiplicative noise, 0.5% missing values): ``15M`` is the
@@ -31,6 +31,13 @@ reports its time and peak (``store_from_file``, a million rows at a time). ``--a
 over stores of 10^5 series with 10^3 distinct lengths (60..1059; context 500, horizon 24) and counts the
 accountant's work (the per-length privacy profiles it evaluates, sigma 3) and its time for epsilon after 1,000
 steps, against 10^3 series with the same lengths, for both bottom levels.
+
+``--fit-job`` runs the whole ``dpts fit`` job (``python -m lightning_dpts.app.cli fit --data <store>`` and
+``--fit-args``, default ``FIT_ARGS``: one epoch of SimpleFeedForward, Lambda 256, at epsilon 8, the non-DP twin,
+seasonal naive on every held-out window, the report and the private plot; AutoETS/AutoTheta are left out by default:
+they cost the same CPU time at every size, capped by ``--baseline-windows``) as a subprocess of a fresh child, and
+reports its wall time and peak resident set (the child's ``RUSAGE_CHILDREN``), over the raw size and as
+(peak - fixed) / raw with ``fixed`` the same job on the small store.
 
 Every measurement runs in its own subprocess; run one size at a time on a shared machine.
 """
@@ -138,6 +145,42 @@ def fit_child(store: str, kind: str, steps: int, batch: int) -> dict:
             "values": source.num_values}
 
 
+#: ``dpts fit`` options of ``--fit-job`` (the rest are the job's defaults).
+FIT_ARGS = "--model simple_feedforward --batch-size 256 --epsilon 8 --epochs 1 --no-baselines"
+
+
+def fit_job_child(store: str, out: str, options: str) -> dict:
+    """``dpts fit`` on ``store`` as a subprocess of this (fresh) process: wall time, its peak resident set."""
+    import shlex
+
+    from lightning_dpts.data.store import SeriesStore
+
+    cmd = [sys.executable, "-m", "lightning_dpts.app.cli", "fit", "--data", store, "--output-dir", out,
+           "--overwrite", *shlex.split(options)]
+    import tempfile
+
+    first = float("nan")  # when the job printed its first step line (imports, loading, calibration included; the
+    # job prints a line per tenth of the steps, so this is after the first noisy step, not at it)
+    with tempfile.TemporaryFile("w+") as errors:
+        begin = time.perf_counter()
+        job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert job.stdout is not None
+        for line in job.stdout:
+            if first != first and line.lstrip().startswith("step "):
+                first = time.perf_counter() - begin
+        code = job.wait()
+        seconds = time.perf_counter() - begin
+        if code != 0:
+            errors.seek(0)
+            raise RuntimeError(f"dpts fit exit {code}: {errors.read()[-3000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    store_ = SeriesStore(store)
+    result = {"seconds": seconds, "first_step_s": first, "peak_mib": peak, "raw_mib": store_.nbytes / 2**20,
+              "values": store_.num_values}
+    (Path(out).parent / f"fit-job-{Path(store).stem}.json").write_text(json.dumps(result))  # kept after the run
+    return result
+
+
 def ingest_child(source: str, out: str) -> dict:
     from lightning_dpts.data.store import store_from_file
 
@@ -220,6 +263,32 @@ def _child(mode: str, *args: object) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def fit_jobs(directory: Path, small: Path, sizes: list[str], options: str, keep: bool) -> None:
+    """``--fit-job``: the whole ``dpts fit`` job per size, against the same job on the small store."""
+    out = directory / "fit-run"
+    fixed = _child("fitjob", str(small), str(out), options)
+    print(f"dpts fit {options}: fixed (862 x 1,000 values) peak {fixed['peak_mib']:.0f} MiB, "
+          f"{fixed['seconds']:.0f} s")
+    print(f"{'size':>5} {'values':>12} {'raw MiB':>8} {'step s':>8} {'wall s':>7} {'peak MiB':>9} {'peak/raw':>9} "
+          f"{'(peak-fixed)/raw':>17}")
+    for size in sizes:
+        path = directory / f"traffic_{size}.arrow"
+        if not path.exists():
+            _child("make", str(path), *SIZES[size])
+        r = _child("fitjob", str(path), str(out), options)
+        print(f"{size:>5} {r['values']:>12,} {r['raw_mib']:>8.0f} {r.get('first_step_s', float('nan')):>8.0f} "
+              f"{r['seconds']:>7.0f} {r['peak_mib']:>9.0f} "
+              f"{r['peak_mib'] / r['raw_mib']:>9.2f} {(r['peak_mib'] - fixed['peak_mib']) / r['raw_mib']:>17.2f}",
+              flush=True)
+        if not keep:
+            path.unlink()
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        small.unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="15M")
@@ -230,12 +299,14 @@ def main() -> None:
     parser.add_argument("--accountant", action="store_true")
     parser.add_argument("--memory", action="store_true", help="also the in-memory datamodule (a list of arrays)")
     parser.add_argument("--keep", action="store_true", help="keep the stores for another run")
+    parser.add_argument("--fit-job", action="store_true", help="only the whole dpts fit job (see the docstring)")
+    parser.add_argument("--fit-args", default=FIT_ARGS, help=f"dpts fit options of --fit-job (default {FIT_ARGS!r})")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         mode, *rest = json.loads(args.child)
         fn = {"make": lambda p, n, t: make_store(Path(p), n, t), "fit": fit_child, "ingest": ingest_child,
-              "long": long_parquet_child, "accountant": accountant_child}[mode]
+              "long": long_parquet_child, "accountant": accountant_child, "fitjob": fit_job_child}[mode]
         print(json.dumps(fn(*rest)))
         return
     directory = Path(args.dir)
@@ -245,6 +316,9 @@ def main() -> None:
     small = directory / "small.arrow"
     if not small.exists():
         _child("make", str(small), *SIZES["small"])
+    if args.fit_job:
+        fit_jobs(directory, small, args.sizes.split(","), args.fit_args, args.keep)
+        return
     fixed = {kind: _child("fit", str(small), kind, args.steps, args.batch)["peak_mib"] for kind in ("plain", "dp")}
     print(f"fixed (862 x 1,000 values): peak plain {fixed['plain']:.0f} MiB, dp {fixed['dp']:.0f} MiB")
     header = (f"{'size':>5} {'kind':>5} {'series':>7} {'values':>12} {'raw MiB':>8} {'make s':>7} {'load s':>7} "

@@ -220,7 +220,8 @@ def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str
             from lightning_dpts.app.plots import PRIVATE_PLOT_NOTICE
 
             run_dir.register(f"{PRIVATE_DIR}/forecasts.png", f"private: {PRIVATE_PLOT_NOTICE}")
-            names = dict(zip(table["item_id"], table["title"], strict=True)) if "title" in table else None
+            titled = "title" in getattr(table, "columns", ())  # a long table with titles (not a store)
+            names = dict(zip(table["item_id"], table["title"], strict=True)) if titled else None
             plot_forecasts(out / PRIVATE_DIR / "forecasts.png", inputs, labels, predictions, names=names)
     run_dir.register("report.json", "public: configuration, (epsilon, delta), sigma, C, sampling spec, ledger, "
                      "recipe and this manifest")

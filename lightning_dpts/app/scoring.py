@@ -14,6 +14,12 @@ import pandas as pd
 __all__ = ["baseline_forecasts", "raw_evaluation", "score_forecasts", "score_models", "score_paired"]
 
 
+def _histories(inputs: list[dict[str, Any]]) -> list[np.ndarray]:
+    """The inputs' histories as they are (views of the series, float32; no per-window copy: issue 41). Every
+    consumer reads them as float64 itself, one window at a time, which gives the same numbers as a float64 copy."""
+    return [np.asarray(entry["target"]) for entry in inputs]
+
+
 def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str, float]:
     """Mean weighted quantile loss (GluonTS ``mean_wQuantileLoss``, the paper's CRPS) and MAE of the median.
 
@@ -58,7 +64,7 @@ def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int,
     from lightning_dpts.baselines import baseline_quantiles
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
-    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    histories = _histories(raw_inputs)
     result = baseline_quantiles(histories, prediction_length, season, statsforecast=statsforecast, cache=cache,
                                 progress=progress, max_windows=max_windows)
     keys = [str(q) for q in DEFAULT_QUANTILES]
@@ -75,7 +81,7 @@ def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], ra
     """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`)."""
     from lightning_dpts.evaluation import quantile_matrix, score_windows
 
-    histories = [np.asarray(entry["target"], dtype=float) for entry in raw_inputs]
+    histories = _histories(raw_inputs)
     return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)
             for name, fc in predictions.items()}
 

@@ -10,12 +10,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["MISSING_CSV_CELLS", "drop_short_series", "format_stamps", "load_fit_table", "load_long_table",
-           "store_of", "timestamp_style"]
+           "open_fit_store", "store_of", "timestamp_style"]
 
 #: The only CSV cells read as a missing value (docs/data.md: "NaN/empty/None is a missing value").
 MISSING_CSV_CELLS = ("", "NaN", "nan", "None")
@@ -73,17 +74,29 @@ def load_long_table(path: str | Path, id_column: str = "item_id", timestamp_colu
     return table, used_freq
 
 
-def _store_table(path: Path, freq: str | None) -> tuple[pd.DataFrame, str]:
-    """A series store (:mod:`lightning_dpts.data.store`, ``.arrow``) as the long table the jobs read."""
+def open_fit_store(path: str | Path, freq: str | None = None) -> Any:
+    """A series store (``.arrow``) opened for a job that streams from it (``dpts fit``): a
+    :class:`~lightning_dpts.data.store.SeriesStore` with time stamps, its ``freq`` checked against ``freq``.
+
+    Raises :class:`ConfigurationError` (``data``, ``freq``) as :func:`load_long_table` does."""
     from lightning_dpts.data.sources import period_freq
     from lightning_dpts.data.store import SeriesStore
 
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigurationError("data", str(path), "no such file")
     store = SeriesStore(path)
     if store.freq is None or store.start_ordinals is None:
         raise ConfigurationError("data", str(path), "is a series store without time stamps; write it with starts "
                                  "and freq (write_store of a long table, or store_from_file)")
     if freq is not None and period_freq(freq) != store.freq:
         raise ConfigurationError("freq", freq, f"the series store {path.name} has freq={store.freq!r}; omit --freq")
+    return store
+
+
+def _store_table(path: Path, freq: str | None) -> tuple[pd.DataFrame, str]:
+    """A series store (:mod:`lightning_dpts.data.store`, ``.arrow``) as the long table the jobs read."""
+    store = open_fit_store(path, freq)
     table = store.to_frame()
     table.attrs["source_columns"] = ("item_id", "timestamp", "target")
     table.attrs["timestamp_style"] = {"format": None, "anchor": None}
@@ -167,14 +180,24 @@ def load_fit_table(config: Any) -> tuple[pd.DataFrame, str, str]:
     return table, freq, str(config.data)
 
 
-def drop_short_series(table: pd.DataFrame, min_series_length: int | None) -> tuple[pd.DataFrame, int]:
+def drop_short_series(table: Any, min_series_length: int | None) -> tuple[Any, int]:
     """``table`` without the series (``item_id``) shorter than ``min_series_length`` rows, and how many went.
 
-    Reads only the lengths (public under this package's relations). ``None`` or 1 keeps every series; a
-    threshold that leaves none raises :class:`ConfigurationError` (``min_series_length``).
+    ``table``: a long table, or a :class:`~lightning_dpts.data.store.SeriesStore` (then a subset of it, sharing
+    the mapping). Reads only the lengths (public under this package's relations). ``None`` or 1 keeps every
+    series; a threshold that leaves none raises :class:`ConfigurationError` (``min_series_length``).
     """
     if min_series_length is None or min_series_length <= 1:
         return table, 0
+    from lightning_dpts.data.store import SeriesStore
+
+    if isinstance(table, SeriesStore):
+        keep = np.flatnonzero(table.lengths >= min_series_length)
+        if len(keep) == 0:
+            raise ConfigurationError("min_series_length", min_series_length,
+                                     f"leaves no series (the longest has {int(table.lengths.max())} steps)")
+        gone = table.num_series - len(keep)
+        return (table.subset(keep) if gone else table), gone
     lengths = table.groupby("item_id", sort=False).size()
     short = lengths.index[lengths.to_numpy() < min_series_length]
     if len(short) == len(lengths):

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from lightning_dpts.app.config import FitConfig
 from lightning_dpts.errors import ConfigurationError, TrainingRefused
@@ -77,8 +76,8 @@ class _Data:
     """The job's data after loading, the recipe, the length filter and clipping (public metadata besides tables)."""
 
     config: FitConfig  # resolved: the recipe's choices filled in
-    table: pd.DataFrame  # what the private model is trained on (clipped with a declared range)
-    raw_table: pd.DataFrame  # the same rows unclipped (scored against)
+    table: Any  # what the private model is trained on (clipped with a declared range): a table or a SeriesStore
+    raw_table: Any  # the same rows unclipped (scored against)
     freq: str
     name: str
     recipe: Any
@@ -188,21 +187,25 @@ def _torch_seed(entropy: Any, stream: int) -> int:
 def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     """Load the data, fill the unset options (the recipe, announced), drop short series, clip to a public range."""
     from lightning_dpts.app.geometry import resolve_with_test_windows
-    from lightning_dpts.data.loading import drop_short_series, load_fit_table
+    from lightning_dpts.data.loading import drop_short_series
     from lightning_dpts.privacy import NeighbouringRelation
 
-    table, freq, name = load_fit_table(config)
+    table, freq, name = _read_input(config)
     if config.evaluation == "last" and config.test_windows is None:  # M4's protocol: the last H steps, one window
         from dataclasses import replace
 
         config = replace(config, test_windows=1)
-    if "source_columns" in table.attrs:  # the columns read (the old default names, if the data has those)
+    if _is_store(table):  # a store has the default column names
+        from dataclasses import replace
+
+        config = replace(config, id_column="item_id", timestamp_column="timestamp", value_column="target")
+    elif "source_columns" in table.attrs:  # the columns read (the old default names, if the data has those)
         from dataclasses import replace
 
         id_column, timestamp_column, value_column = table.attrs["source_columns"]
         config = replace(config, id_column=id_column, timestamp_column=timestamp_column, value_column=value_column)
-    lengths = table.groupby("item_id", sort=False).size()
-    config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths.to_numpy(), freq)
+    lengths = _lengths(table)
+    config, recipe, chosen, planned_windows = resolve_with_test_windows(config, lengths, freq)
     if recipe is not None:
         for line in recipe.describe():
             progress(line)
@@ -211,6 +214,9 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
         for text in recipe.warnings:
             warnings.warn(f"dpts fit: {text}", UserWarning, stacklevel=3)
             progress(f"WARNING: {text}")
+    if config.clipping and _is_store(table):  # clipping rewrites every value: the pandas path (a table in memory)
+        table = table.to_frame()
+        table.attrs["source_columns"] = ("item_id", "timestamp", "target")
     table, dropped_by_length = drop_short_series(table, config.min_series_length)
     if dropped_by_length:
         progress(f"left out {dropped_by_length} of {len(lengths)} series shorter than {config.min_series_length} "
@@ -225,6 +231,32 @@ def _load_data(config: FitConfig, progress: Callable[[str], None]) -> _Data:
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.effective_value_bound)
     return _Data(config, table, raw_table, freq, name, recipe, chosen, planned_windows, dropped_by_length,
                  clipped_count, relation)
+
+
+def _is_store(data: Any) -> bool:
+    from lightning_dpts.data.store import SeriesStore
+
+    return isinstance(data, SeriesStore)
+
+
+def _read_input(config: FitConfig) -> tuple[Any, str, str]:
+    """(data, freq, name): a series store (``.arrow``) stays memory-mapped (a
+    :class:`~lightning_dpts.data.store.SeriesStore`: the job streams from it and never builds the long table,
+    issue 41); any other input is read into the long table (:func:`~lightning_dpts.data.loading.load_fit_table`)."""
+    from lightning_dpts.data.loading import load_fit_table, open_fit_store
+    from lightning_dpts.data.store import is_store_path
+
+    if config.data is not None and is_store_path(config.data):
+        store = open_fit_store(config.data, config.freq)
+        return store, str(store.freq), str(config.data)
+    return load_fit_table(config)
+
+
+def _lengths(data: Any) -> np.ndarray:
+    """Every series' number of rows (public metadata), from the store's index or the table."""
+    if _is_store(data):
+        return np.asarray(data.lengths, dtype=np.int64)
+    return data.groupby("item_id", sort=False).size().to_numpy()
 
 
 def _seasons(config: FitConfig, freq: str) -> tuple[int, ...]:
