@@ -457,7 +457,8 @@ def run_audit(
         "relation": {"level": relation.level, "size": relation.size, "value_bound": relation.value_bound},
         "magnitude": magnitude, "scale_series": scale_series, "max_grad_norm": max_grad_norm,
         "windows_per_canary": windows_per_canary, "canary_shape": canary_shape, "canary_offset": canary_offset,
-        "canary_level": canary_level, "confidence": confidence, "model": type(model).__name__, "seeded": seed is not None,
+        "canary_level": canary_level, "confidence": confidence,
+        "model": type(model).__name__, "seeded": seed is not None,
         "sampling_spec": {"top_level_rate": spec.top_level_rate, "bottom_level_rate": spec.bottom_level_rate,
                           "num_start_positions": spec.num_start_positions}}
     # fixed by the configuration, before any score is seen: with one window per series and every series in every
