@@ -240,7 +240,9 @@ def run_audit(
     runs: int = 1,
     canary_shape: str = "shift",
     canary_offset: int | None = None,
+    canary_level: float | None = None,
     _noise_scale: float = 1.0,
+    _pooled: bool = False,
 ) -> AuditResult:
     """Audit DP-SGD training empirically: train once with canaries, return lower bounds on epsilon.
 
@@ -249,7 +251,8 @@ def run_audit(
     Args:
         epsilon: the accountant's target epsilon (sigma is calibrated for it), in (0, 100].
         delta: delta in (0, 0.1] for the accountant and the estimators.
-        canaries: m >= 2, the number of canaries (default 32768; 1024 with ``quick``).
+        canaries: m >= 2, the number of canaries (default 32768; 1024 with ``quick``); with ``runs`` > 1, m >= 1
+            per run (one canary a run: no interference, for models whose canaries' gradients coincide).
         steps: noisy optimizer steps >= 1 (default 5, also with ``quick``).
         quick: the smaller default size (for a first look; proves less).
         data: the base series: the bundled dataset's name, a long-format DataFrame, a list of arrays (see
@@ -289,6 +292,10 @@ def run_audit(
             ``"shift"``, ``"spike"``, ``"zigzag"``).
         canary_offset: each canary's position in its piece (default random); 0 puts it where every window of a
             piece of ``context_length + prediction_length`` steps contains it (no window sampling to hide it).
+        canary_level: the value of the series at each canary's changed steps before the canary is added (default:
+            the series' own values), so the two worlds hold ``canary_level +- magnitude / 2`` there. A public choice
+            per model: ``magnitude = 2 * canary_level`` makes the excluded world 0, where a scaled model's loss
+            changes most between the worlds (DLinear's, docs/audit.md "Auditing your model").
         _noise_scale: **test seam, not an option**: multiplies the std of the noise the training actually adds,
             while sigma and the accountant's epsilon stay those of the configuration (the sharpness tests use 1/4).
 
@@ -300,7 +307,9 @@ def run_audit(
     epsilon = _positive_float("epsilon", epsilon, 100.0)
     delta = _positive_float("delta", delta, 0.1)
     default_m, default_steps = QUICK_SIZE if quick else DEFAULT_SIZE
-    m = _positive_int("canaries", default_m if canaries is None else canaries, 2, 1_000_000)
+    runs = _positive_int("runs", runs, 1, 1000)
+    m = _positive_int("canaries", default_m if canaries is None else canaries, 1 if runs > 1 or _pooled else 2,
+                      1_000_000)
     steps = _positive_int("steps", default_steps if steps is None else steps, 1, 1_000_000)
     context_length = _positive_int("context_length", context_length)
     relation = NeighbouringRelation() if relation is None else relation
@@ -327,13 +336,15 @@ def run_audit(
         _positive_int("seed", seed, 0)
     if _noise_scale != 1.0:
         _positive_float("_noise_scale", _noise_scale)
-    runs = _positive_int("runs", runs, 1, 1000)
     from lightning_dpts.audit.canaries import SHAPES
 
     if canary_shape not in SHAPES:
         raise ConfigurationError("canary_shape", canary_shape, f"must be one of {', '.join(SHAPES)}")
     if canary_offset is not None:
         _positive_int("canary_offset", canary_offset, 0)
+    if canary_level is not None and (isinstance(canary_level, bool) or not isinstance(
+            canary_level, (int, float, np.floating, np.integer)) or not math.isfinite(canary_level)):
+        raise ConfigurationError("canary_level", canary_level, "must be a finite number or None")
     if output_dir is not None:
         from lightning_dpts.outputs import check_output_dir
 
@@ -345,7 +356,7 @@ def run_audit(
             relation=relation, magnitude=magnitude, max_grad_norm=max_grad_norm, scale_series=scale_series,
             module=module, strategy_options=strategy_options, windows_per_canary=windows_per_canary,
             black_box=black_box, confidence=confidence, seed=seed, canary_shape=canary_shape,
-            canary_offset=canary_offset, _noise_scale=_noise_scale))
+            canary_offset=canary_offset, canary_level=canary_level, _noise_scale=_noise_scale))
 
     from lightning_dpts.randomness import numpy_generator, resolve_entropy
 
@@ -375,6 +386,9 @@ def run_audit(
                          prediction_length=prediction_length, magnitude=magnitude,
                          rng=numpy_generator(entropy, _ENTROPY_PLACES), shape=canary_shape, offset=canary_offset)
     coins = plan.included
+    if canary_level is not None:  # the base value under every canary's changed steps (public: the auditor's choice)
+        for c in plan.canaries:
+            base[c.series][c.position: c.position + c.length][c.profile() != 0] = float(canary_level)
 
     import lightning as L
     import torch
@@ -443,7 +457,8 @@ def run_audit(
         "relation": {"level": relation.level, "size": relation.size, "value_bound": relation.value_bound},
         "magnitude": magnitude, "scale_series": scale_series, "max_grad_norm": max_grad_norm,
         "windows_per_canary": windows_per_canary, "canary_shape": canary_shape, "canary_offset": canary_offset,
-        "confidence": confidence, "model": type(model).__name__, "seeded": seed is not None,
+        "canary_level": canary_level, "confidence": confidence,
+        "model": type(model).__name__, "seeded": seed is not None,
         "sampling_spec": {"top_level_rate": spec.top_level_rate, "bottom_level_rate": spec.bottom_level_rate,
                           "num_start_positions": spec.num_start_positions}}
     # fixed by the configuration, before any score is seen: with one window per series and every series in every
@@ -491,7 +506,7 @@ def _pooled_runs(runs: int, started: float, output_dir: str | Path | None, overw
     for r in range(runs):
         run_seed = None if seed is None else int(np.random.SeedSequence([seed, r]).generate_state(1)[0])
         say(f"audit: run {r + 1} of {runs}")
-        results.append(run_audit(seed=run_seed, progress=None, **options))
+        results.append(run_audit(seed=run_seed, progress=None, _pooled=True, **options))
     from lightning_dpts.audit.estimators import pool_runs
 
     white, coins = pool_runs([x.white_box_scores for x in results], [x.included for x in results])
