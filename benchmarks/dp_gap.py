@@ -1,0 +1,119 @@
+"""Where the DP gap of the recipe's model comes from (issue 37): private vs non-DP twin under training variants.
+
+Usage::
+
+    nice -n 10 python benchmarks/dp_gap.py DATASET PROTOCOL EPSILON SEEDS "VARIANT;VARIANT;..."
+    # e.g. us_employment last 4 0,1,2,3,4 "twin=1;steps=3;avg=0.2;clip=1;spread_lr=0.2,twin=1"
+
+For one dataset (``benchmarks/combination.py``'s) x protocol (``rolling``: 4 held-out windows, ``last``: 1) x
+epsilon, the recipe is chosen from public metadata as ``dpts fit`` does; each variant trains the recipe's model
+(``combination``) with DP-SGD calibrated to (epsilon, delta = 1e-7) for every seed, and with ``twin=1`` also without
+DP (same initialisation and steps), and scores both on the held-out test windows (MASE, CRPS; mean over seeds, then
+each seed's private scores). A variant is comma-separated ``key=value`` changes to the recipe: ``lr`` (learning
+rate), ``clip`` (C), ``steps`` (a multiple of the recipe's epochs; sigma is recalibrated), ``avg`` (share of the
+steps after which iterates are averaged), ``schedule`` (``cosine``, ``linear``, ``constant``), ``gate_lr`` and
+``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights). It ends with the untrained
+model's scores. With the recipe's own settings (the empty variant) the numbers are those of
+``benchmarks/utility.py``'s private model and twin for the same cell. Seeded runs are experiments.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import combination as cb  # noqa: E402
+
+
+def _optimizer(gate: float, spread: float) -> Any:
+    """A ``configure_optimizers`` with the learning rate times ``gate`` / ``spread`` for those weights."""
+    def configure(self: Any) -> Any:
+        from lightning_dpts.training.averaging import planned_steps, step_schedule
+
+        optimizer = torch.optim.Adam([{"params": [self.model.gate.weight], "lr": self.lr * gate},
+                                      {"params": [self.model.spread.weight], "lr": self.lr * spread}], lr=self.lr)
+        schedule = step_schedule(optimizer, planned_steps(self._trainer), self.lr_schedule, warmup=self.warmup)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+    return configure
+
+
+def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: list[str]) -> None:
+    import lightning_dpts.recipe as recipe_module
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.data.seasonality import season_lengths
+    from lightning_dpts.evaluation import score_windows
+    from lightning_dpts.models import CombinationEstimator
+    from lightning_dpts.models.combination import CombinationLightningModule
+
+    series, freq = cb._series(name, 1)
+    h = cb.DATASETS[name]["horizon"]
+    windows = 4 if protocol == "rolling" else 1
+    season = season_lengths(freq)[0]
+    recipe = recipe_module.choose_recipe([len(s) for s in series], freq=freq, prediction_length=h, epsilon=epsilon,
+                                         delta=cb.DELTA, held_out_windows=windows)
+    kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
+    print(f"{name} {protocol} eps={epsilon:g}: N={len(kept)} B={recipe.batch_size} S={recipe.steps} "
+          f"P={recipe.context_length} C={recipe.max_grad_norm:g} lr={recipe.learning_rate:g}", flush=True)
+
+    def datamodule(seed: int) -> Any:
+        return StructuredSubsamplingDataModule(kept, context_length=recipe.context_length, prediction_length=h,
+                                               batch_size=recipe.batch_size, freq=freq, test_windows=windows,
+                                               seed=seed)
+
+    held = datamodule(0).evaluation_windows("test")
+    hist = [np.asarray(w.history, dtype=float) for w in held]
+    labels = [np.asarray(w.target, dtype=float) for w in held]
+    index = [w.window for w in held]
+
+    def score(module: Any) -> tuple[float, float]:
+        s = score_windows(cb.model_quantiles(module, hist, recipe.context_length), labels, hist, index, season)
+        return s["mase"], s["crps"]
+
+    original = CombinationLightningModule.configure_optimizers
+    default_start = recipe_module.AVERAGING_START
+    for variant in variants:
+        kv = dict(item.split("=") for item in variant.split(",") if item)
+        recipe_module.AVERAGING_START = float(kv.get("avg", default_start))
+        CombinationLightningModule.configure_optimizers = _optimizer(float(kv.get("gate_lr", 1)),
+                                                                     float(kv.get("spread_lr", 1)))
+        estimator = CombinationEstimator(prediction_length=h, context_length=recipe.context_length, freq=freq,
+                                         lr=float(kv.get("lr", recipe.learning_rate)),
+                                         lr_schedule=kv.get("schedule", "cosine"))
+        epochs = max(1, round(recipe.epochs * float(kv.get("steps", 1))))
+        results: dict[str, list[tuple[float, float]]] = {"private": [], "twin": []}
+        t0 = time.time()
+        for seed in seeds:
+            for kind in ("private", "twin") if kv.get("twin") else ("private",):
+                torch.manual_seed(seed)
+                module = estimator.create_lightning_module()
+                cb._train(module, datamodule(seed), epochs, float(kv.get("clip", recipe.max_grad_norm)),
+                          epsilon if kind == "private" else None, seed)
+                results[kind].append(score(module))
+        means = {k: "{:.4f} / {:.5f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1)))
+                 for k, v in results.items() if v}
+        print(f"[{variant or 'recipe'}] {means} private per seed "
+              f"{['{:.4f} / {:.5f}'.format(*r) for r in results['private']]} ({time.time() - t0:.0f} s)", flush=True)
+    CombinationLightningModule.configure_optimizers = original
+    recipe_module.AVERAGING_START = default_start
+    torch.manual_seed(0)
+    print("untrained: {:.4f} / {:.5f}".format(*score(CombinationEstimator(
+        prediction_length=h, context_length=recipe.context_length, freq=freq).create_lightning_module())))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6:
+        raise SystemExit(__doc__)
+    torch.set_num_threads(1)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")],
+         sys.argv[5].split(";"))
