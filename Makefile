@@ -21,9 +21,10 @@ test: install
 	$(PYTHON) -m ruff check lightning_dpts tests benchmarks examples
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(PYTEST_XDIST) --durations=15
 
-# The exhaustive statistical and end-to-end tests (marked slow; CI runs them after the fast suite).
+# The exhaustive statistical and end-to-end tests (marked slow; CI runs them after the fast suite), spread per test
+# (work stealing): a few files hold most of the slow work.
 test-slow: install
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(PYTEST_XDIST) -m slow --durations=15
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m slow --durations=15
 
 bench: install
 	$(PYTHON) benchmarks/accountant.py
