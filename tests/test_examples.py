@@ -90,6 +90,7 @@ def test_synthetic_example_reruns_into_its_run_directory(tmp_path: Path) -> None
     assert str(run) in second
 
 
+@pytest.mark.slow  # three runs of ~7 s; the fast suite fits the same YAML in tests/test_lightning_cli.py
 def test_lightning_cli_example_reruns_into_the_same_directory_and_defaults_to_a_temporary_one(tmp_path: Path):
     """The LightningCLI example wrote config.yaml into the working directory and failed on the second run."""
     pytest.importorskip("jsonargparse")
