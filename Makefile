@@ -9,7 +9,9 @@ install:
 	$(PYTHON) -m pip install --quiet $(TORCH_PIN)
 	$(PYTHON) -m pip install --quiet -e ".[dev]"
 
+# The demo's table compares against AutoETS and AutoTheta: the optional baselines extra (statsforecast).
 demo: install
+	$(PYTHON) -m pip install --quiet -e ".[baselines]"
 	dpts fit --output-dir runs/demo --overwrite
 
 # The fast suite on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in one process). One thread per worker:
@@ -23,7 +25,9 @@ test: install
 
 # The exhaustive statistical and end-to-end tests (marked slow; CI runs them after the fast suite), spread per test
 # (work stealing): a few files hold most of the slow work.
+# It also installs the baselines extra, so that the AutoETS/AutoTheta paths and the quickstart's table are tested.
 test-slow: install
+	$(PYTHON) -m pip install --quiet -e ".[dev,baselines]"
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m slow --durations=15
 
 bench: install
