@@ -279,7 +279,6 @@ class StateGuard(StateDictGuard):
             objects = self._objects
             self._entries: list[tuple[Any, str, Any, _Object]] = []  # (the holder's bound get, key, value, owner)
             self._sizes: list[tuple[Any, int, _Object]] = []
-            self._elements: list[tuple[Any, Any, Any, _Object]] = []  # (list or dict, index or key, element, owner)
             # (list or dict, its keys (dict) or None, its elements or values, owner): every element by identity
             self._contents: list[tuple[Any, list | None, list, _Object]] = []
             self._tensors: list[_Tensor] = []
@@ -288,7 +287,6 @@ class StateGuard(StateDictGuard):
             gone = {id(o) for o in objects}
             self._entries = [e for e in self._entries if id(e[3]) not in gone]
             self._sizes = [e for e in self._sizes if id(e[2]) not in gone]
-            self._elements = [e for e in self._elements if id(e[3]) not in gone]
             self._contents = [e for e in self._contents if id(e[3]) not in gone]
             self._tensors = [t for t in self._tensors if id(t.owner) not in gone]
         self.indexed += len(objects)
@@ -306,10 +304,8 @@ class StateGuard(StateDictGuard):
                         self._contents.append((value, list(value), list(value.values()), o))
                     elif isinstance(value, list):  # a plain value replaced in place by a tensor moves the owner
                         self._contents.append((value, None, list(value), o))
-                    pairs = value.items() if isinstance(value, dict) else enumerate(value)
-                    for k, v in pairs:
-                        if v is None or isinstance(v, torch.Tensor):  # an element that is or may become state
-                            self._elements.append((value, k, v, o))
+                    for v in value.values() if isinstance(value, dict) else value:
+                        if isinstance(v, torch.Tensor):  # an element that is state (its replacement: _contents)
                             self._track(o, key, buffer, v)
                 else:
                     self._track(o, key, buffer, value)
@@ -357,9 +353,6 @@ class StateGuard(StateDictGuard):
                     moved.append(o)
         for holder, size, o in self._sizes:
             if len(holder) != size:
-                moved.append(o)
-        for holder, k, value, o in self._elements:
-            if holder[k] is not value:
                 moved.append(o)
         for holder, keys, values, o in self._contents:  # (a size change is one of _sizes)
             if keys is None:
