@@ -104,9 +104,8 @@ def _series_spans(table: pd.DataFrame, freq: str) -> list[int] | None:
     cost ~160 bytes per value); ``None`` when the time stamps are not Periods of ``freq``."""
     from lightning_dpts.data.loading import store_of
     from lightning_dpts.data.sources import _multiple, period_freq
-    from lightning_dpts.data.store import SeriesStore
 
-    store = table if isinstance(table, SeriesStore) else store_of(table)
+    store = store_of(table)
     if store is not None:
         return [int(n) for n in store.lengths]
     stamps = table["timestamp"]
@@ -128,10 +127,8 @@ def build_datamodule(config: FitConfig, table: Any, freq: str, module: Any, test
     top_level = config.top_level if config.bands is None else top_level_from_name(config.bands_top_level,
                                                                                   bands=config.bands)
     from lightning_dpts.data.loading import store_of
-    from lightning_dpts.data.store import SeriesStore
 
-    # a store, or a table read from one, unchanged: sample from the mapped store (issue 41)
-    store = table if isinstance(table, SeriesStore) else store_of(table)
+    store = store_of(table)  # a store, or a table read from one, unchanged: sample from the mapped store (issue 41)
     return StructuredSubsamplingDataModule(
         table if store is None else store, batch_size=config.batch_size,
         instances_per_series=config.instances_per_series,

@@ -110,9 +110,14 @@ _STORE_TABLES: dict[int, tuple[Any, Any]] = {}
 
 
 def store_of(table: Any) -> Any:
-    """The :class:`~lightning_dpts.data.store.SeriesStore` ``table`` was read from by :func:`load_long_table`, if
-    ``table`` is that very object (not a filtered, clipped or copied table), else ``None``: the datamodule then
-    samples from the mapped store instead of the table's values (the same values; issue 41)."""
+    """The :class:`~lightning_dpts.data.store.SeriesStore` behind ``table``: ``table`` itself when it is a store, the
+    store :func:`load_long_table` read it from when it is that very table (not a filtered, clipped or copied one),
+    else ``None``: the datamodule then samples from the mapped store instead of the table's values (the same
+    values; issue 41)."""
+    from lightning_dpts.data.store import SeriesStore
+
+    if isinstance(table, SeriesStore):
+        return table
     entry = _STORE_TABLES.get(id(table))
     if entry is None or entry[0]() is not table:
         return None
