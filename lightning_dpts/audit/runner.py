@@ -147,9 +147,13 @@ def _positive_int(name: str, value: Any, low: int = 1, high: int | None = None) 
     return int(value)
 
 
+def _is_finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(
+        value)
+
+
 def _positive_float(name: str, value: Any, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(
-            value) or value <= 0 or (high is not None and value > high):
+    if not _is_finite_number(value) or value <= 0 or (high is not None and value > high):
         raise ConfigurationError(name, value, "must be a number > 0" + ("" if high is None else f" and <= {high}"))
     return float(value)
 
@@ -342,8 +346,7 @@ def run_audit(
         raise ConfigurationError("canary_shape", canary_shape, f"must be one of {', '.join(SHAPES)}")
     if canary_offset is not None:
         _positive_int("canary_offset", canary_offset, 0)
-    if canary_level is not None and (isinstance(canary_level, bool) or not isinstance(
-            canary_level, (int, float, np.floating, np.integer)) or not math.isfinite(canary_level)):
+    if canary_level is not None and not _is_finite_number(canary_level):
         raise ConfigurationError("canary_level", canary_level, "must be a finite number or None")
     if output_dir is not None:
         from lightning_dpts.outputs import check_output_dir
