@@ -97,6 +97,7 @@ def test_with_replacement_shortest_series_decides():
         assert np.all(other.profile(alphas) <= b.profile(alphas) + 1e-15)
 
 
+@pytest.mark.slow  # 6-8 s; the fast suite checks the pointwise maximum over lengths above
 def test_many_distinct_lengths_stay_cheap_and_dominate_every_member(monkeypatch):
     """2995 distinct lengths: the monotonicity reduction builds the profile of a few lengths, not of each (work
     counted, not timed: per-length specs and FFT calls; measured, Nov 2026: 1 and 1)."""
