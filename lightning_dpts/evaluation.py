@@ -32,8 +32,8 @@ and ``benchmarks/utility.py``:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_RATE_INCREASE",
     "NON_DP_RATIO",
     "PROTOCOLS",
+    "QuantileForecasts",
     "check_season",
     "choose_test_windows",
     "clip_bounds",
@@ -53,6 +54,7 @@ __all__ = [
     "protocol_windows",
     "quantile_matrix",
     "score_windows",
+    "seasonal_errors",
     "verdict",
     "window_wins",
 ]
@@ -158,15 +160,77 @@ def _seasonal_error(history: np.ndarray, season: int) -> float:
 
 def quantile_matrix(forecast: Any) -> np.ndarray:
     """A GluonTS forecast's quantiles at :data:`~lightning_dpts.metrics.DEFAULT_QUANTILES`, shape (horizon,
-    quantiles): the input of :func:`score_windows`."""
+    quantiles): the input of :func:`score_windows`. A (horizon, quantiles) array (a row of
+    :class:`QuantileForecasts`) is taken as that matrix already."""
     from lightning_dpts.metrics import DEFAULT_QUANTILES
 
+    if isinstance(forecast, np.ndarray) and forecast.ndim == 2:
+        return np.asarray(forecast, dtype=float)
     return np.stack([np.asarray(forecast.quantile(q), dtype=float) for q in DEFAULT_QUANTILES], axis=-1)
+
+
+class QuantileForecasts(Sequence[np.ndarray]):
+    """Many windows' quantile forecasts as one float64 array ``[windows, horizon, quantiles]`` (the quantile
+    levels :data:`~lightning_dpts.metrics.DEFAULT_QUANTILES`); item ``i`` is window ``i``'s (horizon, quantiles)
+    matrix, a view (what :func:`quantile_matrix` gives of the GluonTS forecast, to the bit).
+
+    :meth:`collect` fills the array as a predictor yields forecasts, so no GluonTS forecast object outlives its
+    conversion: ``dpts fit``'s evaluation holds 8 bytes per window, step and quantile per model instead of the
+    forecast objects (several KB per window; issue 41).
+    """
+
+    def __init__(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=float)
+        if values.ndim != 3:
+            raise ConfigurationError("values", values.shape, "must be a [windows, horizon, quantiles] array")
+        self.values = values
+
+    @classmethod
+    def collect(cls, forecasts: Iterable[Any], count: int) -> QuantileForecasts:
+        """The quantile matrices of ``count`` forecasts (GluonTS forecasts or (horizon, quantiles) arrays),
+        converted one at a time as ``forecasts`` yields them into an array allocated at the first one."""
+        values: np.ndarray | None = None
+        seen = 0
+        for i, forecast in enumerate(forecasts):
+            matrix = quantile_matrix(forecast)
+            if values is None:
+                values = np.empty((count, *matrix.shape))
+            if i >= count:
+                raise ConfigurationError("forecasts", f"more than {count}", f"must be {count} (one per window)")
+            values[i] = matrix
+            seen = i + 1
+        if seen != count:
+            raise ConfigurationError("forecasts", seen, f"must be {count} (one per window)")
+        return cls(values if values is not None else np.empty((0, 0, 0)))
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return QuantileForecasts(self.values[index])
+        return self.values[index]
+
+    def take(self, positions: Sequence[int]) -> QuantileForecasts:
+        """The windows at ``positions``, in that order (a copy)."""
+        return QuantileForecasts(self.values[np.asarray(positions, dtype=np.int64)])
+
+
+def seasonal_errors(histories: Iterable[np.ndarray], season: int) -> np.ndarray:
+    """MASE's denominator of each history (mean |y_t - y_{t-m}|, NaN where none is finite): what
+    :func:`score_windows` computes per window, computed once for every model scored on the same windows."""
+    return np.array([_seasonal_error(h, season) for h in histories], dtype=float)
 
 
 def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray], histories: Sequence[np.ndarray],
                   windows: Sequence[int], season: int,
-                  levels: Sequence[float] | None = None) -> dict[str, Any]:
+                  levels: Sequence[float] | None = None, scales: Sequence[float] | None = None) -> dict[str, Any]:
     """Metrics of quantile forecasts over every rolling test window and series.
 
     Args:
@@ -176,6 +240,7 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         windows: the rolling-window index of each forecast (0 = earliest).
         season: the seasonal period m of MASE's denominator (time steps).
         levels: the quantile levels (default :data:`lightning_dpts.metrics.DEFAULT_QUANTILES`).
+        scales: each history's seasonal error, as :func:`seasonal_errors` gives it (default: computed here).
 
     Returns:
         ``crps``: mean weighted quantile loss pooled over all windows and series (GluonTS ``mean_wQuantileLoss``,
@@ -191,7 +256,9 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
     from lightning_dpts.metrics import DEFAULT_QUANTILES, WeightedQuantileLoss
 
     levels = tuple(DEFAULT_QUANTILES if levels is None else levels)
-    if not (len(quantiles) == len(labels) == len(histories) == len(windows)):
+    if scales is None:
+        scales = seasonal_errors(histories, season)
+    if not (len(quantiles) == len(labels) == len(histories) == len(windows) == len(scales)):
         raise ConfigurationError("labels", len(labels), f"must have one entry per forecast ({len(quantiles)})")
     if not quantiles:
         raise ConfigurationError("quantiles", 0, "must hold at least one forecast")
@@ -200,7 +267,7 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
     per_window: dict[int, WeightedQuantileLoss] = {}
     abs_err, count, mase_terms, skipped, inside = 0.0, 0, [], 0, 0
     lowest, highest = int(np.argmin(levels)), int(np.argmax(levels))
-    for q, y, hist, w in zip(quantiles, labels, histories, windows, strict=True):
+    for q, y, scale, w in zip(quantiles, labels, scales, windows, strict=True):
         q = np.asarray(q, dtype=float)
         y = np.asarray(y, dtype=float)
         qt, yt = torch.from_numpy(q)[None], torch.from_numpy(y)[None]
@@ -212,7 +279,7 @@ def score_windows(quantiles: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         abs_err += float(errors.sum())
         count += int(ok.sum())
         inside += int(((y >= q[..., lowest]) & (y <= q[..., highest]))[ok].sum())
-        scale = _seasonal_error(hist, season)
+        scale = float(scale)
         if errors.size and math.isfinite(scale) and scale > 0:
             mase_terms.append(float(errors.mean()) / scale)
         else:

@@ -100,12 +100,16 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
         path: the PNG file to write. **The plot shows private data** (see :data:`PRIVATE_PLOT_NOTICE`).
         inputs: GluonTS input entries (``target`` history, ``start`` Period, ``item_id``).
         labels: the true values after each history (``prediction_length`` each).
-        forecasts: model key (``"dp"``, ``"non_dp"``, ``"seasonal_naive"``, ...) -> GluonTS forecasts in the
-            order of ``inputs``. ``"dp"`` gets the 10-90% band; every model gets its median.
+        forecasts: model key (``"dp"``, ``"non_dp"``, ``"seasonal_naive"``, ...) -> GluonTS forecasts (or a
+            :class:`~lightning_dpts.evaluation.QuantileForecasts`) in the order of ``inputs``. ``"dp"`` gets the
+            10-90% band; every model gets its median.
         names: item id -> readable series name (e.g. the bundled data's ``title``); the title shows both.
         count: number of windows (panels).
         history: past time steps shown before the forecast start.
     """
+    from lightning_dpts.evaluation import quantile_matrix
+    from lightning_dpts.metrics import DEFAULT_QUANTILES
+
     if not inputs or count < 1:
         raise ConfigurationError("count", min(count, len(inputs)), "needs at least one forecast window to plot")
     plt = pyplot()
@@ -124,12 +128,12 @@ def plot_forecasts(path: str | Path, inputs: Sequence[Mapping[str, Any]], labels
         ax.plot(t_past, target[len(target) - shown:], color="black", lw=1, label="history")
         for i, key in enumerate(order):
             color = _COLORS.get(key, f"C{5 + i}")
-            forecast = forecasts[key][row]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                median = np.asarray(forecast.quantile(0.5), dtype=float)
+                matrix = quantile_matrix(forecasts[key][row])
+                median = matrix[:, DEFAULT_QUANTILES.index(0.5)]
                 if key == "dp":
-                    lo, hi = (np.asarray(forecast.quantile(q), dtype=float) for q in (0.1, 0.9))
+                    lo, hi = (matrix[:, DEFAULT_QUANTILES.index(q)] for q in (0.1, 0.9))
                     ax.fill_between(t_future, lo, hi, color=color, alpha=0.25, label="DP 10-90%")
             ax.plot(t_future, median, color=color, lw=1.4, ls="-" if key == "dp" else "--",
                     label=f"{_LABELS.get(key, key)} (median)")

@@ -49,7 +49,7 @@ EPSILON_CURVE_RTOL = 0.01
 def public_report(config: FitConfig, *, privacy: Any, accountant: Any, strategy: Any, spec: Any, sigma: float,
                   steps: int, test_windows: int, windows_note: str, entropy: Any, data_name: str, recipe: Any,
                   chosen: list[str], dropped_by_length: int, clipped_count: int | None, relation: Any,
-                  predictions: dict[str, list[Any]], labels: list[np.ndarray],
+                  predictions: dict[str, Any], labels: list[np.ndarray],
                   inputs: list[dict[str, Any]], seasons: tuple[int, ...] = ()) -> dict[str, Any]:
     """``report.json`` without its ``"files"`` manifest: what the guarantee covers and public metadata.
 
@@ -201,7 +201,7 @@ def baselines_note(baselines: Any, forecasts: int | None = None) -> dict[str, An
 
 def write_run_files(run_dir: Any, out: Path, config: FitConfig, report: dict[str, Any], private: dict[str, Any], *,
                     steps: int, table: Any, inputs: list[dict[str, Any]], labels: list[np.ndarray],
-                    predictions: dict[str, list[Any]]) -> None:
+                    predictions: dict[str, Any]) -> None:
     """Write ``epsilon.png``, the private files (``private_outputs``) and last ``report.json`` with the manifest of
     every file ``run_dir`` registered (``report`` gains its ``"files"``)."""
     from lightning_dpts.app.plots import plot_epsilon, plot_forecasts
@@ -306,7 +306,7 @@ def clipping_report(config: FitConfig, clipped: int | None, relation: Any, entro
     return out
 
 
-def dp_metrics(epsilon: float, predictions: dict[str, list[Any]], labels: list[np.ndarray], per_series: int,
+def dp_metrics(epsilon: float, predictions: dict[str, Any], labels: list[np.ndarray], per_series: int,
                 entropy: Any) -> dict[str, Any]:
     """The public, DP release of the evaluation: a Laplace-noised count of the test windows on which the private
     model's quantile loss is below seasonal naive's (:func:`lightning_dpts.evaluation.window_wins`).

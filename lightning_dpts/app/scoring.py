@@ -6,6 +6,7 @@ under ``private/`` (or in a DP release, :func:`lightning_dpts.app.reporting.dp_m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,11 +26,21 @@ def score_forecasts(forecasts: list[Any], labels: list[np.ndarray]) -> dict[str,
 
     One window per forecast, pooled: :func:`lightning_dpts.evaluation.score_windows` without histories.
     """
-    from lightning_dpts.evaluation import quantile_matrix, score_windows
+    from lightning_dpts.evaluation import score_windows
 
     n = len(forecasts)
-    scores = score_windows([quantile_matrix(f) for f in forecasts], labels, [np.empty(0)] * n, [0] * n, season=1)
+    scores = score_windows(_matrices(forecasts), labels, [np.empty(0)] * n, [0] * n, season=1)
     return {"crps": scores["crps"], "mae": scores["mae"]}
+
+
+def _matrices(forecasts: Sequence[Any]) -> Sequence[np.ndarray]:
+    """``forecasts`` as (horizon, quantiles) matrices: a :class:`~lightning_dpts.evaluation.QuantileForecasts` as
+    it is, GluonTS forecasts converted into one."""
+    from lightning_dpts.evaluation import QuantileForecasts
+
+    if isinstance(forecasts, QuantileForecasts):
+        return forecasts
+    return QuantileForecasts.collect(forecasts, len(forecasts))
 
 
 def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
@@ -54,39 +65,37 @@ def raw_evaluation(dm: Any, pairs: list[Any], raw_table: pd.DataFrame,
 
 def baseline_forecasts(raw_inputs: list[dict[str, Any]], prediction_length: int, season: int, *,
                        statsforecast: bool = True, cache: Any = None, progress: Any = None,
-                       max_windows: int | None = None) -> tuple[dict[str, list[Any]], Any]:
-    """The baselines of :func:`lightning_dpts.baselines.baseline_quantiles` from the unclipped histories, as GluonTS
-    ``QuantileForecast`` objects (what the plots and the DP release read); returns ``(forecasts by name, the
-    :class:`~lightning_dpts.baselines.Baselines` with the fallback counts and the skip reason)``. With
-    ``max_windows`` the statsforecast baselines' lists hold only the windows of ``Baselines.subset``."""
-    from gluonts.model.forecast import QuantileForecast
-
+                       max_windows: int | None = None) -> tuple[dict[str, Any], Any]:
+    """The baselines of :func:`lightning_dpts.baselines.baseline_quantiles` from the unclipped histories, each as a
+    :class:`~lightning_dpts.evaluation.QuantileForecasts` (one array; what the scoring, the plots and the DP
+    release read); returns ``(forecasts by name, the :class:`~lightning_dpts.baselines.Baselines` with the fallback
+    counts and the skip reason)``, whose ``forecasts`` are those arrays too. With ``max_windows`` the statsforecast
+    baselines hold only the windows of ``Baselines.subset``."""
     from lightning_dpts.baselines import baseline_quantiles
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
+    from lightning_dpts.evaluation import QuantileForecasts
 
     histories = _histories(raw_inputs)
     result = baseline_quantiles(histories, prediction_length, season, statsforecast=statsforecast, cache=cache,
                                 progress=progress, max_windows=max_windows)
-    keys = [str(q) for q in DEFAULT_QUANTILES]
-    fitted = raw_inputs if result.subset is None else [raw_inputs[i] for i in result.subset]
-    out = {name: [QuantileForecast(np.asarray(q).T, start_date=entry["start"] + len(entry["target"]),
-                                   forecast_keys=keys, item_id=entry.get("item_id"))
-                  for q, entry in zip(quantiles, raw_inputs if name == "seasonal_naive" else fitted, strict=True)]
-           for name, quantiles in result.forecasts.items()}
-    return out, result
+    for name in list(result.forecasts):  # one array each, replacing the list of per-window arrays
+        result.forecasts[name] = QuantileForecasts.collect(result.forecasts[name], len(result.forecasts[name]))
+    return dict(result.forecasts), result
 
 
-def score_models(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
+def score_models(predictions: dict[str, Sequence[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
                  windows: list[int], season: int) -> dict[str, dict[str, Any]]:
-    """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`)."""
-    from lightning_dpts.evaluation import quantile_matrix, score_windows
+    """Pooled metrics of every model's forecasts (:func:`~lightning_dpts.evaluation.score_windows`; GluonTS forecasts
+    or :class:`~lightning_dpts.evaluation.QuantileForecasts`). Each history's seasonal error (MASE's scale, a pass
+    over the history) is computed once for all models."""
+    from lightning_dpts.evaluation import score_windows, seasonal_errors
 
     histories = _histories(raw_inputs)
-    return {name: score_windows([quantile_matrix(f) for f in fc], labels, histories, windows, season)
+    scales = seasonal_errors(histories, season) if len(predictions) else None
+    return {name: score_windows(_matrices(fc), labels, histories, windows, season, scales=scales)
             for name, fc in predictions.items()}
 
 
-def score_paired(predictions: dict[str, list[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
+def score_paired(predictions: dict[str, Sequence[Any]], labels: list[np.ndarray], raw_inputs: list[dict[str, Any]],
                  windows: list[int], season: int, subset: list[int] | None
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]] | None]:
     """(metrics every model is compared by, metrics over every window or ``None``).
@@ -102,8 +111,10 @@ def score_paired(predictions: dict[str, list[Any]], labels: list[np.ndarray], ra
     full = {k: v for k, v in predictions.items() if k not in STATSFORECAST_BASELINES}
     every = score_models(full, labels, raw_inputs, windows, season)
 
-    def pick(seq: list[Any]) -> list[Any]:
-        return [seq[i] for i in subset]
+    def pick(seq: Sequence[Any]) -> Sequence[Any]:
+        from lightning_dpts.evaluation import QuantileForecasts
+
+        return seq.take(subset) if isinstance(seq, QuantileForecasts) else [seq[i] for i in subset]
 
     paired = {k: (v if k in STATSFORECAST_BASELINES else pick(v)) for k, v in predictions.items()}
     return score_models(paired, pick(labels), pick(raw_inputs), pick(windows), season), every

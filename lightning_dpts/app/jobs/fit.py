@@ -432,17 +432,19 @@ def make_logger(kind: str, private_dir: Path) -> Any:
 
 def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: Any, module: Any, test_windows: int,
                            init_seed: int, entropy: Any, steps: int, progress: Callable[[str], None], season: int,
-                           baseline_cache: Any) -> tuple[dict[str, list[Any]], list[dict[str, Any]],
+                           baseline_cache: Any) -> tuple[dict[str, Any], list[dict[str, Any]],
                                                          list[dict[str, Any]], list[Any], Any]:
     """Forecasts of every model on the held-out test windows: (predictions by model, inputs, unclipped inputs,
     unclipped labels, the :class:`~lightning_dpts.baselines.Baselines` record). The DP model, the same model
     trained without DP for the same steps (``non_dp``), and the baselines from the unclipped histories;
-    sample-based forecasts draw from stream 4 of the run's entropy."""
+    sample-based forecasts draw from stream 4 of the run's entropy. Each model's forecasts are a
+    :class:`~lightning_dpts.evaluation.QuantileForecasts`, filled as the predictor yields them (issue 41)."""
     import lightning as L
     import torch
 
     from lightning_dpts.app.forecasters import make_estimator
     from lightning_dpts.app.scoring import baseline_forecasts, raw_evaluation
+    from lightning_dpts.evaluation import QuantileForecasts
 
     pairs = dm.gluonts_test_pairs("test")
     inputs = [p[0] for p in pairs]
@@ -451,7 +453,7 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
     predictor = estimator.create_predictor(estimator.create_transformation(), module)
     eval_seed = _torch_seed(entropy, 4)  # sample-based forecasts (reproducible when seeded)
     torch.manual_seed(eval_seed)
-    predictions: dict[str, list[Any]] = {"dp": list(predictor.predict(inputs))}
+    predictions: dict[str, Any] = {"dp": QuantileForecasts.collect(predictor.predict(inputs), len(inputs))}
     if config.non_dp and steps > 0:
         progress(f"training the same model without DP for the same {steps} steps ...")
         torch.manual_seed(init_seed)
@@ -468,7 +470,7 @@ def _forecast_test_windows(config: FitConfig, data: _Data, dm: Any, estimator: A
         plain_trainer.fit(plain, datamodule=plain_dm)
         plain_predictor = plain_estimator.create_predictor(plain_estimator.create_transformation(), plain)
         torch.manual_seed(eval_seed)
-        predictions["non_dp"] = list(plain_predictor.predict(inputs))
+        predictions["non_dp"] = QuantileForecasts.collect(plain_predictor.predict(inputs), len(inputs))
     forecasts, baselines = baseline_forecasts(raw_inputs, config.prediction_length, season,
                                               statsforecast=config.baselines, cache=baseline_cache, progress=progress,
                                               max_windows=config.baseline_windows)
