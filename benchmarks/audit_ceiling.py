@@ -4,13 +4,15 @@ With nothing sampled, one canary's two worlds move the summed update by ``D = a 
 gradients in its two worlds) and the best test of one step has ``mu_step = |D| / (sigma C)``, while the accountant
 assumes ``|D| = 2C``. ``|D| / 2C`` is therefore the share of the accountant's mu that *any* white-box score of that
 canary can show: a ceiling set by the model's gradients, not by the estimator. For every module (at ``dpts fit``'s
-clipping norm) and canary design, on pieces of the bundled series, this prints the median and maximum of ``|D| / 2C``
-at the initial parameters, in two windows: the audit's (a piece of ``prediction_length`` steps: the past is
-padding) and a window whose whole past is observed (the canary is the forecast step), with the epsilon at delta =
-1e-5 that the maximum would allow at most if it held at every step (``gaussian_dp_epsilon(ratio * mu)``, mu the
-accountant's for epsilon = 8).
+clipping norm) and canary design, on pieces of the bundled series, this prints the median and maximum of ``|D| /
+2C`` at the initial parameters, in two windows: the audit's (a piece of ``prediction_length`` steps: the past is
+padding) and a window whose whole past is observed (the canary is the forecast step, or the last past step), and
+summed over the P + 1 windows of a piece that all hold a canary at its first step (|sum D| / 2kC: the accountant
+then charges k = P + 1 windows), with the epsilon at delta = 1e-5 that the maximum would allow at most if it held at
+every step (``gaussian_dp_epsilon(ratio * mu)``, mu the accountant's for epsilon = 8).
 
 Run: ``OMP_NUM_THREADS=1 nice python benchmarks/audit_ceiling.py [--pieces 40]``
+
 """
 
 from __future__ import annotations
@@ -63,14 +65,16 @@ def main() -> None:
     print(f"accountant mu at epsilon 8, delta 1e-5: {mu:.3f}; {args.pieces} pieces, P={P}, H={H}")
     for name, c in (("combination", 0.1), ("seasonal_linear", 0.1), ("dlinear", 1.0)):
         factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)
-        for label, full in (("audit window (padded past)", False), ("observed past", True)):
+        for label, full, at in (("audit window (padded past)", False, -1), ("observed past", True, -1),
+                                ("observed past, canary in it", True, P - 1),
+                                ("first step, all windows", True, 0)):
             for design, worlds in DESIGNS:
                 series = {}
                 for which in (0, 1):
                     data = []
                     for x in pieces:
                         y = np.array(x if full else x[-H:], dtype=np.float64)
-                        y[-1] = worlds(float(x[-1]))[which]
+                        y[at] = worlds(float(x[at]))[which]
                         data.append(y.astype(np.float32))
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
@@ -86,6 +90,11 @@ def main() -> None:
                 a = _clipped(module, window_batch(series[0], rows, starts), c)
                 b = _clipped(module, window_batch(series[1], rows, starts), c)
                 ratio = ((a - b).norm(dim=1) / (2 * c)).numpy()
+                if at == 0:  # every window of the piece holds the canary: the accountant charges k = T of them
+                    every = np.repeat(rows, P + 1), np.tile(np.arange(P + 1), len(pieces))
+                    a = _clipped(module, window_batch(series[0], *every), c).reshape(len(pieces), P + 1, -1)
+                    b = _clipped(module, window_batch(series[1], *every), c).reshape(len(pieces), P + 1, -1)
+                    ratio = ((a - b).sum(1).norm(dim=1) / (2 * c * (P + 1))).numpy()
                 ceiling = gaussian_dp_epsilon(float(ratio.max()) * mu, 1e-5)
                 print(f"{name:16s} C={c:<4g} {label:28s} {design:14s} |D|/2C median {np.median(ratio):.3f} "
                       f"max {ratio.max():.3f} -> epsilon ceiling {ceiling:.2f} of 8", flush=True)
