@@ -25,9 +25,9 @@ accountant counts, trap 3), ``H`` the horizon, ``m_1, m_2, ...`` the seasons
    the log ratio of its in-sample one-step mean squared error to the candidates' mean, and the same log ratio of its
    **hold-out** error: candidate k forecasts the window's last q = min(H, P // 3) values from the P - q values before
    them (another fixed linear map; all scale-free); the location is ``mu_h = sum_k w_{h,k} F_{k,h}``;
-4. **spread**: ``sigma_h = u * exp(a . [1, log h, log(d / u)])`` with ``u`` the root mean square of the combined
+4. **spread**: ``sigma_h = u * exp(a . g [1, log h, log(d / u)])`` with ``u`` the root mean square of the combined
    one-step in-sample errors, ``d`` the mean absolute m_1-step difference of the window, ``a`` one
-   ``nn.Linear(3, 1)`` (exponent clamped to +-10);
+   ``nn.Linear(3, 1)``, ``g`` = :data:`SPREAD_FEATURE_SCALE` (exponent clamped to +-10);
 5. **output**: a Gaussian ``N(mu_h, sigma_h^2)`` on the scaled values, rescaled by ``s`` (GluonTS ``NormalOutput``
    with ``loc = 0``, ``scale = s``), trained on its closed-form CRPS, the metric the evaluation reports.
 
@@ -37,7 +37,9 @@ the step and flag terms are zero), and the two error features enter with weights
 of the candidates (relative): a soft, per-window performance-weighted combination (M4's lesson: combining beats
 selecting; the weights are public choices, made on validation windows before the benchmark's test windows of the
 bundled data and M4 weekly, docs/utility.md). The spread starts at ``sigma_h = u h^0.4 (d / u)^0.15 e^-0.1``
-(:data:`INITIAL_SPREAD`). Every trainable parameter
+(:data:`INITIAL_SPREAD`). Training: Adam with the gate's learning rate times :data:`GATE_LR_FACTOR` and the
+spread's times :data:`SPREAD_LR_FACTOR`; the recipe clips at C = 0.001, near the typical window's gradient norm
+(:data:`lightning_dpts.recipe.MAX_GRAD_NORMS`). Every trainable parameter
 is in an ``nn.Linear``, so per-window gradient norms come from the linear-layer fast path of
 :class:`~lightning_dpts.training.engine.PerWindowClipper`. The classes follow GluonTS's torch models (like
 :mod:`lightning_dpts.models.seasonal_linear`), so ``dpts fit``, export, ``dpts predict`` and
