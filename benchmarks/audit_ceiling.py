@@ -63,7 +63,11 @@ def main() -> None:
     pieces = [s[i: i + P + H] for s in base for i in range(0, len(s) - P - H + 1, P + H)]
     pieces = [pieces[i] for i in rng.choice(len(pieces), args.pieces, replace=False)]
     print(f"accountant mu at epsilon 8, delta 1e-5: {mu:.3f}; {args.pieces} pieces, P={P}, H={H}")
-    for name, c in (("combination", 0.1), ("seasonal_linear", 0.1), ("dlinear", 1.0)):
+    from lightning_dpts.recipe import MAX_GRAD_NORM, MAX_GRAD_NORMS
+
+    combination_c = MAX_GRAD_NORMS.get("combination", MAX_GRAD_NORM)  # the recipe's C, what `dpts fit` clips at
+    for name, c in (("combination", combination_c), ("combination", 0.1), ("seasonal_linear", MAX_GRAD_NORM),
+                    ("dlinear", 1.0)):
         factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)
         for label, full, at in (("audit window (padded past)", False, -1), ("observed past", True, -1),
                                 ("observed past, canary in it", True, P - 1),

@@ -3,8 +3,8 @@
 With nothing sampled, one canary moves the summed update by D = a - b, its window's clipped gradients in its two
 worlds; no score of it can show more than |D| / 2C of the accountant's mu. These tests compute D from the shipped
 modules (independently of the audit's scorer and estimators) for the claims the docs make: ``combination`` at
-``dpts fit``'s C = 0.1 stays below 1% of 2C in the audit's window (so its audit showing nothing is the model, not
-the estimator), while ``seasonal_linear``'s spike canary reaches 2C (the clip binds and the gradient flips sign).
+``dpts fit``'s C (the recipe's, 0.001) stays below 5% of 2C in the audit's window (an epsilon ceiling of 0.2 of 8:
+its audit showing almost nothing is the model, not the estimator), while ``seasonal_linear``'s spike canary reaches 2C (the clip binds and the gradient flips sign).
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ def _shares(model: str, worlds: tuple[float, float], c: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("worlds", [(50.0, -50.0), (3.0, 0.0), (100.0, 0.0)])
-def test_combination_canary_moves_the_update_by_under_one_percent_of_2c(worlds: tuple[float, float]) -> None:
-    assert _shares("combination", worlds, 0.1).max() < 0.01
+def test_combination_canary_moves_the_update_by_under_five_percent_of_2c(worlds: tuple[float, float]) -> None:
+    from lightning_dpts.recipe import MAX_GRAD_NORMS
+
+    assert _shares("combination", worlds, MAX_GRAD_NORMS["combination"]).max() < 0.05  # 0.036 measured
 
 
 def test_seasonal_linear_spike_reaches_2c() -> None:
