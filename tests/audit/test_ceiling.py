@@ -4,7 +4,8 @@ With nothing sampled, one canary moves the summed update by D = a - b, its windo
 worlds; no score of it can show more than |D| / 2C of the accountant's mu. These tests compute D from the shipped
 modules (independently of the audit's scorer and estimators) for the claims the docs make: ``combination`` at
 ``dpts fit``'s C (the recipe's, 0.001) stays below 5% of 2C in the audit's window (an epsilon ceiling of 0.2 of 8:
-its audit showing almost nothing is the model, not the estimator), while ``seasonal_linear``'s spike canary reaches 2C (the clip binds and the gradient flips sign).
+its audit showing almost nothing is the model, not the estimator), while ``seasonal_linear``'s spike canary reaches
+2C (the clip binds and the gradient flips sign).
 """
 
 from __future__ import annotations
