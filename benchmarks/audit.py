@@ -23,7 +23,8 @@ For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event c
   sampled (every piece in every batch: ``--model-canaries`` per run, ``--model-runs`` runs pooled) and subsampled
   whole series (``dpts fit``'s geometry: one window per series per step, a quarter of the series per step, 20
   steps);
-  next to it the Gaussian-score bound on ideal scores with as many canaries (what the estimator could reach).
+  next to it the Gaussian-score bound on ideal scores with as many canaries (what the estimator could reach);
+  ``benchmarks/audit_ceiling.py`` gives each model's ceiling: the share of mu one canary can show, for any score.
 
 Run: ``python benchmarks/audit.py [--seeds 3] [--quick] [--canaries M --steps S] [--runs R] [--ci-seeds 100]
 [--skip power sharp ideal ci] [--json results.json]``

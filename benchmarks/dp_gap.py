@@ -12,9 +12,12 @@ DP (same initialisation and steps), and scores both on the held-out test windows
 each seed's private scores). A variant is comma-separated ``key=value`` changes to the recipe: ``lr`` (learning
 rate), ``clip`` (C), ``steps`` (a multiple of the recipe's epochs; sigma is recalibrated), ``avg`` (share of the
 steps after which iterates are averaged), ``schedule`` (``cosine``, ``linear``, ``constant``), ``gate_lr`` and
-``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights). It ends with the untrained
-model's scores. With the recipe's own settings (the empty variant) the numbers are those of
-``benchmarks/utility.py``'s private model and twin for the same cell. Seeded runs are experiments.
+``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights: the model's
+``GATE_LR_FACTOR``, ``SPREAD_LR_FACTOR``), and the model's constants ``spread_feature_scale``, ``initial_selection``,
+``initial_holdout``. It ends with the untrained model's scores.
+``--val`` trains without the ``windows`` validation windows before the test windows and scores on them instead:
+choose settings there, never on the test windows. With the recipe's own settings (the empty variant) the numbers
+are those of ``benchmarks/utility.py``'s private model and twin for the same cell. Seeded runs are experiments.
 """
 
 from __future__ import annotations
@@ -33,33 +36,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import combination as cb  # noqa: E402
 
-
-def _optimizer(gate: float, spread: float) -> Any:
-    """A ``configure_optimizers`` with the learning rate times ``gate`` / ``spread`` for those weights."""
-    def configure(self: Any) -> Any:
-        from lightning_dpts.training.averaging import planned_steps, step_schedule
-
-        optimizer = torch.optim.Adam([{"params": [self.model.gate.weight], "lr": self.lr * gate},
-                                      {"params": [self.model.spread.weight], "lr": self.lr * spread}], lr=self.lr)
-        schedule = step_schedule(optimizer, planned_steps(self._trainer), self.lr_schedule, warmup=self.warmup)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-    return configure
+#: variant keys of the model's constants that are not their lower-case names
+ALIASES = {"GATE_LR_FACTOR": "gate_lr", "SPREAD_LR_FACTOR": "spread_lr"}
 
 
-def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: list[str]) -> None:
+def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: list[str],
+         validation: bool = False) -> None:
     import lightning_dpts.recipe as recipe_module
     from lightning_dpts.data import StructuredSubsamplingDataModule
     from lightning_dpts.data.seasonality import season_lengths
     from lightning_dpts.evaluation import score_windows
     from lightning_dpts.models import CombinationEstimator
-    from lightning_dpts.models.combination import CombinationLightningModule
 
     series, freq = cb._series(name, 1)
     h = cb.DATASETS[name]["horizon"]
     windows = 4 if protocol == "rolling" else 1
     season = season_lengths(freq)[0]
     recipe = recipe_module.choose_recipe([len(s) for s in series], freq=freq, prediction_length=h, epsilon=epsilon,
-                                         delta=cb.DELTA, held_out_windows=windows)
+                                         delta=cb.DELTA,
+                                         held_out_windows=windows * (2 if validation else 1))
     kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
     print(f"{name} {protocol} eps={epsilon:g}: N={len(kept)} B={recipe.batch_size} S={recipe.steps} "
           f"P={recipe.context_length} C={recipe.max_grad_norm:g} lr={recipe.learning_rate:g}", flush=True)
@@ -67,9 +62,9 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
     def datamodule(seed: int) -> Any:
         return StructuredSubsamplingDataModule(kept, context_length=recipe.context_length, prediction_length=h,
                                                batch_size=recipe.batch_size, freq=freq, test_windows=windows,
-                                               seed=seed)
+                                               val_windows=windows if validation else 0, seed=seed)
 
-    held = datamodule(0).evaluation_windows("test")
+    held = datamodule(0).evaluation_windows("val" if validation else "test")
     hist = [np.asarray(w.history, dtype=float) for w in held]
     labels = [np.asarray(w.target, dtype=float) for w in held]
     index = [w.window for w in held]
@@ -78,13 +73,16 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
         s = score_windows(cb.model_quantiles(module, hist, recipe.context_length), labels, hist, index, season)
         return s["mase"], s["crps"]
 
-    original = CombinationLightningModule.configure_optimizers
     default_start = recipe_module.AVERAGING_START
+    from lightning_dpts.models import combination as comb_module
+    model_defaults = {key: getattr(comb_module, key)
+                      for key in ("SPREAD_FEATURE_SCALE", "INITIAL_SELECTION", "INITIAL_HOLDOUT", "GATE_LR_FACTOR",
+                                  "SPREAD_LR_FACTOR")}
     for variant in variants:
         kv = dict(item.split("=") for item in variant.split(",") if item)
         recipe_module.AVERAGING_START = float(kv.get("avg", default_start))
-        CombinationLightningModule.configure_optimizers = _optimizer(float(kv.get("gate_lr", 1)),
-                                                                     float(kv.get("spread_lr", 1)))
+        for key, value in model_defaults.items():  # model constants: spread_feature_scale, initial_holdout, ...
+            setattr(comb_module, key, float(kv.get(ALIASES.get(key, key.lower()), value)))
         estimator = CombinationEstimator(prediction_length=h, context_length=recipe.context_length, freq=freq,
                                          lr=float(kv.get("lr", recipe.learning_rate)),
                                          lr_schedule=kv.get("schedule", "cosine"))
@@ -102,7 +100,6 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
                  for k, v in results.items() if v}
         print(f"[{variant or 'recipe'}] {means} private per seed "
               f"{['{:.4f} / {:.5f}'.format(*r) for r in results['private']]} ({time.time() - t0:.0f} s)", flush=True)
-    CombinationLightningModule.configure_optimizers = original
     recipe_module.AVERAGING_START = default_start
     torch.manual_seed(0)
     print("untrained: {:.4f} / {:.5f}".format(*score(CombinationEstimator(
@@ -110,10 +107,12 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
 
 
 if __name__ == "__main__":
+    validation = "--val" in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--val"]
     if len(sys.argv) != 6:
         raise SystemExit(__doc__)
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     main(sys.argv[1], sys.argv[2], float(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")],
-         sys.argv[5].split(";"))
+         sys.argv[5].split(";"), validation)

@@ -364,6 +364,7 @@ def test_the_word_count_is_wc_s():
 
 # --- every command and snippet of the docs and the README runs (issue 39) ----------------------------------------
 
+import json  # noqa: E402
 import os  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
@@ -589,10 +590,61 @@ def _run_python(block: str, tmp_path: Path, timeout: int) -> None:
     assert done.returncode == 0, f"{block}\n{done.stderr[-3000:]}"
 
 
+#: runs snippet files one after another in one interpreter, each as ``__main__`` with its own globals and in its own
+#: directory; prints one JSON line: snippet name -> None or its traceback
+_SNIPPET_RUNNER = """
+import json, os, runpy, sys, traceback
+failures = {}
+for name, path in json.loads(sys.argv[1]):
+    os.chdir(os.path.dirname(path))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            failures[name] = f"SystemExit({stop.code!r})"
+    except BaseException:
+        failures[name] = traceback.format_exc()[-3000:]
+    sys.stdout.flush()
+print("SNIPPETS " + json.dumps(failures))
+"""
+
+
+@pytest.fixture(scope="module")
+def quick_snippet_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every snippet that does not train, run once in one interpreter (an interpreter start with Lightning's imports
+    costs seconds, ten of them a sizeable part of the fast suite); each in its own directory, with fresh globals."""
+    jobs = []
+    for page, index, block in _python_blocks():
+        if _trains(block):
+            continue
+        folder = tmp_path_factory.mktemp(f"{page}-{index}")
+        (folder / "snippet.py").write_text(block)
+        jobs.append((f"{page}-{index}", str(folder / "snippet.py")))
+    done = _run([sys.executable, "-c", _SNIPPET_RUNNER, json.dumps(jobs)], ROOT, 1200)
+    line = next((line for line in reversed(done.stdout.splitlines()) if line.startswith("SNIPPETS ")), None)
+    assert line is not None, f"the snippet runner did not finish:\n{done.stderr[-3000:]}"
+    return json.loads(line.removeprefix("SNIPPETS "))
+
+
 @pytest.mark.parametrize("page,index,block", [b for b in _python_blocks() if not _trains(b[2])],
                          ids=lambda v: v if isinstance(v, (str, int)) and not str(v).count("\n") else "")
-def test_python_snippet_runs(page: str, index: int, block: str, tmp_path: Path):
-    _run_python(block, tmp_path, 600)
+def test_python_snippet_runs(page: str, index: int, block: str, quick_snippet_failures: dict[str, str]):
+    failure = quick_snippet_failures.get(f"{page}-{index}")
+    assert failure is None, f"{block}\n{failure}"
+
+
+def test_the_snippet_runner_reports_a_failing_snippet(tmp_path: Path):
+    """The shared-interpreter runner names a snippet that raises and goes on with the next one."""
+    bad, good = tmp_path / "bad", tmp_path / "good"
+    bad.mkdir(), good.mkdir()
+    (bad / "s.py").write_text("raise ValueError('broken snippet')")
+    (good / "s.py").write_text("open('here.txt', 'w').write('x')")
+    jobs = [("bad", str(bad / "s.py")), ("good", str(good / "s.py"))]
+    done = subprocess.run([sys.executable, "-c", _SNIPPET_RUNNER, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=60)
+    failures = json.loads(done.stdout.splitlines()[-1].removeprefix("SNIPPETS "))
+    assert list(failures) == ["bad"] and "broken snippet" in failures["bad"]
+    assert (good / "here.txt").exists()
 
 
 @pytest.mark.slow

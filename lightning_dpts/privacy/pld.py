@@ -148,7 +148,11 @@ def pld_from_profile(
             f"the privacy loss spans [-{eps_max:.4g}, {eps_max:.4g}], needing {2 * n_hi + 1} grid points at "
             f"discretization {discretization}; increase the noise multiplier or the discretization"
         )
-    upper = profile.hockey_stick_at_log_alpha(np.arange(n_hi + 1) * discretization)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked right below
+        upper = profile.hockey_stick_at_log_alpha(np.arange(n_hi + 1) * discretization)
+    if not np.isfinite(upper).all():  # exp(eps) overflows float64 near eps = 709.8: sigma is far too small
+        raise ValueError(f"the privacy loss spans [-{eps_max:.4g}, {eps_max:.4g}], beyond what float64 can "
+                         "evaluate (its hockey-stick divergence is not finite); increase the noise multiplier")
     alpha_neg = np.exp(-np.arange(n_hi, 0, -1) * discretization)  # alpha < 1, ascending eps
     lower = 1.0 - alpha_neg + alpha_neg * upper[n_hi:0:-1]  # H(alpha) = 1 - alpha + alpha H(1/alpha)
     deltas = np.clip(np.concatenate([lower, upper]), 0.0, 1.0)

@@ -330,3 +330,19 @@ def test_report_names_the_bound():
     rep = acc.report(100, 1e-6)
     assert rep.theorem == "Theorem 4.4" and rep.kind == "tight" and rep.unit == "step"
     assert rep.epsilon == acc.epsilon(100, 1e-6)
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.03, 0.001])
+def test_a_noise_multiplier_too_small_to_account_is_refused_not_nan(sigma):
+    """Below sigma ~ 0.04 here the privacy loss reaches exp's float64 limit (|loss| ~ 709.8) and the profile's values
+    overflowed to NaN, which came out as epsilon = inf and a crash in the risk read-out; now every read-out refuses
+    with the parameter's name (the CLI exits 2), and calibration still treats such a sigma as not certified."""
+    from lightning_dpts.errors import ConfigurationError
+    from lightning_dpts.privacy import SamplingSpec, StructuredSubsamplingAccountant, calibrate_noise_multiplier
+
+    spec = SamplingSpec(num_series=100, min_length=200, context_length=24, prediction_length=12, batch_size=32)
+    acc = StructuredSubsamplingAccountant(spec, noise_multiplier=sigma)
+    for read_out in (lambda: acc.epsilon(10, delta=1e-5), lambda: acc.risk(10, 1e-5)):
+        with pytest.raises(ConfigurationError, match="noise_multiplier.*too small to account"):
+            read_out()
+    assert calibrate_noise_multiplier(spec, 1000.0, 1e-5, steps=1) > sigma  # its search probes sigma = 0.031
