@@ -139,11 +139,12 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     if "models" not in args.skip:
         from lightning_dpts.app.audit_models import fit_model
+        from lightning_dpts.recipe import MAX_GRAD_NORM, MAX_GRAD_NORMS
 
         for name in args.models:
             factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)
-            # dpts fit's clipping norm: the recipe's C = 0.1 for its models, the legacy 1.0 for GluonTS ones
-            extra: dict = {"max_grad_norm": 0.1}
+            # dpts fit's clipping norm: the recipe's (0.1; combination 0.001), the legacy 1.0 for GluonTS ones
+            extra: dict = {"max_grad_norm": MAX_GRAD_NORMS.get(name, MAX_GRAD_NORM)}
             per_run = args.model_canaries
             if name == "dlinear":  # a padded past has the fixed scale 1 (surgery), so every canary window is the
                 # same: one canary per run (no interference), excluded world 0, included 3 (Student-t's loss turns
