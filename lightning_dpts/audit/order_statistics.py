@@ -22,10 +22,10 @@ P[|z| > a] = Φ(μ/2 - a) + Φ(-a - μ/2) and the error mass above the cut is Φ
 independent canaries' coins are independent with posteriors from their own observations, so any released set of r
 guesses (any function of the observations, e.g. signs and distances from the median score) errs independently with
 probabilities at least the r smallest posterior errors, which is what the MAP ranking gets: T is stochastically
-larger than under the MAP rule, whose law is the one above. A μ'-GDP channel with μ' <= μ is a post-processing of
-the μ-Gaussian pair (Dong, Roth & Su 2022, Prop. 2.14 with Blackwell's theorem), so the same holds for every
-μ'-GDP channel and P_μ[T <= u] is nondecreasing in μ: rejecting μ when P_μ[T <= u] <= α is a level-α test of
-"μ-GDP or better", and its largest rejected μ is a lower confidence limit.
+larger than under the MAP rule, whose law is the one above. A μ'-GDP channel with μ' <= μ is a post-processing
+of the μ-Gaussian pair (Blackwell's theorem, as Dong, Roth & Su 2022 use it for tradeoff curves), so the same
+holds for every μ'-GDP channel and P_μ[T <= u] is nondecreasing in μ: rejecting μ when P_μ[T <= u] <= α is a
+level-α test of "μ-GDP or better", and its largest rejected μ is a lower confidence limit.
 
 **Assumption:** the canaries' observations are independent given the coins, each through a channel whose tradeoff
 curve is Gaussian (the same hypothesis family as ``one_run_gdp``; the Gaussian shape of the *scores* is not assumed,
