@@ -1,6 +1,6 @@
 """One-run ε lower bound from the order statistics of the auditor's confidence (numpy/scipy only; no torch).
 
-After Xiang, Wang, Xiao, Tian & Wang, "Tight privacy audit in one run" (arXiv 2509.08704, 2025; IEEE S&P 2027),
+After Xiang, Wang, Xiao, Tian & Wang, "Tight privacy audit in one run" (arXiv 2509.08704, 2025),
 Theorem 2. The game is Steinke et al.'s: m canaries, each included by its own fair coin. The auditor guesses every
 canary ("in" above a threshold score, "out" below), ranks the guesses by confidence (distance from the threshold)
 and *releases* the r most confident; T counts the mistakes among them. The estimator rejects "the mechanism is
