@@ -241,10 +241,10 @@ def model_parameters(model: str, seasons: tuple[int, ...], context_length: int) 
     """Trainable parameters of the recipe's ``model`` for these seasons and past window (public metadata)."""
     if model == "seasonal_linear":
         return NUM_PARAMETERS
-    from lightning_dpts.models.classical import method_names
+    from lightning_dpts.models.classical import candidate_names
     from lightning_dpts.models.combination import num_parameters, usable_seasons
 
-    return num_parameters(len(method_names(usable_seasons(seasons, context_length))))
+    return num_parameters(len(candidate_names(usable_seasons(seasons, context_length))))
 
 
 def choose_recipe(
