@@ -16,7 +16,8 @@ accountant counts, trap 3), ``H`` the horizon, ``m_1, m_2, ...`` the seasons
    ``z = x / s``; a missing value reads as the last observed one before it (the first observed one at the start);
 2. **candidates**: K classical forecasts ``F_k`` ``[H]`` and their one-step in-sample fits, each a fixed linear map
    of ``z`` (:mod:`lightning_dpts.models.classical`: naive, two drifts, SES at six constants, three Holt, three
-   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts).
+   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts),
+   then SES and Theta with the smoothing constant of least in-sample one-step error on a grid (``FITTED``, per window).
    The non-seasonal methods run on the seasonally adjusted window (classical additive decomposition) when the
    window passes the M4 benchmarks' seasonality test at lag m_1 (90%, Makridakis et al. 2020), else on the window
    as it is;
