@@ -18,6 +18,8 @@ For each seed, ``lightning_dpts.audit.run_audit`` on the bundled data (1-event c
   check a user runs in CI (``CHECK_OPTIONS``: 512 canaries, 5 steps, confidence 0.999): its false-alarm rate over
   ``--ci-seeds`` correct runs and its power against runs with half the noise (``_noise_scale=0.5``), with CPU
   seconds per run;
+* every run also reports ``white_box_order`` / ``black_box_order``: the order-statistics bound (Xiang et al. 2025,
+  Theorem 2; ``lightning_dpts.audit.order_statistics``), the r most confident guesses' mistakes read under mu-GDP;
 * ``models``: the modules ``dpts fit`` trains (``fit_model``: seasonal_linear, dlinear, combination, with its
   clipping norm) at epsilon = 8 with spike canaries in pieces of the bundled series, in two geometries: nothing
   sampled (every piece in every batch: ``--model-canaries`` per run, ``--model-runs`` runs pooled) and subsampled
@@ -51,6 +53,7 @@ def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
         gaussian_scores_lower_bound,
         one_run_epsilon_lower_bound,
         one_run_fdp_lower_bound,
+        order_statistics_lower_bound,
     )
 
     mu = brentq(lambda u: gaussian_dp_epsilon(u, delta) - epsilon, 1e-3, 40.0)
@@ -60,7 +63,8 @@ def _ideal(epsilon: float, delta: float, m: int, seed: int) -> dict[str, float]:
     return {"mu": mu,
             "one_run": one_run_epsilon_lower_bound(scores, included, delta=delta).epsilon,
             "fdp": one_run_fdp_lower_bound(scores, included, delta=delta).epsilon,
-            "gauss": gaussian_scores_lower_bound(scores, included, delta=delta).epsilon}
+            "gauss": gaussian_scores_lower_bound(scores, included, delta=delta).epsilon,
+            "order": order_statistics_lower_bound(scores, included, delta=delta).epsilon}
 
 
 def _row(kind: str, epsilon: float, seed: int, result, seconds: float) -> dict:  # noqa: ANN001
@@ -139,11 +143,12 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     if "models" not in args.skip:
         from lightning_dpts.app.audit_models import fit_model
+        from lightning_dpts.recipe import MAX_GRAD_NORM, MAX_GRAD_NORMS
 
         for name in args.models:
             factory = fit_model(name, season_length=12) if name != "dlinear" else fit_model(name)
-            # dpts fit's clipping norm: the recipe's C = 0.1 for its models, the legacy 1.0 for GluonTS ones
-            extra: dict = {"max_grad_norm": 0.1}
+            # dpts fit's clipping norm: the recipe's (0.1; combination 0.001), the legacy 1.0 for GluonTS ones
+            extra: dict = {"max_grad_norm": MAX_GRAD_NORMS.get(name, MAX_GRAD_NORM)}
             per_run = args.model_canaries
             if name == "dlinear":  # a padded past has the fixed scale 1 (surgery), so every canary window is the
                 # same: one canary per run (no interference), excluded world 0, included 3 (Student-t's loss turns

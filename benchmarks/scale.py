@@ -319,11 +319,17 @@ def main() -> None:
     if args.fit_job:
         fit_jobs(directory, small, args.sizes.split(","), args.fit_args, args.keep)
         return
-    fixed = {kind: _child("fit", str(small), kind, args.steps, args.batch)["peak_mib"] for kind in ("plain", "dp")}
-    print(f"fixed (862 x 1,000 values): peak plain {fixed['plain']:.0f} MiB, dp {fixed['dp']:.0f} MiB")
+    sizes = [size for size in args.sizes.split(",") if size]  # --sizes "": only --accountant
+    unknown = [size for size in sizes if size not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown {unknown}; accepted: {', '.join(SIZES)} (comma-separated) or empty")
+    fixed = ({kind: _child("fit", str(small), kind, args.steps, args.batch)["peak_mib"] for kind in ("plain", "dp")}
+             if sizes else {})
+    if sizes:
+        print(f"fixed (862 x 1,000 values): peak plain {fixed['plain']:.0f} MiB, dp {fixed['dp']:.0f} MiB")
     header = (f"{'size':>5} {'kind':>5} {'series':>7} {'values':>12} {'raw MiB':>8} {'make s':>7} {'load s':>7} "
               f"{'first s':>8} {'steps/s':>8} {'peak MiB':>9} {'peak/raw':>9} {'(peak-fixed)/raw':>17}")
-    for size in args.sizes.split(","):
+    for size in sizes:
         path = directory / f"traffic_{size}.arrow"
         made = _child("make", str(path), *SIZES[size]) if not path.exists() else {"seconds": float("nan")}
         kinds = ("plain", "dp", "memory") if args.memory else ("plain", "dp")

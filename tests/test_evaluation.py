@@ -12,12 +12,16 @@ from scipy.stats import norm
 
 from lightning_dpts.app.cli import main
 from lightning_dpts.data import StructuredSubsamplingDataModule
+from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.evaluation import (
+    QuantileForecasts,
     choose_test_windows,
     clip_bounds,
     clip_values,
     noisy_count,
+    quantile_matrix,
     score_windows,
+    seasonal_errors,
     verdict,
 )
 from lightning_dpts.privacy import NeighbouringRelation
@@ -99,6 +103,47 @@ def test_score_windows_pools_every_window_and_reports_each():
     assert out["crps"] == pytest.approx(w1 * 20 / 40)  # pooled: sums over both windows
     assert out["mae"] == pytest.approx(1.0) and out["forecasts"] == 2
     assert out["mase"] == pytest.approx((0 / 1 + 2 / 1) / 2)  # seasonal error of arange = 1
+
+
+def _sample_forecasts(count: int, horizon: int = 3):
+    """GluonTS sample forecasts with known samples (item i: 0..99 shifted by 10 i at every step)."""
+    import pandas as pd
+    from gluonts.model.forecast import SampleForecast
+
+    start = pd.Period("2020-01", freq="M")
+    base = np.arange(100.0)[:, None] + np.arange(horizon)[None, :]
+    return [SampleForecast(base + 10.0 * i, start_date=start) for i in range(count)]
+
+
+def test_quantile_forecasts_hold_what_quantile_matrix_gives_each_forecast_to_the_bit():
+    forecasts = _sample_forecasts(4)
+    held = QuantileForecasts.collect(iter(forecasts), 4)  # a generator, as a predictor yields them
+    assert held.values.shape == (4, 3, 9) and held.values.dtype == np.float64 and len(held) == 4
+    for i, f in enumerate(forecasts):
+        assert np.array_equal(held[i], quantile_matrix(f))
+        assert np.array_equal(quantile_matrix(held[i]), held[i])  # a row is taken as the matrix it is
+    assert np.array_equal(held.take([3, 1]).values, held.values[[3, 1]])
+    assert np.array_equal(held[1:3].values, held.values[1:3])
+    # scoring the array or the forecast objects gives the same metrics
+    labels = [np.full(3, 50.0)] * 4
+    hist = [np.arange(30.0) * (i + 1) for i in range(4)]
+    as_objects = score_windows([quantile_matrix(f) for f in forecasts], labels, hist, [0, 1, 2, 3], season=2)
+    as_array = score_windows(held, labels, hist, [0, 1, 2, 3], season=2, scales=seasonal_errors(hist, 2))
+    assert as_array == as_objects
+
+
+@pytest.mark.parametrize("given, count", [(3, 4), (5, 4)])
+def test_quantile_forecasts_refuse_a_count_other_than_one_per_window(given, count):
+    with pytest.raises(ConfigurationError, match="forecasts"):
+        QuantileForecasts.collect(_sample_forecasts(given), count)
+    with pytest.raises(ConfigurationError, match="values"):
+        QuantileForecasts(np.zeros((2, 3)))
+
+
+def test_seasonal_errors_are_mase_denominators_by_hand():
+    # season 2: |y_t - y_{t-2}| of [1, 5, 2, 9, 4] is [1, 4, 2] -> 7/3; a constant history has error 0
+    out = seasonal_errors([np.array([1.0, 5.0, 2.0, 9.0, 4.0]), np.full(6, 3.0)], 2)
+    assert out[0] == pytest.approx(7 / 3) and out[1] == 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -331,6 +331,48 @@ def test_held_out_evaluation_last_window_protocol_season_and_baselines(monkeypat
         HeldOutEvaluation(season_length=0)
 
 
+def test_held_out_evaluation_fits_the_statsforecast_baselines_to_at_most_baseline_windows(monkeypatch):
+    """baseline_windows caps the AutoETS/AutoTheta fits (counted) at a fixed subsample, as dpts fit does; every
+    model is compared on that subsample and the others are also scored on every window (issue 37's yardstick at
+    a bounded cost)."""
+    from lightning_dpts import baselines as bl
+    from lightning_dpts.data import StructuredSubsamplingDataModule
+    from lightning_dpts.evaluation import score_windows
+    from lightning_dpts.training import HeldOutEvaluation
+
+    fits: list[str] = []
+
+    def fake(name, history, horizon, season, q):  # seasonal naive plus one: a baseline that is easy to score
+        fits.append(name)
+        return bl.seasonal_naive_quantiles(history, horizon, season, q) + 1.0
+
+    monkeypatch.setattr(bl, "statsforecast_available", lambda: True)
+    monkeypatch.setattr(bl, "statsforecast_quantiles", fake)
+    monkeypatch.setattr(bl, "_MEMO", bl.BaselineCache())  # nothing memoised by other tests
+    module = seasonal_residual(_mlp(), prediction_length=H, context_length=P, freq="M", lr=0.0)
+    dm = StructuredSubsamplingDataModule(_table(), batch_size=8, model=module, test_windows=3)
+    capped = HeldOutEvaluation(print_fn=None, baseline_windows=7).evaluate(module, dm)
+    assert sorted(fits) == ["autoets"] * 7 + ["autotheta"] * 7  # 14 fits, not 2 x 120
+    assert capped["baselines"]["windows"] == 7 and capped["forecasts"] == 3 * 40
+    assert {m["forecasts"] for m in capped["metrics"].values()} == {7}  # paired: every model on the subsample
+    assert {m["forecasts"] for m in capped["metrics_all_windows"].values()} == {120}
+    assert set(capped["metrics_all_windows"]) == {"dp", "seasonal_naive"}
+    # the paired scores are the scores of the subsample's windows
+    windows = dm.evaluation_windows("test")
+    chosen = [windows[i] for i in bl.baseline_subset(120, 7)]
+    hist = [np.asarray(w.history, dtype=float) for w in chosen]
+    naive = score_windows([bl.seasonal_naive_quantiles(h, H, 12, bl._levels(None)) for h in hist],
+                          [np.asarray(w.target, dtype=float) for w in chosen], hist, [w.window for w in chosen], 12)
+    assert capped["metrics"]["seasonal_naive"]["crps"] == pytest.approx(naive["crps"])
+    fits.clear()
+    every = HeldOutEvaluation(print_fn=None, baseline_windows=0).evaluate(module, dm)
+    assert len(fits) == 2 * (120 - 7)  # the subsample's fits are memoised
+    assert "metrics_all_windows" not in every and every["metrics"]["autoets"]["forecasts"] == 120
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="baseline_windows"):
+            HeldOutEvaluation(baseline_windows=bad)
+
+
 @pytest.mark.parametrize("name", ["mlp", "sff"])
 def test_held_out_evaluation_non_dp_reference(name):
     """non_dp=True trains a copy of the initial module without DP for the same steps and scores it; the DP module

@@ -8,7 +8,9 @@ white-box and black-box (:mod:`~lightning_dpts.audit.scores`) and reports the lo
 :mod:`~lightning_dpts.audit.estimators` turns canary guesses into an ε lower bound with its confidence: one run
 (Steinke, Nasr & Jagielski 2023), one run read through Gaussian DP (after Mahloujifar, Melis & Chaudhuri 2025) and
 many runs (Clopper-Pearson; Jagielski et al. 2020, Nasr et al. 2021), and the canaries' scores read as Gaussian
-(Agrawal et al. 2026; exact for the audit model's white-box scores, an assumption elsewhere).
+(Agrawal et al. 2026; exact for the audit model's white-box scores, an assumption elsewhere);
+:mod:`~lightning_dpts.audit.order_statistics` reads the most confident guesses through order statistics (Xiang et
+al. 2025, Theorem 2; independent canaries with Gaussian tradeoff curves assumed).
 """
 
 from lightning_dpts.audit.canaries import Canary, CanaryPlan, chunk_series, plan_canaries
@@ -26,6 +28,11 @@ from lightning_dpts.audit.estimators import (
     one_run_tradeoff_test,
     pool_runs,
 )
+from lightning_dpts.audit.order_statistics import (
+    default_releases,
+    order_statistics_error_tail,
+    order_statistics_lower_bound,
+)
 from lightning_dpts.audit.runner import AuditResult, options_from_fit_config, run_audit
 
 __all__ = [
@@ -37,6 +44,7 @@ __all__ = [
     "chunk_series",
     "clopper_pearson_epsilon_lower_bound",
     "default_guess_grid",
+    "default_releases",
     "gaussian_dp_delta",
     "gaussian_dp_epsilon",
     "gaussian_scores_lower_bound",
@@ -45,6 +53,8 @@ __all__ = [
     "one_run_fdp_lower_bound",
     "one_run_tradeoff_test",
     "options_from_fit_config",
+    "order_statistics_error_tail",
+    "order_statistics_lower_bound",
     "plan_canaries",
     "pool_runs",
     "run_audit",

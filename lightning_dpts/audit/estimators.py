@@ -19,7 +19,9 @@ nothing is shown. What each proves, and what it cannot, is in docs/audit.md.
 * :func:`gaussian_scores_lower_bound`: the scores themselves, not guesses, read as Gaussian with a common spread
   (after Agrawal et al., "Let's ask Gauss", 2026): a noncentral-t lower confidence limit on the standardized shift
   μ, reported as ε at δ of μ-GDP. Exact for white-box scores of unsampled DP-SGD; an assumption elsewhere.
-  :func:`pool_runs` joins independent runs into one game for any of these.
+  :func:`pool_runs` joins independent runs into one game for any of these, and for
+  :func:`lightning_dpts.audit.order_statistics.order_statistics_lower_bound` (the r most confident guesses read
+  through their order statistics, Xiang et al. 2025).
 * :func:`clopper_pearson_epsilon_lower_bound`: many independent runs, each with or without one canary
   (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021): Clopper-Pearson upper bounds on the attack's false
   positive and false negative rates and the (ε, δ)-DP hypothesis-testing inequalities.
@@ -79,14 +81,16 @@ class AuditBound:
         confidence: the probability the statement holds (the grid search is already paid for).
         delta: the δ of the (ε, δ) statement.
         method: ``"one_run"`` (Steinke et al.), ``"one_run_fdp"`` (Mahloujifar et al., (ε, δ) curves),
-            ``"one_run_gdp"`` / ``"one_run_gdp_profile"`` (Gaussian curves) or ``"clopper_pearson"``.
+            ``"one_run_gdp"`` / ``"one_run_gdp_profile"`` (Gaussian curves), ``"gaussian_scores"``,
+            ``"order_statistics"`` (:mod:`lightning_dpts.audit.order_statistics`) or ``"clopper_pearson"``.
         guesses: non-abstaining guesses of the chosen grid point (one-run), or trials (multi-run).
         correct: correct guesses among them.
         canaries: canaries in the run (one-run), or ``None``.
         k_plus: "in" guesses at the chosen grid point (the highest scores), or ``None``.
         k_minus: "out" guesses at the chosen grid point (the lowest scores), or ``None``.
         grid_size: grid points searched; each was tested at level ``(1 - confidence) / grid_size``.
-        mu: the largest rejected GDP μ (``"one_run_gdp"`` and ``"one_run_gdp_profile"`` only).
+        mu: the largest rejected GDP μ (the Gaussian-curve methods and ``"order_statistics"``), or the
+            noncentral-t limit (``"gaussian_scores"``).
         false_positive_rate_upper: Clopper-Pearson upper bound on FPR (``"clopper_pearson"`` only).
         false_negative_rate_upper: Clopper-Pearson upper bound on FNR (``"clopper_pearson"`` only).
         normality_pvalue: ``"gaussian_scores"`` only: D'Agostino-Pearson p-value of the pooled, centred scores (a

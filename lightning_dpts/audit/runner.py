@@ -73,8 +73,8 @@ class AuditResult:
             run actually used).
         steps: noisy optimizer steps taken.
         canaries: m, and ``included``: the auditor's coins.
-        bounds: name -> estimator result (``AuditBound.as_dict()``): ``"white_box_one_run"``, ``"white_box_fdp"``,
-            ``"black_box_one_run"``, ``"black_box_fdp"``.
+        bounds: name -> estimator result (``AuditBound.as_dict()``): ``"{kind}_one_run"``, ``"{kind}_fdp"``,
+            ``"{kind}_gauss"`` and ``"{kind}_order"`` (order statistics) for kind ``white_box`` and ``black_box``.
         white_box_scores, black_box_scores: per canary (private: computed from the training data).
         config: the audit's settings (public).
         seconds: wall-clock time of the whole audit.
@@ -485,6 +485,7 @@ def _bounds(white: np.ndarray, black: np.ndarray | None, coins: np.ndarray, delt
         one_run_epsilon_lower_bound,
         one_run_fdp_lower_bound,
     )
+    from lightning_dpts.audit.order_statistics import order_statistics_lower_bound
 
     bounds: dict[str, dict[str, Any]] = {}
     for kind, scores in (("white_box", white), ("black_box", black)):
@@ -495,6 +496,10 @@ def _bounds(white: np.ndarray, black: np.ndarray | None, coins: np.ndarray, delt
         bounds[f"{kind}_fdp"] = one_run_fdp_lower_bound(scores, coins, delta=delta, confidence=confidence).as_dict()
         bounds[f"{kind}_gauss"] = gaussian_scores_lower_bound(scores, coins, delta=delta, confidence=confidence,
                                                               runs=runs).as_dict()
+        # white-box scores are log-likelihood ratios (0 is the MAP threshold); black-box ones split at their median
+        bounds[f"{kind}_order"] = order_statistics_lower_bound(
+            scores, coins, delta=delta, confidence=confidence, threshold=0.0 if kind == "white_box" else None,
+            runs=runs).as_dict()
         for name in ("one_run", "fdp"):
             bounds[f"{kind}_{name}"]["runs"] = runs
     return bounds

@@ -31,9 +31,34 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 
+from lightning_dpts.baselines import BASELINE_WINDOWS
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["HeldOutEvaluation"]
+
+
+def _score(forecasts: dict[str, list[np.ndarray]], labels: list[np.ndarray], histories: list[np.ndarray],
+           index: list[int], season: int, subset: list[int] | None
+           ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]] | None]:
+    """(metrics the models are compared by, metrics over every window or ``None``): with a baseline ``subset``
+    every model is scored on its windows (the statsforecast lists hold those only), and the others also on all."""
+    from lightning_dpts.baselines import STATSFORECAST_BASELINES
+    from lightning_dpts.evaluation import score_windows, seasonal_errors
+
+    scales = seasonal_errors(histories, season)
+    if subset is None:
+        return {k: score_windows(q, labels, histories, index, season, scales=scales)
+                for k, q in forecasts.items()}, None
+    every = {k: score_windows(q, labels, histories, index, season, scales=scales)
+             for k, q in forecasts.items() if k not in STATSFORECAST_BASELINES}
+
+    def pick(seq: list[Any]) -> list[Any]:
+        return [seq[i] for i in subset]
+
+    paired = {k: score_windows(q if k in STATSFORECAST_BASELINES else pick(q), pick(labels), pick(histories),
+                               pick(index), season, scales=pick(list(scales)))
+              for k, q in forecasts.items()}
+    return paired, every
 
 
 class HeldOutEvaluation(pl.Callback):
@@ -52,6 +77,11 @@ class HeldOutEvaluation(pl.Callback):
             window of every series).
         baselines: also score AutoETS and AutoTheta (statsforecast; skipped, with a verdict line saying so, when
             it is not installed).
+        baseline_windows: fit AutoETS and AutoTheta to at most this many held-out windows (``dpts fit
+            --baseline-windows``; default :data:`~lightning_dpts.baselines.BASELINE_WINDOWS`; 0 or ``None``: all).
+            Above it they are fitted to a fixed subsample (:func:`~lightning_dpts.baselines.baseline_subset`, a
+            function of the window count only) on which every model is scored for the table and the verdict
+            (paired); the other models' scores over every window are in ``report["metrics_all_windows"]``.
         output_dir: if given, write ``output_dir/private/evaluation.json`` (private: not covered by the guarantee).
         print_fn: where the comparison and the verdict go (``print``; ``None`` prints nothing).
         non_dp: also train and score the same model without DP (module docstring). List this callback **before**
@@ -69,7 +99,7 @@ class HeldOutEvaluation(pl.Callback):
                  season_length: int | None = None, output_dir: str | Path | None = None,
                  print_fn: Callable[[str], None] | None = print, non_dp: bool = False,
                  non_dp_trainer_kwargs: dict[str, Any] | None = None, evaluation: str = "rolling",
-                 baselines: bool = True) -> None:
+                 baselines: bool = True, baseline_windows: int | None = BASELINE_WINDOWS) -> None:
         from lightning_dpts.evaluation import PROTOCOLS
 
         if split not in ("test", "val"):
@@ -78,6 +108,9 @@ class HeldOutEvaluation(pl.Callback):
             raise ConfigurationError("evaluation", evaluation, f"must be one of {', '.join(PROTOCOLS)}")
         if not isinstance(baselines, bool):
             raise ConfigurationError("baselines", baselines, "must be True or False")
+        if baseline_windows is not None and (isinstance(baseline_windows, bool) or not isinstance(baseline_windows, int)
+                                             or baseline_windows < 0):
+            raise ConfigurationError("baseline_windows", baseline_windows, "must be an integer >= 0 (0 or None: all)")
         if season_length is not None and (isinstance(season_length, bool) or not isinstance(season_length, int)
                                           or season_length < 1):
             raise ConfigurationError("season_length", season_length, "must be an integer >= 1 (or None: from the "
@@ -95,6 +128,7 @@ class HeldOutEvaluation(pl.Callback):
         self.season_length = season_length
         self.evaluation = evaluation
         self.baselines = baselines
+        self.baseline_windows = baseline_windows
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.print_fn = print_fn
         self.report: dict[str, Any] | None = None
@@ -127,7 +161,7 @@ class HeldOutEvaluation(pl.Callback):
         returns (and keeps) the report."""
         from lightning_dpts.baselines import baseline_quantiles, best_baseline
         from lightning_dpts.data.seasonality import season_lengths
-        from lightning_dpts.evaluation import check_season, protocol_windows, score_windows, verdict
+        from lightning_dpts.evaluation import check_season, protocol_windows, verdict
 
         windows = dm.evaluation_windows(self.split)
         if not windows:
@@ -139,15 +173,15 @@ class HeldOutEvaluation(pl.Callback):
         histories = [np.asarray(w.history, dtype=float) for w in windows]
         check_season(season, min(len(h) for h in histories))
         model_q = self._quantiles(module, dm, windows)
-        baselines = baseline_quantiles(histories, dm.prediction_length, season, statsforecast=self.baselines)
+        baselines = baseline_quantiles(histories, dm.prediction_length, season, statsforecast=self.baselines,
+                                       max_windows=self.baseline_windows)
         labels = [np.asarray(w.target, dtype=float) for w in windows]
         index = [w.window for w in windows]
-        metrics = {"dp": score_windows(model_q, labels, histories, index, season)}
+        forecasts = {"dp": model_q}
         if non_dp_module is not None:
-            metrics["non_dp"] = score_windows(self._quantiles(non_dp_module, dm, windows), labels, histories, index,
-                                              season)
-        for name, quantiles in baselines.forecasts.items():
-            metrics[name] = score_windows(quantiles, labels, histories, index, season)
+            forecasts["non_dp"] = self._quantiles(non_dp_module, dm, windows)
+        forecasts.update(baselines.forecasts)
+        metrics, every = _score(forecasts, labels, histories, index, season, baselines.subset)
         spec = dm.sampling_spec
         report: dict[str, Any] = {
             "notice": "private: computed from the held-out windows of the private data without DP; the (epsilon, "
@@ -155,7 +189,8 @@ class HeldOutEvaluation(pl.Callback):
             "split": self.split, "protocol": self.evaluation, "forecasts": len(windows), "season_length": season,
             "season_lengths": list(seasons), "metrics": metrics,
             "baselines": {"run": list(baselines.forecasts), "skipped": baselines.skipped,
-                          "fallbacks": dict(baselines.fallbacks)},
+                          "fallbacks": dict(baselines.fallbacks),
+                          "windows": len(windows) if baselines.subset is None else len(baselines.subset)},
             "best_baseline": {metric: None if b is None else {"model": b[0], "value": b[1]}
                               for metric in ("crps", "mase") for b in [best_baseline(metrics, metric)]},
             "privacy_configuration": {"sampling_spec": {
@@ -163,6 +198,8 @@ class HeldOutEvaluation(pl.Callback):
                 "prediction_length": spec.prediction_length, "min_length": spec.min_length,
                 "bottom_level_rate": spec.bottom_level_rate}},
         }
+        if every is not None:
+            report["metrics_all_windows"] = every
         if accountant is not None and getattr(accountant, "epsilon", None) is not None:
             report["epsilon_budget"] = accountant.epsilon
         if strategy is not None:

@@ -19,8 +19,8 @@ def test_quick_audit_writes_public_and_private_files(tmp_path, capsys) -> None: 
     assert code == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["accountant_epsilon"] == pytest.approx(4.0, rel=1e-2)
-    assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp", "white_box_gauss",
-                                       "black_box_one_run", "black_box_fdp", "black_box_gauss"}
+    assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp", "white_box_gauss", "white_box_order",
+                                       "black_box_one_run", "black_box_fdp", "black_box_gauss", "black_box_order"}
     for bound in printed["bounds"].values():
         assert 0.0 <= bound["epsilon"] <= printed["accountant_epsilon"] and bound["confidence"] == 0.999
     public = json.loads((out / "report.json").read_text())
@@ -67,7 +67,7 @@ def test_config_from_a_fit_yaml(tmp_path, capsys) -> None:  # noqa: ANN001
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["accountant_epsilon"] == pytest.approx(3.0, rel=1e-2) and printed["delta"] == 1e-6
     assert printed["config"]["relation"]["size"] == 2 and printed["config"]["seeded"] is True
-    assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp", "white_box_gauss"}
+    assert set(printed["bounds"]) == {"white_box_one_run", "white_box_fdp", "white_box_gauss", "white_box_order"}
 
 
 def test_check_passes_a_correct_run_and_fails_half_the_noise(monkeypatch, capsys) -> None:  # noqa: ANN001
