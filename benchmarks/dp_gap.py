@@ -14,8 +14,10 @@ rate), ``clip`` (C), ``steps`` (a multiple of the recipe's epochs; sigma is reca
 steps after which iterates are averaged), ``schedule`` (``cosine``, ``linear``, ``constant``), ``gate_lr`` and
 ``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights: the model's
 ``GATE_LR_FACTOR``, ``SPREAD_LR_FACTOR``), and the model's constants ``spread_feature_scale``, ``initial_selection``,
-``initial_holdout``. It ends with the untrained model's scores.
-``--val`` trains without the ``windows`` validation windows before the test windows and scores on them instead:
+``initial_holdout``; ``past`` (the past window P instead of the recipe's) and ``prior=NAME:WEIGHT`` (candidate NAME's
+initial weight, the others 1). Each variant's line starts with its untrained model's scores.
+``--val`` trains without the ``windows`` validation windows before the test windows (on the test protocol's series;
+the recipe, past window included, chosen with both held out) and scores on them instead:
 choose settings there, never on the test windows. With the recipe's own settings (the empty variant) the numbers
 are those of ``benchmarks/utility.py``'s private model and twin for the same cell. Seeded runs are experiments.
 """
@@ -52,29 +54,36 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
     h = cb.DATASETS[name]["horizon"]
     windows = 4 if protocol == "rolling" else 1
     season = season_lengths(freq)[0]
-    recipe = recipe_module.choose_recipe([len(s) for s in series], freq=freq, prediction_length=h, epsilon=epsilon,
-                                         delta=cb.DELTA,
-                                         held_out_windows=windows * (2 if validation else 1))
+    lengths = [len(s) for s in series]
+    recipe = recipe_module.choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon, delta=cb.DELTA,
+                                         held_out_windows=windows)
+    if validation:  # the test protocol's series (its short-series threshold), validation windows held out too
+        recipe = recipe_module.choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon,
+                                             delta=cb.DELTA, held_out_windows=2 * windows,
+                                             min_series_length=recipe.min_series_length)
     kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
     print(f"{name} {protocol} eps={epsilon:g}: N={len(kept)} B={recipe.batch_size} S={recipe.steps} "
           f"P={recipe.context_length} C={recipe.max_grad_norm:g} lr={recipe.learning_rate:g}", flush=True)
 
-    def datamodule(seed: int) -> Any:
-        return StructuredSubsamplingDataModule(kept, context_length=recipe.context_length, prediction_length=h,
+    def datamodule(seed: int, past: int) -> Any:
+        return StructuredSubsamplingDataModule(kept, context_length=past, prediction_length=h,
                                                batch_size=recipe.batch_size, freq=freq, test_windows=windows,
                                                val_windows=windows if validation else 0, seed=seed)
 
-    held = datamodule(0).evaluation_windows("val" if validation else "test")
+    held = datamodule(0, recipe.context_length).evaluation_windows("val" if validation else "test")
     hist = [np.asarray(w.history, dtype=float) for w in held]
     labels = [np.asarray(w.target, dtype=float) for w in held]
     index = [w.window for w in held]
 
-    def score(module: Any) -> tuple[float, float]:
-        s = score_windows(cb.model_quantiles(module, hist, recipe.context_length), labels, hist, index, season)
+    def score(module: Any, past: int) -> tuple[float, float]:
+        s = score_windows(cb.model_quantiles(module, hist, past), labels, hist, index, season)
         return s["mase"], s["crps"]
 
     default_start = recipe_module.AVERAGING_START
+    from lightning_dpts.models import classical
     from lightning_dpts.models import combination as comb_module
+    initial_weights = comb_module.INITIAL_WEIGHTS
+    names = classical.candidate_names(season_lengths(freq))
     model_defaults = {key: getattr(comb_module, key)
                       for key in ("SPREAD_FEATURE_SCALE", "INITIAL_SELECTION", "INITIAL_HOLDOUT", "GATE_LR_FACTOR",
                                   "SPREAD_LR_FACTOR")}
@@ -83,7 +92,12 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
         recipe_module.AVERAGING_START = float(kv.get("avg", default_start))
         for key, value in model_defaults.items():  # model constants: spread_feature_scale, initial_holdout, ...
             setattr(comb_module, key, float(kv.get(ALIASES.get(key, key.lower()), value)))
-        estimator = CombinationEstimator(prediction_length=h, context_length=recipe.context_length, freq=freq,
+        comb_module.INITIAL_WEIGHTS = initial_weights
+        if "prior" in kv:  # prior=NAME:WEIGHT: NAME's initial weight (the others 1)
+            chosen, weight = kv["prior"].split(":")
+            comb_module.INITIAL_WEIGHTS = {**{n: 1.0 for n in names}, chosen: float(weight)}
+        past = int(kv.get("past", recipe.context_length))
+        estimator = CombinationEstimator(prediction_length=h, context_length=past, freq=freq,
                                          lr=float(kv.get("lr", recipe.learning_rate)),
                                          lr_schedule=kv.get("schedule", "cosine"))
         epochs = max(1, round(recipe.epochs * float(kv.get("steps", 1))))
@@ -93,17 +107,17 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
             for kind in ("private", "twin") if kv.get("twin") else ("private",):
                 torch.manual_seed(seed)
                 module = estimator.create_lightning_module()
-                cb._train(module, datamodule(seed), epochs, float(kv.get("clip", recipe.max_grad_norm)),
+                cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
                           epsilon if kind == "private" else None, seed)
-                results[kind].append(score(module))
+                results[kind].append(score(module, past))
         means = {k: "{:.4f} / {:.5f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1)))
                  for k, v in results.items() if v}
-        print(f"[{variant or 'recipe'}] {means} private per seed "
+        torch.manual_seed(0)
+        untrained = score(estimator.create_lightning_module(), past)
+        print(f"[{variant or 'recipe'}] untrained {untrained[0]:.4f} / {untrained[1]:.5f} {means} private per seed "
               f"{['{:.4f} / {:.5f}'.format(*r) for r in results['private']]} ({time.time() - t0:.0f} s)", flush=True)
     recipe_module.AVERAGING_START = default_start
-    torch.manual_seed(0)
-    print("untrained: {:.4f} / {:.5f}".format(*score(CombinationEstimator(
-        prediction_length=h, context_length=recipe.context_length, freq=freq).create_lightning_module())))
+    comb_module.INITIAL_WEIGHTS = initial_weights
 
 
 if __name__ == "__main__":

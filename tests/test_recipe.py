@@ -46,10 +46,10 @@ def test_fit_resolves_the_same_recipe_for_different_values(tmp_path):
 
 
 def test_monthly_past_window_is_five_seasons_capped_and_counts_in_the_rate():
-    r = choose_recipe([300] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
-    starts = (300 - 12) - 12 + 1
+    r = choose_recipe([200] * 100, freq="M", prediction_length=12, epsilon=1.0, delta=1e-7)
+    starts = (200 - 12) - 12 + 1
     assert r.model == "combination" and r.season_length == 12
-    assert r.context_length == int(MAX_WINDOW_FRACTION * starts) - 12 < 60  # 5 seasons, capped at a quarter
+    assert r.context_length == int(MAX_WINDOW_FRACTION * starts) - 12 < 60  # 5 seasons, capped at 0.35
     assert r.bottom_level_rate == pytest.approx((r.context_length + 12) / starts)
     assert r.effective_dataset_size == pytest.approx(100 / r.bottom_level_rate)
     assert r.dropped_series == 0 and r.min_series_length is None
@@ -63,10 +63,10 @@ def test_monthly_past_window_is_five_seasons_capped_and_counts_in_the_rate():
 
 
 @pytest.mark.parametrize(("freq", "length", "horizon", "season", "wanted"), [
-    ("W", 900, 13, 1, 52),  # no season: 4 horizons
+    ("W", 900, 13, 1, 65),  # no season: 5 horizons
     ("D", 1500, 14, 7, 35),  # 5 weeks
     ("h", 8000, 48, 24, 336),  # long hourly series: two weeks, the second season
-    ("h", 1000, 48, 24, 178),  # M4-hourly-like lengths: capped below two weeks (a quarter of the starts)
+    ("h", 1000, 48, 24, 268),  # M4-hourly-like lengths: capped below two weeks (0.35 of the starts)
 ])
 def test_the_past_window_fits_the_seasons(freq, length, horizon, season, wanted):
     r = choose_recipe([length] * 200, freq=freq, prediction_length=horizon, epsilon=4.0, delta=1e-7)
@@ -79,7 +79,7 @@ def test_past_window_shrinks_for_short_series():
     r = choose_recipe([90] * 60, freq="W", prediction_length=13, epsilon=1.0, delta=1e-7)
     starts = (90 - 13) - 13 + 1
     assert r.context_length + 13 <= MAX_WINDOW_FRACTION * starts or r.context_length == 3
-    assert r.context_length < 52  # 4 x horizon did not fit
+    assert r.context_length < 65  # 5 x horizon did not fit
 
 
 def test_short_series_threshold_drops_at_most_a_fifth():

@@ -21,6 +21,10 @@ Makridakis et al. 2020, the M4 benchmarks), in :data:`METHODS` order:
   values at the same phase; ``sdrift`` and ``sdrift1``: seasonal naive plus (k + 1) times the mean m-step
   difference of the window or of its last season (seasonal random walk with drift; k whole seasons ahead).
 
+Two more candidates, :data:`FITTED`, fit their smoothing constant to the window (so they are not linear in it):
+``ses_fit`` and ``theta_fit`` use the alpha of :data:`FIT_ALPHAS` with the window's smallest in-sample one-step
+squared error of SES (:func:`ses_grid`, :func:`theta_drift`; the model computes them).
+
 Seasonal adjustment (the M4 benchmarks' classical decomposition, additive here because windows are scaled and
 may hold values of either sign): a centred moving average of order m (2 x m for even m) is the trend; the mean
 of the detrended values at each phase, centred to sum zero, is the seasonal index. For several seasons the longer
@@ -35,10 +39,16 @@ import numpy as np
 
 __all__ = [
     "DAMPED",
+    "FIT_ALPHAS",
+    "FITTED",
     "HOLT",
     "SES_ALPHAS",
     "THETA_ALPHAS",
+    "candidate_names",
     "method_names",
+    "ses_grid",
+    "slope",
+    "theta_drift",
     "method_maps",
     "seasonal_component",
 ]
@@ -51,6 +61,12 @@ HOLT: tuple[tuple[float, float], ...] = ((0.2, 0.05), (0.5, 0.1), (0.8, 0.2))
 DAMPED: tuple[tuple[float, float, float], ...] = ((0.2, 0.05, 0.9), (0.5, 0.1, 0.9), (0.3, 0.1, 0.98))
 #: alpha of the Theta candidates' SES part.
 THETA_ALPHAS: tuple[float, ...] = (0.1, 0.3, 0.6)
+#: The grid searched per window by the fitted candidates :data:`FITTED` (0.05, 0.10, ..., 1.00).
+FIT_ALPHAS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+#: Candidates whose smoothing constant is fitted per window (not linear maps; the model computes them from
+#: :func:`ses_grid`): SES and Theta with the alpha of :data:`FIT_ALPHAS` that has the window's smallest in-sample
+#: one-step squared error of SES, as ETS and the M4 Theta benchmark estimate it (by grid instead of an optimiser).
+FITTED: tuple[str, ...] = ("ses_fit", "theta_fit")
 
 
 def _ses(p: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -87,11 +103,31 @@ def _holt(p: int, h: int, alpha: float, beta: float, phi: float) -> tuple[np.nda
     return level[None, :] + damp[:, None] * trend[None, :], fits
 
 
-def _slope(p: int) -> np.ndarray:
+def slope(p: int) -> np.ndarray:
     """Least-squares slope of z on time, as coefficients ``[P]``."""
     t = np.arange(p, dtype=float)
     c = t - t.mean()
     return c / max(float((c * c).sum()), 1e-12)
+
+
+def candidate_names(seasons: tuple[int, ...]) -> list[str]:
+    """Every candidate of the combination: :func:`method_names`' linear maps, then :data:`FITTED`."""
+    return [*method_names(seasons), *FITTED]
+
+
+def ses_grid(p: int) -> tuple[np.ndarray, np.ndarray]:
+    """SES at every alpha of :data:`FIT_ALPHAS`: (final levels ``[G, P]``, one-step fits ``[G, P, P]``), as
+    coefficients of z_0..z_{P-1} (level initialised at the first value)."""
+    out = [_ses(p, a) for a in FIT_ALPHAS]
+    return np.stack([level for level, _ in out]), np.stack([fit for _, fit in out])
+
+
+def theta_drift(p: int, h: int) -> np.ndarray:
+    """The Theta forecast's multiple of the slope at every alpha of :data:`FIT_ALPHAS`, ``[G, H]``:
+    ``(h - 1 + 1/a - (1 - a)^P / a) / 2`` (Hyndman & Billah 2003, section 3)."""
+    a = np.asarray(FIT_ALPHAS)[:, None]
+    steps = np.arange(1, h + 1, dtype=float)[None]
+    return (steps - 1.0 + 1.0 / a - (1.0 - a) ** p / a) / 2.0
 
 
 def method_names(seasons: tuple[int, ...]) -> list[str]:
@@ -185,12 +221,12 @@ def method_maps(p: int, h: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, n
         f, fit = _holt(p, h, alpha, beta, phi)
         forecasts.append(f)
         fits.append(fit)
-    slope = _slope(p)
+    trend = slope(p)
     for a in THETA_ALPHAS:
         level, fit = ses_levels.get(a) or _ses(p, a)
         drift = (steps - 1.0 + 1.0 / a - (1.0 - a) ** p / a) / 2.0
-        forecasts.append(level[None] + drift[:, None] * slope[None])
-        fits.append(fit + np.where(np.arange(p)[:, None] > 0, slope[None] / (2.0 * a), 0.0))
+        forecasts.append(level[None] + drift[:, None] * trend[None])
+        fits.append(fit + np.where(np.arange(p)[:, None] > 0, trend[None] / (2.0 * a), 0.0))
     for m in seasons:
         if m <= 1:
             continue

@@ -16,7 +16,8 @@ accountant counts, trap 3), ``H`` the horizon, ``m_1, m_2, ...`` the seasons
    ``z = x / s``; a missing value reads as the last observed one before it (the first observed one at the start);
 2. **candidates**: K classical forecasts ``F_k`` ``[H]`` and their one-step in-sample fits, each a fixed linear map
    of ``z`` (:mod:`lightning_dpts.models.classical`: naive, two drifts, SES at six constants, three Holt, three
-   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts).
+   damped Holt, three Theta, and per season seasonal naive, the mean of the last seasons and two seasonal drifts),
+   then SES and Theta with the smoothing constant of least in-sample one-step error on a grid (``FITTED``, per window).
    The non-seasonal methods run on the seasonally adjusted window (classical additive decomposition) when the
    window passes the M4 benchmarks' seasonality test at lag m_1 (90%, Makridakis et al. 2020), else on the window
    as it is;
@@ -141,8 +142,9 @@ class CombinationModel(nn.Module):
         self.seasons = usable_seasons(seasons, context_length)
         self.distr_output = NormalOutput()
         p, h = context_length, prediction_length
-        self.names = classical.method_names(self.seasons)
+        self.names = classical.candidate_names(self.seasons)
         k = len(self.names)
+        self.linear = len(classical.method_names(self.seasons))  # the first candidates: fixed linear maps
         raw_f, raw_v = classical.method_maps(p, h, self.seasons)
         adj_f, adj_v = classical.adjusted_maps(p, h, self.seasons)
         # [P, K*H] and [P, K*P]: one product per window batch; constants, rebuilt from the arguments on load
@@ -163,6 +165,8 @@ class CombinationModel(nn.Module):
         pad = ((0, 0), (0, 0), (0, self.holdout))
         self.register_buffer("raw_holdout", _as_map(np.pad(hold_f, pad)), persistent=False)
         self.register_buffer("adj_holdout", _as_map(np.pad(hold_adj, pad)), persistent=False)
+        self.fitted = _Fitted(p, h, self.seasons)
+        self.fitted_holdout = _Fitted(p - self.holdout, self.holdout, self.seasons)
         self.gate = nn.Linear(3 * k + 2, 1, bias=False)
         self.spread = nn.Linear(3, 1, bias=False)
         self.reset_weights()
@@ -229,18 +233,19 @@ class CombinationModel(nn.Module):
         # amplifies that), so the strategy's spot check compares like with like
         z, obs, scale = self._window(past_target.double(), past_observed_values)
         b, p = z.shape
-        k, h = len(self.names), self.prediction_length
+        k, h = self.linear, self.prediction_length
         flag = self._seasonal_flag(z)
         forecast = z @ self.raw_forecast
         fit = z @ self.raw_fit
         if self.adjustable:
             forecast = torch.lerp(forecast, z @ self.adj_forecast, flag)
             fit = torch.lerp(fit, z @ self.adj_fit, flag)
-        forecast = forecast.view(b, k, h).transpose(1, 2)
-        errors = fit.view(b, k, p) - z[:, None, :]
         mask = obs.clone()
         mask[:, : self.burn_in] = 0.0
         both = mask * torch.cat([obs[:, :1], obs[:, :-1]], dim=-1)  # the value and the one before it observed
+        fitted_forecast, fitted_fit = self.fitted(z, flag, both)
+        forecast = torch.cat([forecast.view(b, k, h), fitted_forecast], 1).transpose(1, 2)
+        errors = torch.cat([fit.view(b, k, p), fitted_fit], 1) - z[:, None, :]
         count = both.sum(-1, keepdim=True).clamp(min=1.0)
         mse = ((errors ** 2) * both[:, None, :]).sum(-1) / count
         log_mse = (mse + _MIN_SPREAD ** 2).log()
@@ -250,7 +255,8 @@ class CombinationModel(nn.Module):
         if self.adjustable and p - q >= 2 * self.seasons[0]:
             held = torch.lerp(held, z @ self.adj_holdout, flag)
         seen = obs[:, p - q:]
-        held_mse = (((held.view(b, k, q) - z[:, None, p - q:]) ** 2) * seen[:, None, :]).sum(-1) \
+        held = torch.cat([held.view(b, k, q), self.fitted_holdout(z[:, : p - q], flag, both[:, : p - q])[0]], 1)
+        held_mse = (((held - z[:, None, p - q:]) ** 2) * seen[:, None, :]).sum(-1) \
             / seen.sum(-1, keepdim=True).clamp(min=1.0)
         log_held = (held_mse + _MIN_SPREAD ** 2).log()
         holdout = log_held - log_held.mean(-1, keepdim=True)
@@ -303,6 +309,46 @@ def _as_map(maps: np.ndarray) -> torch.Tensor:
     """``[K, R, P]`` coefficient maps as one ``[P, K*R]`` float64 matrix (``z @ map`` gives ``[B, K*R]``)."""
     k, r, p = maps.shape
     return torch.from_numpy(np.ascontiguousarray(maps.reshape(k * r, p).T)).to(torch.float64)
+
+
+class _Fitted(nn.Module):
+    """The :data:`~lightning_dpts.models.classical.FITTED` candidates of windows of ``p`` values, ``h`` steps ahead
+    (no parameters): SES at every alpha of the grid as linear maps, then per window the alpha with the smallest
+    in-sample one-step squared error (over ``mask``); on the seasonally adjusted window where ``flag`` is 1."""
+
+    def __init__(self, p: int, h: int, seasons: tuple[int, ...]) -> None:
+        super().__init__()
+        levels, fits = classical.ses_grid(p)
+        comp_in, comp_out = classical.seasonal_component(p, h, seasons)
+        self.adjustable = bool(seasons) and p >= 2 * seasons[0]
+        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))  # noqa: E731
+        self.register_buffer("level", as_tensor(levels.T), persistent=False)  # [P, G]
+        self.register_buffer("fit", _as_map(fits), persistent=False)  # [P, G*P]
+        self.register_buffer("drift", as_tensor(classical.theta_drift(p, h)), persistent=False)  # [G, H]
+        self.register_buffer("slope", as_tensor(classical.slope(p)[:, None]), persistent=False)  # [P, 1]
+        self.register_buffer("alphas", as_tensor(classical.FIT_ALPHAS), persistent=False)
+        self.register_buffer("comp_in", as_tensor(comp_in.T), persistent=False)  # [P, P]
+        self.register_buffer("comp_out", as_tensor(comp_out.T), persistent=False)  # [P, H]
+
+    def forward(self, z: torch.Tensor, flag: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forecasts ``[B, 2, H]``, one-step in-sample fits ``[B, 2, P]``) of ``z`` ``[B, P]`` (float64)."""
+        b, p = z.shape
+        g, h = self.alphas.numel(), self.drift.shape[1]
+        seasonal_in, seasonal_out = z.new_zeros(b, p), z.new_zeros(b, h)
+        if self.adjustable:
+            seasonal_in, seasonal_out = flag * (z @ self.comp_in), flag * (z @ self.comp_out)
+        y = z - seasonal_in
+        fits = (y @ self.fit).view(b, g, p)
+        sse = (((fits - y[:, None, :]) ** 2) * mask[:, None, :]).sum(-1)  # [B, G]
+        best = sse.argmin(-1)
+        level = (y @ self.level).gather(1, best[:, None])  # [B, 1]
+        fit = fits.gather(1, best[:, None, None].expand(b, 1, p)).squeeze(1)
+        trend = y @ self.slope  # [B, 1]
+        later = torch.ones_like(fit)
+        later[:, 0] = 0.0  # z_0 "predicts" itself
+        theta_fit = fit + later * trend / (2.0 * self.alphas[best][:, None])
+        forecasts = torch.stack([level.expand(b, h), level + self.drift[best] * trend], 1) + seasonal_out[:, None]
+        return forecasts, torch.stack([fit, theta_fit], 1) + seasonal_in[:, None]
 
 
 def _seasonal_difference(z: torch.Tensor, obs: torch.Tensor, m: int) -> torch.Tensor:

@@ -224,6 +224,49 @@ def test_estimator_takes_its_seasons_from_the_frequency():
                              lr_schedule="plateau").create_lightning_module()
 
 
+def _fitted_by_hand(z: np.ndarray, h: int, burn_in: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """SES and Theta with the grid's alpha of least in-sample one-step squared error (from t = burn_in), by direct
+    recursion on numbers: (ses forecast, theta forecast, alpha)."""
+    best = None
+    for a in classical.FIT_ALPHAS:
+        level, sse = z[0], 0.0
+        for t in range(1, len(z)):
+            if t >= burn_in:
+                sse += (z[t] - level) ** 2
+            level = a * z[t] + (1 - a) * level
+        if best is None or sse < best[0]:
+            best = (sse, level, a)
+    _, level, a = best
+    slope = np.polyfit(np.arange(len(z)), z, 1)[0]  # Hyndman & Billah (2003): SES + b/2 (h - 1 + 1/a - (1-a)^n/a)
+    theta = level + slope / 2 * (np.arange(1, h + 1) - 1 + 1 / a - (1 - a) ** len(z) / a)
+    return np.full(h, level), theta, a
+
+
+def test_fitted_candidates_choose_alpha_per_window_by_in_sample_error():
+    """ses_fit and theta_fit against a direct recursion over the grid, for a noisy level (small alpha wins) and a
+    random walk (large alpha wins), each window alone; their hold-out forecasts likewise from the first P - q values."""
+    model = CombinationModel(prediction_length=5, context_length=40, seasons=[])
+    rng = np.random.default_rng(4)
+    x = np.stack([10 + rng.normal(size=40), np.cumsum(rng.normal(size=40)) + 30.0])
+    past = torch.tensor(x, dtype=torch.float32)
+    c = model.candidates(past, torch.ones_like(past))
+    z = c["z"].numpy()
+    ses_i, theta_i = model.names.index("ses_fit"), model.names.index("theta_fit")
+    alphas = []
+    for j in range(2):
+        ses, theta, a = _fitted_by_hand(z[j], 5, model.burn_in)
+        alphas.append(a)
+        np.testing.assert_allclose(c["forecast"][j, :, ses_i].numpy(), ses, rtol=1e-10)
+        np.testing.assert_allclose(c["forecast"][j, :, theta_i].numpy(), theta, rtol=1e-10)
+    assert alphas[0] <= 0.2 and alphas[1] >= 0.7
+    q = model.holdout
+    held = model.fitted_holdout(c["z"][:, : 40 - q], torch.zeros(2, 1), torch.ones(2, 40 - q).double())[0]
+    for j in range(2):  # the mask counts every step here, so burn_in 1
+        ses, theta, _ = _fitted_by_hand(z[j, : 40 - q], q, 1)
+        np.testing.assert_allclose(held[j, 0].numpy(), ses, rtol=1e-10)
+        np.testing.assert_allclose(held[j, 1].numpy(), theta, rtol=1e-10)
+
+
 def test_holdout_errors_by_hand():
     """The hold-out feature: each candidate forecasts the window's last q = min(H, P // 3) values from the values
     before them; naive repeats z[P-q-1], drift adds the mean step of z[0..P-q-1] (no season: no adjustment)."""
