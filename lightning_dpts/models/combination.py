@@ -95,6 +95,11 @@ _MIN_SCALE = 1e-10
 _MIN_SPREAD = 1e-3  # smallest u and d, in scaled units
 _MAX_EXPONENT = 10.0
 _SEASONALITY_Z = 1.645  # the M4 benchmarks' 90% test
+#: ``_Fitted`` takes the smallest alpha among those whose in-sample error is within this of the least (relative,
+#: absolute in scaled units squared): errors equal in exact arithmetic (a window whose observed values are constant
+#: but for the last, e.g. a padded past) differ only by round-off, which depends on the batch's matrix products, so
+#: a plain argmin picked a different alpha alone than in a batch and the spot check refused a healthy fit
+_TIE_RTOL, _TIE_ATOL = 1e-9, 1e-12
 
 
 def usable_seasons(seasons: Sequence[int], context_length: int) -> tuple[int, ...]:
@@ -314,7 +319,8 @@ def _as_map(maps: np.ndarray) -> torch.Tensor:
 class _Fitted(nn.Module):
     """The :data:`~lightning_dpts.models.classical.FITTED` candidates of windows of ``p`` values, ``h`` steps ahead
     (no parameters): SES at every alpha of the grid as linear maps, then per window the alpha with the smallest
-    in-sample one-step squared error (over ``mask``); on the seasonally adjusted window where ``flag`` is 1."""
+    in-sample one-step squared error (over ``mask``; near-ties, within round-off, go to the smallest alpha, so the
+    choice is the same alone as in any batch); on the seasonally adjusted window where ``flag`` is 1."""
 
     def __init__(self, p: int, h: int, seasons: tuple[int, ...]) -> None:
         super().__init__()
@@ -340,7 +346,8 @@ class _Fitted(nn.Module):
         y = z - seasonal_in
         fits = (y @ self.fit).view(b, g, p)
         sse = (((fits - y[:, None, :]) ** 2) * mask[:, None, :]).sum(-1)  # [B, G]
-        best = sse.argmin(-1)
+        least = sse.min(-1, keepdim=True).values
+        best = (sse <= least * (1.0 + _TIE_RTOL) + _TIE_ATOL).to(sse.dtype).argmax(-1)  # first near-least: batch-proof
         level = (y @ self.level).gather(1, best[:, None])  # [B, 1]
         fit = fits.gather(1, best[:, None, None].expand(b, 1, p)).squeeze(1)
         trend = y @ self.slope  # [B, 1]

@@ -156,6 +156,28 @@ def test_windows_are_independent_and_the_scale_is_per_window():
     torch.testing.assert_close(mu3 * scale3, mu * scale * 10, rtol=1e-4, atol=1e-3)
 
 
+def test_fitted_alpha_is_the_same_alone_as_in_a_batch_when_the_errors_tie():
+    """A padded past whose observed values are constant but for the last: every alpha's in-sample error is the same
+    in exact arithmetic and differs by round-off, which the batch's matrix products change. A plain argmin then chose
+    another alpha alone than in the batch and the spot check refused healthy fits (1 in ~10 default fits on the
+    bundled data). The window captured from such a refusal, in a batch of 64 bundled-like windows."""
+    rng = np.random.default_rng(0)
+    model = CombinationModel(prediction_length=12, context_length=60, seasons=[12])
+    past = torch.tensor(np.stack([np.cumsum(rng.normal(size=60)) * 50 + 1500 for _ in range(64)]),
+                        dtype=torch.float32)
+    obs = torch.ones_like(past)
+    for j, last in ((7, (1652.4, 1654.2)), (43, (17.3, 17.9)), (50, (0.001, 0.0013))):
+        past[j] = 0.0
+        obs[j] = 0.0
+        past[j, -2:] = torch.tensor(last)
+        obs[j, -2:] = 1.0
+    batched = model.candidates(past, obs)
+    for j in (7, 43, 50, 0):
+        alone = model.candidates(past[j:j + 1], obs[j:j + 1])
+        torch.testing.assert_close(alone["forecast"][0], batched["forecast"][j], rtol=0, atol=1e-9)
+        torch.testing.assert_close(alone["relative"][0], batched["relative"][j], rtol=0, atol=1e-9)
+
+
 def test_missing_values_give_finite_forecasts_and_gradients():
     model = CombinationModel(prediction_length=4, context_length=24, seasons=[12])
     past = torch.tensor(np.stack(_series(n=4, length=24)))
