@@ -101,3 +101,13 @@ def test_cli_refuses_before_work(argv, option, capsys) -> None:
         main(["tune", *argv])
     assert exc.value.code == 2
     assert option in capsys.readouterr().err
+
+
+def test_cli_default_horizon_is_dpts_fits(capsys) -> None:
+    """Without --prediction-length, dpts tune plans at dpts fit's default horizon (12), not at two seasons (24 for
+    the bundled monthly data): the tuned setting is then the one a default dpts fit trains."""
+    assert main(["tune", "--plan-only", "--epsilon", "4"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["prediction_length"] == 12
+    assert main(["tune", "--plan-only", "--epsilon", "4", "--prediction-length", "6"]) == 0
+    assert json.loads(capsys.readouterr().out)["prediction_length"] == 6

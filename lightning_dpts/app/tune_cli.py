@@ -34,7 +34,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--value-column", default="target")
     p.add_argument("--freq", default=None, help="pandas frequency (default: inferred / the bundled data's)")
     p.add_argument("--prediction-length", type=int, default=None, metavar="H",
-                   help="horizon (default: 2 seasons, or 13 without a season)")
+                   help="horizon (default 12, as dpts fit: the tuned setting is then the one dpts fit would train)")
     p.add_argument("--epsilon", type=float, default=4.0, help="total epsilon of the search (default 4)")
     p.add_argument("--delta", type=float, default=1e-7, help="default 1e-7")
     p.add_argument("--candidates", metavar="JSON", default=None,
@@ -106,17 +106,16 @@ def run_tune_command(args: argparse.Namespace) -> int:
             raise ConfigurationError("candidates", args.candidates, "must hold a non-empty JSON list of objects")
         candidates = [Candidate.from_dict(c) for c in raw]
     series, freq = _load(args)
-    from lightning_dpts.data.seasonality import season_lengths
     from lightning_dpts.tuning import default_candidates, plan, tune
 
-    season = season_lengths(freq)[0]
-    horizon = args.prediction_length or (2 * season if season > 1 else 13)
+    horizon = args.prediction_length or _fit_horizon()
     if args.plan_only:
         cands = candidates or default_candidates([len(s) for s in series], freq=freq, prediction_length=horizon,
                                                  epsilon=args.epsilon, delta=args.delta)
         described = plan(series, freq=freq, prediction_length=horizon, epsilon=args.epsilon, delta=args.delta,
                          candidates=cands, mean_runs=args.mean_runs, eta=args.eta,
                          score_share=args.score_share).describe()
+        described["prediction_length"] = horizon
         print(json.dumps(described, indent=2, default=float))
         return 0
     result = tune(series, freq=freq, prediction_length=horizon, epsilon=args.epsilon, delta=args.delta,
@@ -135,3 +134,13 @@ def run_tune_command(args: argparse.Namespace) -> int:
     print(f"selected: {result.candidate.to_dict()}; written to {out}/ (tuning.json, model.ckpt; private/tuning.json "
           "is private)")
     return 0
+
+
+def _fit_horizon() -> int:
+    """``dpts fit``'s default horizon (:class:`~lightning_dpts.app.config.FitConfig`), so that a search without
+    ``--prediction-length`` scores the candidates at the horizon ``dpts fit`` then trains for."""
+    from dataclasses import fields
+
+    from lightning_dpts.app.config import FitConfig
+
+    return int(next(f.default for f in fields(FitConfig) if f.name == "prediction_length"))
