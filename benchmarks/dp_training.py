@@ -50,7 +50,7 @@ for the whole step; with no spare core the strategy draws it at the optimizer st
 in force (:func:`allocator_settings`): with glibc's defaults, memory freed at the end of a step may go back to the
 operating system and be faulted in again by the next step (DeepAR's large temporaries);
 ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=536870912``
-(glibc's environment variables, read at process start) keep it (docs/training.md, "The CPU memory allocator").
+(glibc's environment variables, read at process start) keep it (``benchmarks/dp_fit.py``, "Allocator").
 Targets (issue 15): <= 1.15x for
 SimpleFeedForward and DLinear, <= 1.5x for DeepAR; memory within 10% (feed-forward) and 25% (DeepAR).
 """
