@@ -204,9 +204,10 @@ class TuningPlan:
     accountant: RandomStoppingAccountant
     epsilon: float
     delta: float
+    prediction_length: int  # the horizon H every candidate is trained and scored for (public)
 
     def describe(self) -> dict[str, Any]:
-        """Public: the procedure, K, every candidate's setting and noise, the total epsilon."""
+        """Public: the procedure, K, every candidate's setting and noise, the horizon, the total epsilon."""
         out = self.accountant.describe(self.delta)
         out["candidates"] = [dict(c.to_dict(), noise_multiplier=s, steps=n) for c, s, n in
                              zip(self.candidates, self.noise_multipliers, self.steps, strict=True)]
@@ -214,6 +215,7 @@ class TuningPlan:
         out["score"] = {"noise_multiplier": self.score_noise_multiplier,
                         "mechanism": "Gaussian on the mean clipped log ratio of validation quantile losses"}
         out["budget"] = {"epsilon": self.epsilon, "delta": self.delta}
+        out["prediction_length"] = self.prediction_length
         return out
 
 
@@ -281,7 +283,7 @@ def plan(series: Sequence[np.ndarray], *, freq: str, prediction_length: int, eps
             hi = mid
     accountant = RandomStoppingAccountant(curves(hi), distribution)
     return TuningPlan(list(candidates), [hi * p for p in proxies], steps, z, distribution, accountant,
-                      epsilon, delta)
+                      epsilon, delta, prediction_length)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ def test_tune_end_to_end_ledger_and_private_run_count(tmp_path) -> None:
     public = json.loads((tmp_path / "tuning.json").read_text())
     assert not {"runs", "history"} & set(public)  # the number of runs and the other scores stay private
     assert public["selected"]["index"] == result.index
+    assert public["prediction_length"] == 6  # the horizon the selected setting was trained and scored for
     private = json.loads((tmp_path / "private" / "tuning.json").read_text())
     assert private["runs"] >= 1 and len(private["history"]) == private["runs"]
     # the attacker continues training the released model under the same budget: one run's accountant would count

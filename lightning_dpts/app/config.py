@@ -24,7 +24,7 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.evaluation import PROTOCOLS
 
 __all__ = ["FIT_RANGES", "LEGACY_DEFAULTS", "LOGGERS", "MODELS", "RECIPE_FIELDS", "FitConfig", "Option",
-           "add_config_arguments", "add_option", "option_flags"]
+           "add_config_arguments", "add_option", "default_of", "option_flags"]
 
 #: ``dpts fit --logger`` choices -> the packages each needs (checked before any work): every group, one package
 #: of each (MLflow's SQLite store needs SQLAlchemy, which mlflow-skinny lacks).
@@ -490,6 +490,11 @@ from lightning_dpts.data.columns import accept_time_column_keyword  # noqa: E402
 accept_time_column_keyword(FitConfig)
 
 
+def default_of(name: str) -> Any:
+    """The default of :class:`FitConfig` field ``name`` (what ``dpts fit`` uses when the option is not given)."""
+    return next(f.default for f in fields(FitConfig) if f.name == name)
+
+
 def _options() -> list[tuple[str, Option]]:
     """(field name, :class:`Option`) of every :class:`FitConfig` field, in declaration order."""
     return [(f.name, f.metadata["option"]) for f in fields(FitConfig)]
@@ -629,7 +634,7 @@ def _validate_bands(config: FitConfig) -> None:
     ``top_level="b_min_sep"``, the Monte Carlo accountant's series-level reading covers."""
     from lightning_dpts.privacy.mechanisms import BOTTOM_LEVEL_SCHEMES, TOP_LEVEL_SCHEMES
 
-    default_top_level = next(f.default for f in fields(FitConfig) if f.name == "top_level")
+    default_top_level = default_of("top_level")
     if config.top_level != default_top_level and not TOP_LEVEL_SCHEMES[config.top_level].separates_participations:
         raise ConfigurationError("top_level", config.top_level, "must be cyclic_poisson (or left at its default) or "
                                  "b_min_sep with --bands: BandMF needs sampling that keeps two participations of a "

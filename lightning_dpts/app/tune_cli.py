@@ -106,16 +106,17 @@ def run_tune_command(args: argparse.Namespace) -> int:
             raise ConfigurationError("candidates", args.candidates, "must hold a non-empty JSON list of objects")
         candidates = [Candidate.from_dict(c) for c in raw]
     series, freq = _load(args)
+    from lightning_dpts.app.config import default_of
     from lightning_dpts.tuning import default_candidates, plan, tune
 
-    horizon = args.prediction_length or _fit_horizon()
+    # dpts fit's default horizon: the tuned setting is then the one a default dpts fit trains
+    horizon = args.prediction_length or int(default_of("prediction_length"))
     if args.plan_only:
         cands = candidates or default_candidates([len(s) for s in series], freq=freq, prediction_length=horizon,
                                                  epsilon=args.epsilon, delta=args.delta)
         described = plan(series, freq=freq, prediction_length=horizon, epsilon=args.epsilon, delta=args.delta,
                          candidates=cands, mean_runs=args.mean_runs, eta=args.eta,
                          score_share=args.score_share).describe()
-        described["prediction_length"] = horizon
         print(json.dumps(described, indent=2, default=float))
         return 0
     result = tune(series, freq=freq, prediction_length=horizon, epsilon=args.epsilon, delta=args.delta,
@@ -135,12 +136,3 @@ def run_tune_command(args: argparse.Namespace) -> int:
           "is private)")
     return 0
 
-
-def _fit_horizon() -> int:
-    """``dpts fit``'s default horizon (:class:`~lightning_dpts.app.config.FitConfig`), so that a search without
-    ``--prediction-length`` scores the candidates at the horizon ``dpts fit`` then trains for."""
-    from dataclasses import fields
-
-    from lightning_dpts.app.config import FitConfig
-
-    return int(next(f.default for f in fields(FitConfig) if f.name == "prediction_length"))
