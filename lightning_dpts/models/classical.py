@@ -122,10 +122,10 @@ def ses_grid(p: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([level for level, _ in out]), np.stack([fit for _, fit in out])
 
 
-def theta_drift(p: int, h: int) -> np.ndarray:
-    """The Theta forecast's multiple of the slope at every alpha of :data:`FIT_ALPHAS`, ``[G, H]``:
-    ``(h - 1 + 1/a - (1 - a)^P / a) / 2`` (Hyndman & Billah 2003, section 3)."""
-    a = np.asarray(FIT_ALPHAS)[:, None]
+def theta_drift(p: int, h: int, alphas: tuple[float, ...] = FIT_ALPHAS) -> np.ndarray:
+    """The Theta forecast's multiple of the slope at every alpha of ``alphas`` (default :data:`FIT_ALPHAS`),
+    ``[len(alphas), H]``: ``(h - 1 + 1/a - (1 - a)^P / a) / 2`` (Hyndman & Billah 2003, section 3)."""
+    a = np.asarray(alphas, dtype=float)[:, None]
     steps = np.arange(1, h + 1, dtype=float)[None]
     return (steps - 1.0 + 1.0 / a - (1.0 - a) ** p / a) / 2.0
 
@@ -222,9 +222,8 @@ def method_maps(p: int, h: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, n
         forecasts.append(f)
         fits.append(fit)
     trend = slope(p)
-    for a in THETA_ALPHAS:
+    for a, drift in zip(THETA_ALPHAS, theta_drift(p, h, THETA_ALPHAS), strict=True):
         level, fit = ses_levels.get(a) or _ses(p, a)
-        drift = (steps - 1.0 + 1.0 / a - (1.0 - a) ** p / a) / 2.0
         forecasts.append(level[None] + drift[:, None] * trend[None])
         fits.append(fit + np.where(np.arange(p)[:, None] > 0, trend[None] / (2.0 * a), 0.0))
     for m in seasons:
