@@ -306,7 +306,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_child is not None:
         print(json.dumps(memory_child(*json.loads(args.memory_child))))
         return
-    allocator = pin_allocator() if args.allocator == "pinned" else "allocator defaults"
+    if args.allocator == "pinned":
+        allocator = pin_allocator()
+    else:  # glibc's own, or what the environment sets (MALLOC_*_ variables)
+        from dp_training import allocator_settings
+
+        allocator = f"allocator: {allocator_settings()}"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs; "
           f"{args.repeats} rounds of {args.kinds}; DP: AccountantCallback({EPSILON:g}, {DELTA:g}), defaults; "
           f"{allocator}")
