@@ -124,14 +124,14 @@ def test_the_estimator_counts_the_released_mistakes():
 
 
 def test_gaussian_mechanism_exceedance_rate():
-    """Soundness at ε = 4 (δ = 1e-5): over 50 seeds of 512 Gaussian canaries the 95% bound exceeds the true ε in
-    at most 8 (the level is 5%: P[Bin(50, 0.05) >= 9] = 7.6e-4, the false-failure rate; 400 seeds in the slow
-    test below); the median bound shows power (> 0.6 ε)."""
+    """Soundness at ε = 4 (δ = 1e-5): over 100 seeds of 512 Gaussian canaries the 95% bound exceeds the true ε in
+    at most 12 (the level is 5%: P[Bin(100, 0.05) >= 13] = 1.5e-3, the false-failure rate); the median bound shows
+    power (> 0.6 ε)."""
     epsilon = 4.0
     mu = mu_for_epsilon(epsilon, 1e-5)
     bounds = [order_statistics_lower_bound(*gaussian_canaries(seed, mu, 512), delta=1e-5).epsilon
-              for seed in range(50)]
-    assert sum(b > epsilon for b in bounds) <= 8
+              for seed in range(100)]
+    assert sum(b > epsilon for b in bounds) <= 12
     assert float(np.median(bounds)) > 0.6 * epsilon
 
 
