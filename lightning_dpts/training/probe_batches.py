@@ -57,16 +57,14 @@ def synthetic_probe(batch: Any, size: int, *, varied: bool = True) -> Any:
     """
     batch_size = num_windows(batch)
     generator = torch.Generator().manual_seed(0)
-    scales = torch.tensor([(1.0, 2.0, 0.5)[i % 3] for i in range(size)], dtype=torch.float64)
+    scales = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64).repeat((size + 2) // 3)[:size]
 
     def missing(shape: tuple[int, ...]) -> torch.Tensor:
         """Observed mask (float64): 1, with the missing pattern above along axis 1."""
         mask = torch.ones(shape, dtype=torch.float64)
         if len(shape) >= 2 and shape[1] > 1:
-            for i in range(1, size, 3):
-                mask[i, shape[1] // 2 :] = 0
-            for i in range(2, size, 3):
-                mask[i, ::3] = 0
+            mask[1::3, shape[1] // 2 :] = 0
+            mask[2::3, ::3] = 0
         return mask
 
     def make(t: torch.Tensor, key: str = "") -> torch.Tensor:

@@ -212,3 +212,40 @@ def test_a_forward_that_calls_a_layer_a_data_dependent_number_of_times_is_compar
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _fit(Branching(), 1, size=8, per_window="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_spot_checks_finiteness_test_agrees_with_isfinite(dtype):
+    """The spot check's one-reduction finiteness test (``aminmax``) against ``isfinite(...).all()`` on every kind of
+    non-finite value at every position class (first, middle, last), and on the empty tensor."""
+    from lightning_dpts.training.independence import _all_finite
+
+    base = torch.linspace(-3.0, 3.0, 101, dtype=dtype).reshape(1, -1).repeat(2, 1)
+    assert _all_finite(base) and _all_finite(base[:, :0])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for pos in (0, 50, 100):
+            t = base.clone()
+            t[1, pos] = bad
+            assert _all_finite(t) is bool(torch.isfinite(t).all()) is False
+    huge = torch.full((2, 3), torch.finfo(dtype).max, dtype=dtype)
+    assert _all_finite(huge) and _all_finite(-huge)
+
+
+def test_the_synthetic_masks_follow_their_documented_pattern():
+    """Window 1, 4, ... misses the second half of its time axis, window 2, 5, ... every third step (written out
+    element by element here, independently of the vectorised construction), and the real values carry the scales
+    1, 2, 0.5, ... per window."""
+    size, steps = 7, 8
+    batch = {"past_target": torch.ones(3, steps), "past_observed_values": torch.ones(3, steps)}
+    probe = synthetic_probe(batch, size)
+    mask = probe["past_observed_values"]
+    for i in range(size):
+        for t in range(steps):
+            expected = 0.0 if (i % 3 == 1 and t >= steps // 2) or (i % 3 == 2 and t % 3 == 0) else 1.0
+            assert float(mask[i, t]) == expected, (i, t)
+    values = probe["past_target"]
+    assert bool((values[mask == 0] == 0).all())
+    for i in range(size):
+        scale = (1.0, 2.0, 0.5)[i % 3]
+        observed = values[i][mask[i] != 0]
+        assert bool(((observed >= scale) & (observed < 2 * scale)).all()), i
