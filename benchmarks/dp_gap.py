@@ -14,8 +14,10 @@ rate), ``clip`` (C), ``steps`` (a multiple of the recipe's epochs; sigma is reca
 steps after which iterates are averaged), ``schedule`` (``cosine``, ``linear``, ``constant``), ``gate_lr`` and
 ``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights: the model's
 ``GATE_LR_FACTOR``, ``SPREAD_LR_FACTOR``), and the model's constants ``spread_feature_scale``, ``initial_selection``,
-``initial_holdout``; ``past`` (the past window P instead of the recipe's) and ``prior=NAME:WEIGHT`` (candidate NAME's
-initial weight, the others 1). Each variant's line starts with its untrained model's scores.
+``initial_holdout``, ``spread0`` (the intercept of ``INITIAL_SPREAD``: the initial spread times e^(spread0 + 0.1));
+``past`` (the past window P instead of the recipe's) and ``prior=NAME:WEIGHT`` (candidate NAME's initial weight, the
+others 1). Each variant's line starts with its untrained model's scores; scores are MASE / CRPS / the coverage of the
+10-90% interval.
 ``--val`` trains without the ``windows`` validation windows before the test windows (on the test protocol's series;
 the recipe, past window included, chosen with both held out) and scores on them instead:
 choose settings there, never on the test windows. With the recipe's own settings (the empty variant) the numbers
@@ -75,14 +77,14 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
     labels = [np.asarray(w.target, dtype=float) for w in held]
     index = [w.window for w in held]
 
-    def score(module: Any, past: int) -> tuple[float, float]:
+    def score(module: Any, past: int) -> tuple[float, float, float]:
         s = score_windows(cb.model_quantiles(module, hist, past), labels, hist, index, season)
-        return s["mase"], s["crps"]
+        return s["mase"], s["crps"], s["coverage"]
 
     default_start = recipe_module.AVERAGING_START
     from lightning_dpts.models import classical
     from lightning_dpts.models import combination as comb_module
-    initial_weights = comb_module.INITIAL_WEIGHTS
+    initial_weights, initial_spread = comb_module.INITIAL_WEIGHTS, comb_module.INITIAL_SPREAD
     names = classical.candidate_names(season_lengths(freq))
     model_defaults = {key: getattr(comb_module, key)
                       for key in ("SPREAD_FEATURE_SCALE", "INITIAL_SELECTION", "INITIAL_HOLDOUT", "GATE_LR_FACTOR",
@@ -93,6 +95,7 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
         for key, value in model_defaults.items():  # model constants: spread_feature_scale, initial_holdout, ...
             setattr(comb_module, key, float(kv.get(ALIASES.get(key, key.lower()), value)))
         comb_module.INITIAL_WEIGHTS = initial_weights
+        comb_module.INITIAL_SPREAD = (float(kv.get("spread0", initial_spread[0])), *initial_spread[1:])
         if "prior" in kv:  # prior=NAME:WEIGHT: NAME's initial weight (the others 1)
             chosen, weight = kv["prior"].split(":")
             comb_module.INITIAL_WEIGHTS = {**{n: 1.0 for n in names}, chosen: float(weight)}
@@ -101,7 +104,7 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
                                          lr=float(kv.get("lr", recipe.learning_rate)),
                                          lr_schedule=kv.get("schedule", "cosine"))
         epochs = max(1, round(recipe.epochs * float(kv.get("steps", 1))))
-        results: dict[str, list[tuple[float, float]]] = {"private": [], "twin": []}
+        results: dict[str, list[tuple[float, float, float]]] = {"private": [], "twin": []}
         t0 = time.time()
         for seed in seeds:
             for kind in ("private", "twin") if kv.get("twin") else ("private",):
@@ -110,14 +113,15 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
                 cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
                           epsilon if kind == "private" else None, seed)
                 results[kind].append(score(module, past))
-        means = {k: "{:.4f} / {:.5f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1)))
+        means = {k: "{:.4f} / {:.5f} / {:.2f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1, 2)))
                  for k, v in results.items() if v}
         torch.manual_seed(0)
         untrained = score(estimator.create_lightning_module(), past)
-        print(f"[{variant or 'recipe'}] untrained {untrained[0]:.4f} / {untrained[1]:.5f} {means} private per seed "
-              f"{['{:.4f} / {:.5f}'.format(*r) for r in results['private']]} ({time.time() - t0:.0f} s)", flush=True)
+        print(f"[{variant or 'recipe'}] untrained {untrained[0]:.4f} / {untrained[1]:.5f} / {untrained[2]:.2f} {means} "
+              f"private per seed {['{:.4f} / {:.5f}'.format(*r[:2]) for r in results['private']]} "
+              f"({time.time() - t0:.0f} s)", flush=True)
     recipe_module.AVERAGING_START = default_start
-    comb_module.INITIAL_WEIGHTS = initial_weights
+    comb_module.INITIAL_WEIGHTS, comb_module.INITIAL_SPREAD = initial_weights, initial_spread
 
 
 if __name__ == "__main__":
