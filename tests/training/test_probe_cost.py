@@ -214,7 +214,7 @@ def test_a_forward_that_calls_a_layer_a_data_dependent_number_of_times_is_compar
             _fit(Branching(), 1, size=8, per_window="fast")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64])
 def test_the_spot_checks_finiteness_test_agrees_with_isfinite(dtype):
     """The spot check's one-reduction finiteness test (``aminmax``) against ``isfinite(...).all()`` on every kind of
     non-finite value at every position class (first, middle, last), and on the empty tensor."""
@@ -227,7 +227,7 @@ def test_the_spot_checks_finiteness_test_agrees_with_isfinite(dtype):
             t = base.clone()
             t[1, pos] = bad
             assert _all_finite(t) is bool(torch.isfinite(t).all()) is False
-    huge = torch.full((2, 3), torch.finfo(dtype).max, dtype=dtype)
+    huge = torch.full((2, 3), torch.finfo(dtype).max, dtype=dtype)  # (complex64: float32's largest, real part)
     assert _all_finite(huge) and _all_finite(-huge)
 
 
