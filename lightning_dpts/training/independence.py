@@ -62,9 +62,9 @@ ROUND_OFF_MARGIN = 1024.0
 
 
 def _all_finite(t: torch.Tensor) -> bool:
-    """Whether every element of a floating-point tensor is finite: its minimum and maximum are (``aminmax`` propagates
-    NaN), one reduction without the boolean temporary of ``isfinite(t).all()`` (0.04 against 0.4 ms for the 2 x 10^5
-    values of a spot check)."""
+    """Whether every element of ``t`` is finite. For real floating point: its minimum and maximum are (``aminmax``
+    propagates NaN), one reduction without the boolean temporary of ``isfinite(t).all()`` (0.04 against 0.4 ms for the
+    2 x 10^5 values of a spot check); other dtypes: ``isfinite``."""
     if t.numel() == 0:
         return True
     if not t.is_floating_point():  # (complex: aminmax has no kernel)
