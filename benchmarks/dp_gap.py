@@ -15,9 +15,10 @@ steps after which iterates are averaged), ``schedule`` (``cosine``, ``linear``, 
 ``spread_lr`` (multiples of the learning rate for the gate's and the spread's weights: the model's
 ``GATE_LR_FACTOR``, ``SPREAD_LR_FACTOR``), and the model's constants ``spread_feature_scale``, ``initial_selection``,
 ``initial_holdout``, ``spread0`` (the intercept of ``INITIAL_SPREAD``: the initial spread times e^(spread0 + 0.1));
-``past`` (the past window P instead of the recipe's) and ``prior=NAME:WEIGHT`` (candidate NAME's initial weight, the
-others 1). Each variant's line starts with its untrained model's scores; scores are MASE / CRPS / the coverage of the
-10-90% interval.
+``past`` (the past window P instead of the recipe's), ``prior=NAME:WEIGHT`` (candidate NAME's initial weight, the
+others 1) and ``eps`` (the private run's epsilon, its sigma calibrated to it, the recipe still EPSILON's: ``eps=1000``
+trains almost without noise, to tell clipping's share of the gap from noise's). Each variant's line starts with its
+untrained model's scores; scores are MASE / CRPS / the coverage of the 10-90% interval.
 ``--val`` trains without the ``windows`` validation windows before the test windows (on the test protocol's series;
 the recipe, past window included, chosen with both held out) and scores on them instead:
 choose settings there, never on the test windows. With the recipe's own settings (the empty variant) the numbers
@@ -111,7 +112,7 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
                 torch.manual_seed(seed)
                 module = estimator.create_lightning_module()
                 cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
-                          epsilon if kind == "private" else None, seed)
+                          float(kv.get("eps", epsilon)) if kind == "private" else None, seed)
                 results[kind].append(score(module, past))
         means = {k: "{:.4f} / {:.5f} / {:.2f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1, 2)))
                  for k, v in results.items() if v}
