@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -524,15 +525,17 @@ def _run_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
 
 
-def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path) -> int:
-    """Run the page's commands of these kinds, in order, in one working directory; returns how many ran."""
+def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path,
+                       skip: Callable[[str, list[str]], bool] = lambda command, output: False) -> dict[str, str]:
+    """Run the page's commands of these kinds (except those ``skip(command, shown output)`` names), in order, in one
+    working directory; returns the stdout of each command run."""
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
     if kinds != {"quick"}:  # the quick commands read no files
         _fixture_files(cwd)
-    ran = 0
+    ran: dict[str, str] = {}
     for name, command, output in _documented_commands():
-        if name != page or _kind(command) not in kinds:
+        if name != page or _kind(command) not in kinds or skip(command, output):
             continue
         if "--model runs/demo" in command and not (cwd / "runs" / "demo").exists():  # the run it forecasts with
             done = _run(_argv("dpts fit --output-dir runs/demo", fast=True), cwd, 900)
@@ -542,7 +545,7 @@ def _run_page_commands(page: str, kinds: set[str], fast: bool, tmp_path: Path) -
         assert done.returncode == 0, f"{page}: {command}\n{done.stderr[-3000:]}"
         assert _output_matches(output, done.stdout), f"{page}: {command}: shown\n" + "\n".join(output) + \
             f"\nactual\n{done.stdout}"
-        ran += 1
+        ran[command] = done.stdout
     return ran
 
 
@@ -552,7 +555,7 @@ def _pages_with(kinds: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("page", _pages_with({"quick"}))
 def test_quick_commands_run_and_print_what_the_docs_show(page: str, tmp_path: Path):
-    assert _run_page_commands(page, {"quick"}, fast=False, tmp_path=tmp_path) >= 1
+    assert _run_page_commands(page, {"quick"}, fast=False, tmp_path=tmp_path)
 
 
 #: pages whose long commands (with fast settings) the fast suite runs; the others' take minutes on 2 shared cores
@@ -564,13 +567,41 @@ FAST_SUITE_PAGES = ("README.md",)
 @pytest.mark.parametrize("page", [p if p in FAST_SUITE_PAGES else pytest.param(p, marks=pytest.mark.slow)
                                   for p in _pages_with({"long"})])
 def test_long_commands_run_with_fast_settings(page: str, tmp_path: Path):
-    assert _run_page_commands(page, {"long"}, fast=True, tmp_path=tmp_path) >= 1
+    assert _run_page_commands(page, {"long"}, fast=True, tmp_path=tmp_path)
+
+
+def _run_elsewhere(page: str) -> Callable[[str, list[str]], bool]:
+    """Whether a command of ``page`` runs as written on an earlier page (in :data:`PAGES` order) and ``page`` shows
+    no output for it: the same command on the same fixture files checks nothing new (``make demo``, minutes with
+    AutoETS and AutoTheta, is on both the README and the quickstart)."""
+    earlier = {command for name, command, _ in _documented_commands()
+               if [p.name for p in PAGES].index(name) < [p.name for p in PAGES].index(page)}
+    return lambda command, output: command in earlier and not output
+
+
+def test_a_command_shown_on_two_pages_runs_as_written_once():
+    """README.md and docs/quickstart.md both show ``make demo``: the docs page (first in page order) runs it."""
+    assert _run_elsewhere("README.md")("make demo", [])
+    assert not _run_elsewhere("README.md")("make demo", ["shown output"])
+    assert not _run_elsewhere("quickstart.md")("make demo", [])
+    assert "README.md" not in _pages_as_written()
+
+
+def _pages_as_written() -> list[str]:
+    """Pages with a long or slow command that no earlier page runs already."""
+    return sorted({page for page, command, output in _documented_commands()
+                   if _kind(command) in {"long", "slow"} and not _run_elsewhere(page)(command, output)})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", _pages_with({"long", "slow"}))
+@pytest.mark.parametrize("page", _pages_as_written())
 def test_every_command_runs_as_written(page: str, tmp_path: Path):
-    assert _run_page_commands(page, {"long", "slow"}, fast=False, tmp_path=tmp_path) >= 1
+    """Every long or slow command as written, once (:func:`_run_elsewhere`); for the quickstart also its sample
+    table, in what ``make demo``'s run printed."""
+    ran = _run_page_commands(page, {"long", "slow"}, fast=False, tmp_path=tmp_path, skip=_run_elsewhere(page))
+    assert ran
+    if page == "quickstart.md":
+        _check_quickstart_table(ran["make demo"])
 
 
 def _python_blocks() -> list[tuple[str, int, str]]:
@@ -669,16 +700,23 @@ def test_doctest_blocks_print_what_they_show():
     assert ran >= 1
 
 
-@pytest.mark.slow
-def test_the_quickstart_table_is_what_dpts_fit_prints(tmp_path: Path):
+def _check_quickstart_table(stdout: str) -> None:
     """The sample table of docs/quickstart.md: every row label and the privacy line (numbers left open, since no two
-    runs are alike) appear in what `make demo`'s job prints."""
+    runs are alike) appear in what `make demo`'s job printed (``stdout``; test_every_command_runs_as_written)."""
     block = next(b for lang, b in _FENCE.findall((DOCS / "quickstart.md").read_text()) if lang == ""
                  and "privacy spent" in b)
-    done = _run(_argv("make demo", fast=False), tmp_path, 3000)
-    assert done.returncode == 0, done.stderr[-3000:]
     for line in block.splitlines():
-        assert re.search(_numbers_open(line), done.stdout), line
+        assert re.search(_numbers_open(line), stdout), line
+
+
+def test_the_quickstart_table_check_sees_a_missing_row():
+    """The check of the quickstart's sample table fails on output without the table (and is run with make demo)."""
+    block = next(b for lang, b in _FENCE.findall((DOCS / "quickstart.md").read_text()) if lang == ""
+                 and "privacy spent" in b)
+    _check_quickstart_table(block)
+    with pytest.raises(AssertionError):
+        _check_quickstart_table("\n".join(block.splitlines()[1:]))
+    assert "quickstart.md" in _pages_as_written()
 
 
 def _numbers_open(line: str) -> str:
