@@ -48,7 +48,13 @@ def test_gluonts_model_trains_with_both_callbacks_and_stops_at_the_budget(name, 
     assert [s for s, _ in eps] == list(range(7))  # one value per optimizer step
     values = [e for _, e in eps]
     assert all(0 < e <= budget for e in values)
-    assert values == sorted(values)
+    exact = [acc.epsilon(step + 1, DELTA) for step in range(7)]  # epsilon spent after each step
+    assert all(e >= x * (1 - 1e-9) for e, x in zip(values, exact, strict=True))  # sound: never below the spent one
+    if accountant.max_overhead is None:  # every step waited for its table value: within grid_rtol, nondecreasing
+        assert values == sorted(values)
+        assert all(e <= x * 1.01 for e, x in zip(values, exact, strict=True))
+    # with max_overhead (deepar), a step the table had not reached under load logged the budget's epsilon: a
+    # looser sound bound, so the values need not be sorted (a fresh-clone run on a loaded machine logged 1.85, 1.41)
     assert values[-1] == pytest.approx(budget)
     assert accountant.last_logged["epsilon"] == pytest.approx(values[-1])
     assert set(accountant.last_logged) == {"epsilon", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "mu_gdp"}  # issue 43
