@@ -32,9 +32,10 @@ factor 1 + ``grid_rtol`` (default 1%). The table's thread (with an accountant of
 :meth:`~lightning_dpts.privacy.StructuredSubsamplingAccountant.prepare`) runs while the budget's step count is
 searched and, by default (``background_table=True``), on into the first steps; a step whose value is not computed
 yet waits for it (``max_overhead`` limits the total wait; beyond it the budget's epsilon, also an upper bound, is
-logged). ``background_table=False`` makes train start wait for the whole table. The per-step cost is a look-up plus
-the logger calls; the progress bar, where one is attached, gets the value at most every :data:`BAR_INTERVAL`
-seconds (``self.log`` costs 0.5-2 ms; every logger still gets every step). The final report is computed exactly,
+logged, and kept for the later steps: the logged curve never decreases). ``background_table=False`` makes train
+start wait for the whole table. The per-step cost is a look-up plus the logger calls; the progress bar, where one
+is attached, gets the value at most every :data:`BAR_INTERVAL` seconds (``self.log`` costs 0.5-2 ms; every logger
+still gets every step). The final report is computed exactly,
 and ``dpts fit``'s public epsilon curve reuses the table (:meth:`AccountantCallback.epsilon_table`).
 
 Several processes (Lightning DDP, docs/distributed.md): rank 0 alone accounts - it computes ``max_steps`` and
@@ -94,7 +95,7 @@ class AccountantCallback(StepAccountant):
         max_overhead: with ``background_table=True``. ``None`` (default): when the table has not reached the
             current step, wait for it (every logged value is within ``grid_rtol``). A fraction (> 0): wait only
             while the total waiting stays below this fraction of the measured training time; otherwise log the
-            budget's epsilon, a looser sound bound.
+            budget's epsilon, a looser sound bound, and keep logging it (the logged values never decrease).
         log_name: metric name (default ``"epsilon"``) of the PLD path; the Monte Carlo path logs under
             ``MonteCarloAccountant.log_name`` (``"epsilon_monte_carlo_upper"``) so the value is never mistaken for
             a closed-form accountant's.
@@ -237,6 +238,7 @@ class AccountantCallback(StepAccountant):
         self._bar_time = -math.inf
         #: {metric name: value} logged after the last optimizer step (empty before the first)
         self.last_logged: dict[str, float] = {}
+        self._logged: tuple[float, RiskReadout | None] = (0.0, None)  # (epsilon, read-outs) of last_logged
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -426,6 +428,9 @@ class AccountantCallback(StepAccountant):
             self._train_time += now - self._tick
             self._timed_steps += 1
         value, readout = self._upper_bounds(self.steps)
+        if value < self._logged[0]:  # an earlier step whose table value was late logged the budget's epsilon (a
+            value, readout = self._logged  # looser bound, max_overhead): keep it, so the logged curve never falls
+        self._logged = (value, readout)
         metrics = {self.log_name: value}
         if readout is not None:
             metrics.update(readout.metrics())
