@@ -30,12 +30,13 @@ def _repo_files() -> set[str]:
     return set(done.stdout.splitlines())
 
 
-def _run_twice(argv: list[str], cwd: Path, timeout: int = 900) -> list[str]:
-    """Run ``python argv`` twice from ``cwd``; returns both outputs; asserts both succeed and write nowhere else."""
+def _run_twice(argv: list[str], cwd: Path, timeout: int = 900, runs: int = 2) -> list[str]:
+    """Run ``python argv`` twice (``runs`` times) in a row from ``cwd``; returns the outputs; asserts every run
+    succeeds and none writes anywhere else."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     before = _repo_files()
     outputs = []
-    for attempt in (1, 2):
+    for attempt in range(1, runs + 1):
         done = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
         assert done.returncode == 0, f"run {attempt} of {argv}: {done.stderr[-3000:]}"
@@ -43,17 +44,6 @@ def _run_twice(argv: list[str], cwd: Path, timeout: int = 900) -> list[str]:
     assert sorted(p.name for p in cwd.iterdir()) == [], f"{argv} wrote into the working directory"
     assert _repo_files() == before, f"{argv} wrote into the repository"
     return outputs
-
-
-def _run_once(argv: list[str], cwd: Path, timeout: int = 900) -> str:
-    """Run ``python argv`` once from ``cwd``; asserts it succeeds and writes nowhere else; returns its output."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    before = _repo_files()
-    done = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{argv}: {done.stderr[-3000:]}"
-    assert sorted(p.name for p in cwd.iterdir()) == [], f"{argv} wrote into the working directory"
-    assert _repo_files() == before, f"{argv} wrote into the repository"
-    return done.stdout
 
 
 #: example -> the arguments of a quick run (the fast suite; the others take a minute or more on 2 shared cores even
@@ -105,11 +95,7 @@ def test_example_with_its_own_settings_runs(name: str, tmp_path: Path) -> None:
     """Twice in a row if it writes files (:data:`WRITES_FILES`), else once; never writing outside its run directory."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    argv = [str(EXAMPLES / name), *SLOW[name]]
-    if name in WRITES_FILES:
-        _run_twice(argv, cwd, timeout=1800)
-    else:
-        _run_once(argv, cwd, timeout=1800)
+    _run_twice([str(EXAMPLES / name), *SLOW[name]], cwd, timeout=1800, runs=2 if name in WRITES_FILES else 1)
 
 
 @pytest.mark.slow  # 18 s; the fast suite's rerun checks are privacy_accounting.py and the LightningCLI example
