@@ -106,9 +106,10 @@ def default_candidates(lengths: Sequence[int], *, freq: str, prediction_length: 
     epochs, rate x 3 with twice the epochs and ``seasonal_linear`` (in earlier grids) scored clearly worse. A larger
     C splits the datasets (with the current model, benchmarks/dp_gap.py --val, seeds 0-2, at a search's noise): C x 4
     and x 8 scored 0.6-0.9% better on M4 weekly at epsilon 4 (0.3% at 1), and C x 4 1.5% worse on the bundled data
-    at epsilon 1 (7% at epsilon 4 with a single run's noise); added to this grid, they were never selected by the
-    search on M4 at epsilon 4 (5 seeds). On test CRPS (benchmarks/tuning.py, 5 seeds) this grid and the previous
-    one (rate x 3 neighbours and ``seasonal_linear``) tie within about one standard error; docs/tuning.md."""
+    at epsilon 1 (7% at epsilon 4 with a single run's noise); added to this grid in a one-off run of
+    benchmarks/tuning.py (M4, epsilon 4, 5 seeds), the search never selected them. On test CRPS
+    (benchmarks/tuning.py, 5 seeds) this grid and the previous one (rate x 3 neighbours and ``seasonal_linear``) tie
+    within about one standard error; docs/tuning.md."""
     from lightning_dpts.recipe import choose_recipe
 
     r = choose_recipe(lengths, freq=freq, prediction_length=prediction_length, epsilon=epsilon, delta=delta,
