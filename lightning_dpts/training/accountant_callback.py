@@ -238,7 +238,6 @@ class AccountantCallback(StepAccountant):
         self._bar_time = -math.inf
         #: {metric name: value} logged after the last optimizer step (empty before the first)
         self.last_logged: dict[str, float] = {}
-        self._logged: tuple[float, RiskReadout | None] = (0.0, None)  # (epsilon, read-outs) of last_logged
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -428,12 +427,9 @@ class AccountantCallback(StepAccountant):
             self._train_time += now - self._tick
             self._timed_steps += 1
         value, readout = self._upper_bounds(self.steps)
-        if value < self._logged[0]:  # an earlier step whose table value was late logged the budget's epsilon (a
-            value, readout = self._logged  # looser bound, max_overhead): keep it, so the logged curve never falls
-        self._logged = (value, readout)
-        metrics = {self.log_name: value}
-        if readout is not None:
-            metrics.update(readout.metrics())
+        metrics = {self.log_name: value, **(readout.metrics() if readout is not None else {})}
+        if value < self.last_logged.get(self.log_name, 0.0):  # a late table value logged the budget's epsilon (a
+            metrics, value = self.last_logged, self.last_logged[self.log_name]  # looser bound): kept, never falling
         self.last_logged = metrics
         # the progress bar keeps the last value; self.log costs 0.5-2 ms, so at most every BAR_INTERVAL seconds,
         # and only where a progress bar shows it (the loggers get every step below)
