@@ -90,39 +90,43 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
     model_defaults = {key: getattr(comb_module, key)
                       for key in ("SPREAD_FEATURE_SCALE", "INITIAL_SELECTION", "INITIAL_HOLDOUT", "GATE_LR_FACTOR",
                                   "SPREAD_LR_FACTOR")}
-    for variant in variants:
-        kv = dict(item.split("=") for item in variant.split(",") if item)
-        recipe_module.AVERAGING_START = float(kv.get("avg", default_start))
-        for key, value in model_defaults.items():  # model constants: spread_feature_scale, initial_holdout, ...
-            setattr(comb_module, key, float(kv.get(ALIASES.get(key, key.lower()), value)))
-        comb_module.INITIAL_WEIGHTS = initial_weights
-        comb_module.INITIAL_SPREAD = (float(kv.get("spread0", initial_spread[0])), *initial_spread[1:])
-        if "prior" in kv:  # prior=NAME:WEIGHT: NAME's initial weight (the others 1)
-            chosen, weight = kv["prior"].split(":")
-            comb_module.INITIAL_WEIGHTS = {**{n: 1.0 for n in names}, chosen: float(weight)}
-        past = int(kv.get("past", recipe.context_length))
-        estimator = CombinationEstimator(prediction_length=h, context_length=past, freq=freq,
-                                         lr=float(kv.get("lr", recipe.learning_rate)),
-                                         lr_schedule=kv.get("schedule", "cosine"))
-        epochs = max(1, round(recipe.epochs * float(kv.get("steps", 1))))
-        results: dict[str, list[tuple[float, float, float]]] = {"private": [], "twin": []}
-        t0 = time.time()
-        for seed in seeds:
-            for kind in ("private", "twin") if kv.get("twin") else ("private",):
-                torch.manual_seed(seed)
-                module = estimator.create_lightning_module()
-                cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
-                          float(kv.get("eps", epsilon)) if kind == "private" else None, seed)
-                results[kind].append(score(module, past))
-        means = {k: "{:.4f} / {:.5f} / {:.2f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1, 2)))
-                 for k, v in results.items() if v}
-        torch.manual_seed(0)
-        untrained = score(estimator.create_lightning_module(), past)
-        print(f"[{variant or 'recipe'}] untrained {untrained[0]:.4f} / {untrained[1]:.5f} / {untrained[2]:.2f} {means} "
-              f"private per seed {['{:.4f} / {:.5f}'.format(*r[:2]) for r in results['private']]} "
-              f"({time.time() - t0:.0f} s)", flush=True)
-    recipe_module.AVERAGING_START = default_start
-    comb_module.INITIAL_WEIGHTS, comb_module.INITIAL_SPREAD = initial_weights, initial_spread
+    try:
+        for variant in variants:
+            kv = dict(item.split("=") for item in variant.split(",") if item)
+            recipe_module.AVERAGING_START = float(kv.get("avg", default_start))
+            for key, value in model_defaults.items():  # model constants: spread_feature_scale, initial_holdout, ...
+                setattr(comb_module, key, float(kv.get(ALIASES.get(key, key.lower()), value)))
+            comb_module.INITIAL_WEIGHTS = initial_weights
+            comb_module.INITIAL_SPREAD = (float(kv.get("spread0", initial_spread[0])), *initial_spread[1:])
+            if "prior" in kv:  # prior=NAME:WEIGHT: NAME's initial weight (the others 1)
+                chosen, weight = kv["prior"].split(":")
+                comb_module.INITIAL_WEIGHTS = {**{n: 1.0 for n in names}, chosen: float(weight)}
+            past = int(kv.get("past", recipe.context_length))
+            estimator = CombinationEstimator(prediction_length=h, context_length=past, freq=freq,
+                                             lr=float(kv.get("lr", recipe.learning_rate)),
+                                             lr_schedule=kv.get("schedule", "cosine"))
+            epochs = max(1, round(recipe.epochs * float(kv.get("steps", 1))))
+            results: dict[str, list[tuple[float, float, float]]] = {"private": [], "twin": []}
+            t0 = time.time()
+            for seed in seeds:
+                for kind in ("private", "twin") if kv.get("twin") else ("private",):
+                    torch.manual_seed(seed)
+                    module = estimator.create_lightning_module()
+                    cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
+                              float(kv.get("eps", epsilon)) if kind == "private" else None, seed)
+                    results[kind].append(score(module, past))
+            means = {k: "{:.4f} / {:.5f} / {:.2f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1, 2)))
+                     for k, v in results.items() if v}
+            torch.manual_seed(0)
+            untrained = score(estimator.create_lightning_module(), past)
+            print(f"[{variant or 'recipe'}] untrained {untrained[0]:.4f} / {untrained[1]:.5f} / {untrained[2]:.2f} "
+                  f"{means} private per seed {['{:.4f} / {:.5f}'.format(*r[:2]) for r in results['private']]} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+    finally:  # the module constants as they were, also after an error
+        recipe_module.AVERAGING_START = default_start
+        comb_module.INITIAL_WEIGHTS, comb_module.INITIAL_SPREAD = initial_weights, initial_spread
+        for key, value in model_defaults.items():
+            setattr(comb_module, key, value)
 
 
 if __name__ == "__main__":
