@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -88,6 +89,12 @@ def test_dpts_fit_output_is_short_with_the_recipe_and_the_verdict(tiny_csv, tmp_
     assert "it/s" not in text and "\r" not in text and "site-packages" not in text  # no bar, no warning paths
     assert "GPU available" not in text and "litlogger" not in text
     assert "  step " in text  # the progress report of a log
+    # what goes to a log names the private numbers as such, and the noise-free training loss is not among them
+    from lightning_dpts.app.reporting import PRIVATE_TABLE_NOTE
+
+    lines = text.splitlines()
+    assert lines[lines.index(PRIVATE_TABLE_NOTE) + 1].startswith("model ")
+    assert re.search(r"  step \d+, epoch \d+: epsilon=", text) and "train_loss" not in text, text
     seeded = [line for line in text.splitlines() if "does NOT hold" in line]
     assert len(seeded) == 1 and seeded[0].startswith("WARNING: "), seeded
 
@@ -103,3 +110,25 @@ def test_delta_at_least_one_over_n_is_warned_once(monkeypatch):
         assert not console_module.warn_delta_above_one_over_n(1 / 146, 145, "series")
         assert console_module.warn_delta_above_one_over_n(1 / 145, 145, "series")  # delta = 1/N warns too
     assert len(lines) == 2 and lines[0].startswith("WARNING: delta=0.01 is >= 1/N = 1/145"), lines
+
+
+def test_the_step_lines_of_a_log_show_epsilon_but_never_the_training_loss():
+    """The lines written instead of a progress bar (to a log, which may be shared) carry the accountant's public
+    values only: the module's logged training loss is computed on private batches without noise."""
+    import torch
+
+    from lightning_dpts.app.console import step_lines
+
+    written: list[str] = []
+    callback = step_lines(every=5, write=written.append)
+
+    class Accountant:
+        last_logged = {"epsilon": 0.5, "mu_gdp": 0.1}
+
+    class Trainer:
+        global_step, current_epoch = 10, 2
+        callback_metrics = {"train_loss": torch.tensor(0.123456), "val_loss": torch.tensor(0.5)}
+        callbacks = [callback, Accountant()]
+
+    callback.on_train_batch_end(Trainer())
+    assert written == ["  step 10, epoch 2: epsilon=0.5, mu_gdp=0.1"]

@@ -366,7 +366,8 @@ def test_table_names_the_mechanism_that_trained_the_private_model(bands, label):
               "bound": {"theorem": "Theorem 4.4", "kind": "tight"}, "config": {"bands": bands}}
     report["metrics"] = {k: {**v, "mae": 1.0} for k, v in report["metrics"].items()}
     rows = format_table(report).splitlines()
-    assert rows[1].startswith(label)
+    assert rows[0].startswith("private (") and rows[1].startswith("model ")
+    assert rows[2].startswith(label)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -114,7 +114,12 @@ class Console:
 
 def step_lines(every: int | None = None, write: Callable[[str], None] = print) -> Any:
     """A Lightning callback printing one line every ``every`` optimizer steps (default: a tenth of the planned
-    steps) and at the end of training: the progress report ``dpts`` gives when stdout is not a terminal."""
+    steps) and at the end of training: the progress report ``dpts`` gives when stdout is not a terminal.
+
+    A line shows the step, the epoch and the :class:`~lightning_dpts.training.AccountantCallback`'s last logged
+    values (epsilon and the membership read-outs: public functions of the configuration), never a metric the module
+    logs: its training loss is computed on private batches without noise, and these lines go to a log file
+    (``private/logs/`` keeps the loss, for the data owner)."""
     from lightning.pytorch.callbacks import Callback
 
     class StepLines(Callback):
@@ -132,7 +137,7 @@ def step_lines(every: int | None = None, write: Callable[[str], None] = print) -
             if step == self._last:
                 return
             self._last = step
-            metrics = {k: v for k, v in trainer.callback_metrics.items() if k == "train_loss"}
+            metrics: dict[str, Any] = {}
             for callback in trainer.callbacks:  # the AccountantCallback's last epsilon (it skips the metrics
                 metrics.update(getattr(callback, "last_logged", {}))  # of a progress bar that is not there)
             shown = ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(metrics.items()))

@@ -22,9 +22,9 @@ from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.evaluation import quantile_matrix
 from lightning_dpts.outputs import PRIVATE_DIR
 
-__all__ = ["EVALUATION_FILE", "PRIVATE_NOTICE", "PUBLIC_NOTICE", "clipping_report", "config_dict", "curve_by_step",
-           "dp_metrics", "epsilon_curve", "format_table", "levers", "private_report", "public_report", "risk_report",
-           "spec_dict", "write_run_files"]
+__all__ = ["EVALUATION_FILE", "PRIVATE_NOTICE", "PRIVATE_TABLE_NOTE", "PUBLIC_NOTICE", "clipping_report",
+           "config_dict", "curve_by_step", "dp_metrics", "epsilon_curve", "format_table", "levers", "private_report",
+           "public_report", "risk_report", "spec_dict", "write_run_files"]
 
 #: The private evaluation of a run, under ``private/``.
 EVALUATION_FILE = "evaluation.json"
@@ -40,6 +40,9 @@ PRIVATE_NOTICE = (
     "model, verdict, levers): NOT covered by the (epsilon, delta) guarantee - keep it with the data owner, do not "
     "publish it"
 )
+#: The first line of :func:`format_table`: what is printed is read by whoever sees the terminal or the log it goes to.
+PRIVATE_TABLE_NOTE = ("private (computed from the data without noise, NOT covered; keep with the data owner): "
+                      "the table and the verdict lines below")
 #: Largest relative step between consecutive values of the public epsilon curve (report.json ``epsilon_curve``,
 #: epsilon.png): the AccountantCallback's per-step table (same rtol), else computed after training from the
 #: accountant alone (the demo's curve: about 0.5 s).
@@ -351,6 +354,9 @@ def levers(spec: Any, epsilon: float, count_epsilon: float, delta: float, steps:
 def format_table(report: dict[str, Any]) -> str:
     """The printed result table: metrics per model plus the spent (epsilon, delta) and the bound used.
 
+    Its first line, :data:`PRIVATE_TABLE_NOTE`, says that the table and the verdict are private (they are
+    ``private/evaluation.json``'s numbers); the privacy, membership and ``DP-released (public)`` lines are public.
+
     ``report`` is what :func:`run_fit` returns: the public report with the private evaluation under ``"private"``
     (a flat dict with ``metrics`` at the top, as before the split, is read too).
     """
@@ -359,7 +365,8 @@ def format_table(report: dict[str, Any]) -> str:
     private = "private model (DP-SGD)" if bands is None else f"private model (BandMF b={bands})"
     names = {"dp": private, "non_dp": "same model, no DP", "seasonal_naive": "seasonal naive (intervals)",
              "autoets": "AutoETS", "autotheta": "AutoTheta"}
-    lines = [f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>20} {'MAE':>12} {'MASE':>8} "
+    lines = [PRIVATE_TABLE_NOTE,
+             f"{'model':28} {'CRPS (mean wQL)':>16} {'CRPS per window':>20} {'MAE':>12} {'MASE':>8} "
              f"{'10-90% cov.':>11}"]
     for key, values in report["metrics"].items():
         per = values.get("crps_per_window", [])
