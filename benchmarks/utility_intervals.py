@@ -168,12 +168,15 @@ def main(argv: list[str] | None = None) -> None:
     for label, rows in subsets:
         part = {name: tuple(v[rows] for v in t) for name, t in terms.items()}
         result = series_bootstrap(part, owner[rows], private, twin, list(BASELINES), args.resamples)
-        point = {name: (np.nanmean(part[name][2]), part[name][0].sum() / part[name][1].sum())
-                 for name in (*BASELINES, *private, *twin)}
+        point = {}  # MASE, CRPS, 10-90% coverage
+        for name in (*BASELINES, *private, *twin):
+            covered = score_windows([forecasts[name][i] for i in rows], [labels[i] for i in rows],
+                                    [hist[i] for i in rows], [index[i] for i in rows], season)["coverage"]
+            point[name] = (np.nanmean(part[name][2]), part[name][0].sum() / part[name][1].sum(), covered)
         shown = {"private": np.mean([point[n] for n in private], 0), "twin": np.mean([point[n] for n in twin], 0),
                  **{name: point[name] for name in BASELINES}}
-        print(f"{label} ({len(rows)} forecasts, {len(np.unique(owner[rows]))} series); MASE / CRPS: "
-              + ", ".join(f"{name} {m:.3f} / {c:.5f}" for name, (m, c) in shown.items()))
+        print(f"{label} ({len(rows)} forecasts, {len(np.unique(owner[rows]))} series); MASE / CRPS / coverage: "
+              + ", ".join(f"{name} {m:.3f} / {c:.5f} / {v:.2f}" for name, (m, c, v) in shown.items()))
         print("  ratios with 90% series-bootstrap intervals:")
         for key, (point, low, high) in result.items():
             print(f"  {key:20} {point:.3f}  [{low:.3f}, {high:.3f}]")
