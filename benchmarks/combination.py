@@ -35,6 +35,7 @@ import os
 import statistics
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,54 @@ def _train(module: Any, dm: Any, epochs: int, clip: float, epsilon: float | None
                         num_sanity_val_steps=0)
     trainer.fit(module, datamodule=dm)
     return int(trainer.global_step), (float(strategy.noise_multiplier) if strategy is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One dataset x protocol x epsilon set up as ``dpts fit`` sets it up, from public metadata: the recipe, the
+    series its short-series threshold keeps, and the held-out windows (``validation``: the validation windows
+    before the test windows, never the test windows; the recipe then chosen with both held out)."""
+
+    recipe: Any
+    kept: list[np.ndarray]
+    freq: str
+    horizon: int
+    season: int
+    windows: int
+    validation: bool = False
+
+    def datamodule(self, seed: int, past: int | None = None) -> Any:
+        """The datamodule of the recipe's batch size, with past window ``past`` (default: the recipe's)."""
+        from lightning_dpts.data import StructuredSubsamplingDataModule
+
+        return StructuredSubsamplingDataModule(self.kept, context_length=past or self.recipe.context_length,
+                                               prediction_length=self.horizon, batch_size=self.recipe.batch_size,
+                                               freq=self.freq, test_windows=self.windows,
+                                               val_windows=self.windows if self.validation else 0, seed=seed)
+
+    def held_out(self) -> list[Any]:
+        """The windows scored: the validation windows with ``validation``, else the test windows (each with its
+        ``history``, ``target``, ``window`` index and ``series_index``)."""
+        return self.datamodule(0).evaluation_windows("val" if self.validation else "test")
+
+
+def cell(name: str, protocol: str, epsilon: float, validation: bool = False) -> Cell:
+    """:class:`Cell` of dataset ``name`` (:data:`DATASETS`), ``protocol`` (``rolling``: 4 held-out windows,
+    ``last``: 1) and ``epsilon`` (delta = :data:`DELTA`)."""
+    from lightning_dpts.data.seasonality import season_lengths
+    from lightning_dpts.recipe import choose_recipe
+
+    series, freq = _series(name, 1)
+    h = DATASETS[name]["horizon"]
+    windows = 4 if protocol == "rolling" else 1
+    lengths = [len(s) for s in series]
+    recipe = choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon, delta=DELTA,
+                           held_out_windows=windows)
+    if validation:  # the test protocol's series (its short-series threshold), validation windows held out too
+        recipe = choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon, delta=DELTA,
+                               held_out_windows=2 * windows, min_series_length=recipe.min_series_length)
+    kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
+    return Cell(recipe, kept, freq, h, season_lengths(freq)[0], windows, validation)
 
 
 def run(name: str, protocol: str, epsilons: list[float], seeds: list[int], every: int, horizon: int | None,

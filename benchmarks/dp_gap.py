@@ -48,32 +48,15 @@ ALIASES = {"GATE_LR_FACTOR": "gate_lr", "SPREAD_LR_FACTOR": "spread_lr"}
 def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: list[str],
          validation: bool = False) -> None:
     import lightning_dpts.recipe as recipe_module
-    from lightning_dpts.data import StructuredSubsamplingDataModule
     from lightning_dpts.data.seasonality import season_lengths
     from lightning_dpts.evaluation import score_windows
     from lightning_dpts.models import CombinationEstimator
 
-    series, freq = cb._series(name, 1)
-    h = cb.DATASETS[name]["horizon"]
-    windows = 4 if protocol == "rolling" else 1
-    season = season_lengths(freq)[0]
-    lengths = [len(s) for s in series]
-    recipe = recipe_module.choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon, delta=cb.DELTA,
-                                         held_out_windows=windows)
-    if validation:  # the test protocol's series (its short-series threshold), validation windows held out too
-        recipe = recipe_module.choose_recipe(lengths, freq=freq, prediction_length=h, epsilon=epsilon,
-                                             delta=cb.DELTA, held_out_windows=2 * windows,
-                                             min_series_length=recipe.min_series_length)
-    kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
+    setup = cb.cell(name, protocol, epsilon, validation)
+    recipe, kept, freq, h, season = setup.recipe, setup.kept, setup.freq, setup.horizon, setup.season
     print(f"{name} {protocol} eps={epsilon:g}: N={len(kept)} B={recipe.batch_size} S={recipe.steps} "
           f"P={recipe.context_length} C={recipe.max_grad_norm:g} lr={recipe.learning_rate:g}", flush=True)
-
-    def datamodule(seed: int, past: int) -> Any:
-        return StructuredSubsamplingDataModule(kept, context_length=past, prediction_length=h,
-                                               batch_size=recipe.batch_size, freq=freq, test_windows=windows,
-                                               val_windows=windows if validation else 0, seed=seed)
-
-    held = datamodule(0, recipe.context_length).evaluation_windows("val" if validation else "test")
+    held = setup.held_out()
     hist = [np.asarray(w.history, dtype=float) for w in held]
     labels = [np.asarray(w.target, dtype=float) for w in held]
     index = [w.window for w in held]
@@ -112,7 +95,7 @@ def main(name: str, protocol: str, epsilon: float, seeds: list[int], variants: l
                 for kind in ("private", "twin") if kv.get("twin") else ("private",):
                     torch.manual_seed(seed)
                     module = estimator.create_lightning_module()
-                    cb._train(module, datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
+                    cb._train(module, setup.datamodule(seed, past), epochs, float(kv.get("clip", recipe.max_grad_norm)),
                               float(kv.get("eps", epsilon)) if kind == "private" else None, seed)
                     results[kind].append(score(module, past))
             means = {k: "{:.4f} / {:.5f} / {:.2f}".format(*tuple(statistics.mean(r[i] for r in v) for i in (0, 1, 2)))

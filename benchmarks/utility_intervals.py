@@ -7,13 +7,14 @@ Usage::
 
 For one cell of ``benchmarks/utility.py`` (dataset x protocol x epsilon, delta = 1e-7), it trains the recipe's model
 (``combination``, the recipe chosen from public metadata as ``dpts fit`` does) with DP-SGD and its non-DP twin for
-every seed, as ``benchmarks/dp_gap.py`` does (its point estimates equal ``utility.py``'s: M4 weekly rolling at
-epsilon = 4 gives the table's 0.944 / 0.880 and 1.002 on all windows), fits seasonal naive with intervals, AutoETS and
-AutoTheta to every held-out window (:func:`lightning_dpts.baselines.baseline_quantiles`, the fits kept in
-``--cache``, about 12 minutes for M4 weekly's 1,172 windows on one core), and prints the ratios private / best
-baseline and private / twin (MASE, CRPS; the private model's and the twin's metric is the mean over seeds) for all
-windows and for ``dpts fit``'s fixed subsample of ``--subsample`` windows
-(:func:`~lightning_dpts.baselines.baseline_subset`), each with a 90% interval.
+every seed, set up by ``combination.cell`` as in ``benchmarks/dp_gap.py`` (its point estimates equal
+``utility.py``'s: M4 weekly rolling at epsilon = 4 gives the table's 0.944 / 0.880 and 1.002 on all windows). It
+fits seasonal naive with intervals, AutoETS and AutoTheta to every held-out window
+(:func:`lightning_dpts.baselines.baseline_quantiles`, the fits kept in ``--cache``, about 12 minutes for M4 weekly's
+1,172 windows on one core) and prints every model's pooled MASE, CRPS and coverage, then the ratios private / best
+baseline and private / twin (MASE, CRPS; the private model's and the twin's metric is the mean over seeds), each
+with a 90% interval, for all windows and for ``dpts fit``'s fixed subsample of ``--subsample`` windows
+(:func:`~lightning_dpts.baselines.baseline_subset`).
 
 **The interval** is a percentile bootstrap over series: a resample draws the series with replacement and keeps all
 windows of each (a series' rolling windows are not independent), then recomputes every model's pooled metric, the
@@ -30,7 +31,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -38,8 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: Quantiles of the bootstrap distribution printed as the interval (a 90% interval).
 INTERVAL = (0.05, 0.95)
-#: The baselines issue 37's verdict compares with (the best of them per metric).
-BASELINES = ("seasonal_naive", "autoets", "autotheta")
 
 
 def per_forecast(quantiles: list[np.ndarray], labels: list[np.ndarray], scales: np.ndarray,
@@ -106,30 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from lightning_dpts.baselines import BaselineCache, baseline_quantiles, baseline_subset
-    from lightning_dpts.data import StructuredSubsamplingDataModule
-    from lightning_dpts.data.seasonality import season_lengths
     from lightning_dpts.evaluation import score_windows, seasonal_errors
     from lightning_dpts.models import CombinationEstimator
-    from lightning_dpts.recipe import choose_recipe
 
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     seeds = [int(s) for s in args.seeds.split(",")]
-    series, freq = cb._series(args.dataset, 1)
-    h = cb.DATASETS[args.dataset]["horizon"]
-    windows = 4 if args.protocol == "rolling" else 1
-    season = season_lengths(freq)[0]
-    recipe = choose_recipe([len(s) for s in series], freq=freq, prediction_length=h, epsilon=args.epsilon,
-                           delta=cb.DELTA, held_out_windows=windows)
-    kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
-
-    def datamodule(seed: int) -> Any:
-        return StructuredSubsamplingDataModule(kept, context_length=recipe.context_length, prediction_length=h,
-                                               batch_size=recipe.batch_size, freq=freq, test_windows=windows,
-                                               seed=seed)
-
-    held = datamodule(0).evaluation_windows("test")
+    setup = cb.cell(args.dataset, args.protocol, args.epsilon)
+    recipe, h, season = setup.recipe, setup.horizon, setup.season
+    held = setup.held_out()
     hist = [np.asarray(w.history, dtype=float) for w in held]
     labels = [np.asarray(w.target, dtype=float) for w in held]
     index = [w.window for w in held]
@@ -141,25 +125,18 @@ def main(argv: list[str] | None = None) -> None:
     cache.load(cache_file)  # (none the first time)
     forecasts = dict(baseline_quantiles(hist, h, season, cache=cache, max_windows=None).forecasts)
     cache.save(cache_file)
-    print(f"{args.dataset} {args.protocol} eps={args.epsilon:g}: {len(held)} forecasts of {len(kept)} series; "
-          f"baselines {time.time() - t0:.0f} s", flush=True)
-    estimator = CombinationEstimator(prediction_length=h, context_length=recipe.context_length, freq=freq,
+    print(f"{args.dataset} {args.protocol} eps={args.epsilon:g}: {len(held)} forecasts of {len(setup.kept)} "
+          f"series; baselines {time.time() - t0:.0f} s", flush=True)
+    estimator = CombinationEstimator(prediction_length=h, context_length=recipe.context_length, freq=setup.freq,
                                      lr=recipe.learning_rate)
     for seed in seeds:
         for kind, epsilon in (("private", args.epsilon), ("twin", None)):
             torch.manual_seed(seed)
             module = estimator.create_lightning_module()
-            cb._train(module, datamodule(seed), recipe.epochs, recipe.max_grad_norm, epsilon, seed)
+            cb._train(module, setup.datamodule(seed), recipe.epochs, recipe.max_grad_norm, epsilon, seed)
             forecasts[f"{kind}{seed}"] = cb.model_quantiles(module, hist, recipe.context_length)
-    levels = cb._levels()
     scales = np.asarray(seasonal_errors(hist, season), dtype=float)
-    terms = {}
-    for name, quantiles in forecasts.items():
-        terms[name] = per_forecast(quantiles, labels, scales, levels)
-        pooled = score_windows(quantiles, labels, hist, index, season)  # the package's metrics, as utility.py's
-        num, den, mase = terms[name]
-        assert np.isclose(num.sum() / den.sum(), pooled["crps"], rtol=1e-6), name
-        assert np.isclose(np.nanmean(mase), pooled["mase"], rtol=1e-6), name
+    terms = {name: per_forecast(q, labels, scales, cb._levels()) for name, q in forecasts.items()}
     private, twin = [f"private{s}" for s in seeds], [f"twin{s}" for s in seeds]
     subsets = [("all windows", np.arange(len(held)))]
     chosen = baseline_subset(len(held), args.subsample)
@@ -167,20 +144,21 @@ def main(argv: list[str] | None = None) -> None:
         subsets.append((f"dpts fit's {args.subsample}-window subsample", np.asarray(chosen)))
     for label, rows in subsets:
         part = {name: tuple(v[rows] for v in t) for name, t in terms.items()}
-        result = series_bootstrap(part, owner[rows], private, twin, list(BASELINES), args.resamples)
-        point = {}  # MASE, CRPS, 10-90% coverage
-        for name in (*BASELINES, *private, *twin):
-            covered = score_windows([forecasts[name][i] for i in rows], [labels[i] for i in rows],
-                                    [hist[i] for i in rows], [index[i] for i in rows], season)["coverage"]
-            point[name] = (np.nanmean(part[name][2]), part[name][0].sum() / part[name][1].sum(), covered)
-        shown = {"private": np.mean([point[n] for n in private], 0), "twin": np.mean([point[n] for n in twin], 0),
-                 **{name: point[name] for name in BASELINES}}
+        metrics = {}  # the package's pooled metrics (utility.py's); the bootstrap's terms must pool to them
+        for name, (num, den, mase) in part.items():
+            pooled = score_windows([forecasts[name][i] for i in rows], [labels[i] for i in rows],
+                                   [hist[i] for i in rows], [index[i] for i in rows], season)
+            assert np.isclose(num.sum() / den.sum(), pooled["crps"], rtol=1e-6), name
+            assert np.isclose(np.nanmean(mase), pooled["mase"], rtol=1e-6), name
+            metrics[name] = np.array([pooled["mase"], pooled["crps"], pooled["coverage"]])
+        shown = {"private": np.mean([metrics[n] for n in private], 0), "twin": np.mean([metrics[n] for n in twin], 0),
+                 **{name: metrics[name] for name in cb.BASELINES}}
         print(f"{label} ({len(rows)} forecasts, {len(np.unique(owner[rows]))} series); MASE / CRPS / coverage: "
               + ", ".join(f"{name} {m:.3f} / {c:.5f} / {v:.2f}" for name, (m, c, v) in shown.items()))
         print("  ratios with 90% series-bootstrap intervals:")
-        for key, (point, low, high) in result.items():
-            print(f"  {key:20} {point:.3f}  [{low:.3f}, {high:.3f}]")
-
+        result = series_bootstrap(part, owner[rows], private, twin, list(cb.BASELINES), args.resamples)
+        for key, (ratio, low, high) in result.items():
+            print(f"  {key:20} {ratio:.3f}  [{low:.3f}, {high:.3f}]")
 
 if __name__ == "__main__":
     main()

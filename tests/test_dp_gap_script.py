@@ -4,18 +4,11 @@ model)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
-
-def test_a_failing_variant_leaves_the_module_constants_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import dp_gap
-
+def test_a_failing_variant_leaves_the_module_constants_as_they_were(benchmark_script) -> None:
+    dp_gap = benchmark_script("dp_gap")
     import lightning_dpts.recipe as recipe_module
     from lightning_dpts.models import combination as comb_module
 
@@ -28,5 +21,3 @@ def test_a_failing_variant_leaves_the_module_constants_as_they_were(monkeypatch:
         dp_gap.main("us_employment", "last", 4.0, [0], ["initial_holdout=0.7,avg=0.9,spread0=-1,lr=abc"])
     assert {name: getattr(comb_module, name) for name in names} == before
     assert recipe_module.AVERAGING_START == start
-    sys.modules.pop("dp_gap", None)
-    sys.modules.pop("combination", None)

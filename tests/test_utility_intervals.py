@@ -3,27 +3,18 @@ bootstrap's point estimates and intervals behave as a percentile bootstrap over 
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
 from lightning_dpts.evaluation import score_windows, seasonal_errors
 from lightning_dpts.metrics import DEFAULT_QUANTILES
-from tests.test_dp_gap_script import BENCHMARKS
 
 LEVELS = np.asarray(DEFAULT_QUANTILES)
 
 
-@pytest.fixture(scope="module")
-def intervals():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import utility_intervals
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    yield utility_intervals
-    sys.modules.pop("utility_intervals", None)
+@pytest.fixture
+def intervals(benchmark_script):
+    return benchmark_script("utility_intervals")
 
 
 def _forecasts(rng, n: int, h: int, shift: float = 0.0):
