@@ -112,3 +112,26 @@ def test_cli_default_horizon_is_dpts_fits(capsys) -> None:
     assert described["prediction_length"] == 12
     assert main(["tune", "--plan-only", "--epsilon", "4", "--prediction-length", "6"]) == 0
     assert json.loads(capsys.readouterr().out)["prediction_length"] == 6
+
+
+def test_cli_hides_known_third_party_notices(monkeypatch, capsys) -> None:
+    """dpts tune runs inside the command's console settings like dpts fit: GluonTS' json notice (printed on every
+    ``dpts tune`` before) is hidden, stdout stays one JSON object with --plan-only."""
+    import warnings
+
+    import lightning_dpts.tuning as tuning
+
+    original = tuning.plan
+
+    def noisy_plan(*args, **kwargs):
+        warnings.warn("Using `json`-module for json-handling. Consider installing one of `orjson`, `ujson`",
+                      UserWarning, stacklevel=1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "plan", noisy_plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["tune", "--plan-only", "--epsilon", "4"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["prediction_length"] == 12
+    assert "json" not in captured.err

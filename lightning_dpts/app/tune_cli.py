@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from lightning_dpts.errors import ConfigurationError
@@ -92,8 +93,19 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    """Run ``dpts tune``; ConfigurationError propagates (exit status 2 in :func:`lightning_dpts.app.cli.main`)."""
+    """Run ``dpts tune``; ConfigurationError propagates (exit status 2 in :func:`lightning_dpts.app.cli.main`).
+
+    Known third-party notices are hidden and this package's warnings go to stderr once each, as for the other
+    commands (:func:`~lightning_dpts.app.console.dpts_console`): stdout is the result, or one JSON object with
+    ``--plan-only``."""
     _check(args)  # before reading data or importing torch
+    from lightning_dpts.app.console import dpts_console
+
+    with dpts_console(False, write=lambda text: print(text, file=sys.stderr)):
+        return _run_tune(args)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
     candidates = None
     if args.candidates is not None:
         from lightning_dpts.tuning import Candidate

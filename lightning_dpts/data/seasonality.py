@@ -23,6 +23,8 @@ frequency string alone, so it costs no privacy (PRIVACY-NOTES trap 5).
 
 from __future__ import annotations
 
+import warnings
+
 from lightning_dpts.errors import ConfigurationError
 
 __all__ = ["season_lengths"]
@@ -41,7 +43,9 @@ def _base(freq: str) -> tuple[str, int]:
     import pandas as pd
 
     try:
-        offset = pd.tseries.frequencies.to_offset(freq)
+        with warnings.catch_warnings():  # "M", "Q", "A" (GluonTS' period aliases): pandas >= 2.2 prefers "ME", ...
+            warnings.simplefilter("ignore", FutureWarning)
+            offset = pd.tseries.frequencies.to_offset(freq)
     except (TypeError, ValueError) as err:
         raise ConfigurationError("freq", freq, f"not a pandas frequency string ({err})") from None
     name = offset.name.split("-")[0]
@@ -67,7 +71,9 @@ def season_lengths(freq: str, season_length: int | None = None) -> tuple[int, ..
     else:
         from gluonts.time_feature import get_seasonality
 
-        cycles = (int(get_seasonality(freq)),)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            cycles = (int(get_seasonality(freq)),)
     if season_length is None:
         return cycles
     if isinstance(season_length, bool) or not isinstance(season_length, int) or season_length < 1:

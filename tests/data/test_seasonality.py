@@ -32,3 +32,14 @@ def test_bad_season_length_names_the_parameter(bad: object) -> None:
 def test_bad_frequency_names_the_parameter() -> None:
     with pytest.raises(ConfigurationError, match="freq"):
         season_lengths("XYZ")
+
+
+@pytest.mark.parametrize("freq", ["M", "Q", "A", "ME", "h"])
+def test_period_aliases_do_not_warn(freq: str) -> None:
+    """GluonTS' period aliases ("M": the bundled data's frequency) are accepted without pandas' FutureWarning
+    about "ME", which every `dpts fit` / `dpts tune` on monthly data used to print."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        season_lengths(freq)

@@ -353,6 +353,20 @@ def test_the_checks_leave_training_unchanged_also_with_dropout():
     assert torch.equal(thetas[0], thetas[1])
 
 
+def test_the_checks_seed_only_the_forked_cpu_generator(monkeypatch):
+    """On a CPU module the probe's passes and the spot check's reruns seed the CPU generator that fork_rng restores,
+    not torch.manual_seed: that also seeds every accelerator type outside the fork (and formatted a stack trace per
+    call, ~2 ms each, in every fit's first spot check). Counted, with a random training_step (dropout) so that
+    the reruns run."""
+    module, calls = DropoutForecaster(), []  # (its constructor seeds torch)
+    original = torch.manual_seed
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: calls.append(seed) or original(seed))
+    strategy = DPForecastStrategy(SIGMA, C, seed=0, per_window="fast", spot_check=1.0)
+    _fit_with(strategy, module)
+    assert strategy.spot.stochastic is True and strategy.probes >= 1
+    assert calls == []
+
+
 class InPlaceForecaster(Forecaster):
     """Writes into its input batch (imputes masked values, rescales in place): windows stay independent."""
 
