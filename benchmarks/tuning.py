@@ -3,7 +3,7 @@
 Usage::
 
     nice -n 10 python benchmarks/tuning.py [--datasets us_employment,m4_weekly] [--epsilons 1,4] [--seeds 0,1,2,3,4]
-        [--mean-runs 8] [--out runs/tuning.jsonl]
+        [--mean-runs 8] [--eta 0] [--out runs/tuning.jsonl]
 
 For every dataset x epsilon x seed (delta = 1e-7; every series ends with a test window of H steps, never read, and a
 validation window of H steps before it; the recipe's short-series rule):
@@ -11,7 +11,8 @@ validation window of H steps before it; the recipe's short-series rule):
 * **fixed**: the recipe's setting (combination model), sigma calibrated by the PLD accountant to (epsilon, delta)
   over its planned steps, as ``dpts fit`` does;
 * **tuned**: :func:`lightning_dpts.tuning.tune` over the 8 default candidates (the recipe and its neighbours),
-  random stopping with E[K] = ``--mean-runs``, the whole search calibrated to the same (epsilon, delta).
+  random stopping with E[K] = ``--mean-runs`` and the truncated negative binomial's ``--eta`` (docs/tuning.md), the
+  whole search calibrated to the same (epsilon, delta).
 
 Both are scored on the test windows in CRPS (pooled mean weighted quantile loss, as ``dpts fit`` reports it), next
 to seasonal naive. It also prints the search's total epsilon against one run of the recipe's setting at the noise the
@@ -95,7 +96,7 @@ def naive_crps(dm: Any, season: int) -> float:
                                [w.window for w in held], season)["crps"])
 
 
-def run(name: str, epsilon: float, seed: int, mean_runs: float) -> dict[str, Any]:
+def run(name: str, epsilon: float, seed: int, mean_runs: float, eta: float = 0.0) -> dict[str, Any]:
     import lightning as L
 
     from lightning_dpts.data.seasonality import season_lengths
@@ -112,7 +113,7 @@ def run(name: str, epsilon: float, seed: int, mean_runs: float) -> dict[str, Any
     kept = [s for s in series if len(s) >= (recipe.min_series_length or 1)]
     candidates = default_candidates([len(s) for s in kept], freq=freq, prediction_length=h, epsilon=epsilon,
                                     delta=DELTA)
-    row: dict[str, Any] = {"dataset": name, "epsilon": epsilon, "seed": seed, "series": len(kept)}
+    row: dict[str, Any] = {"dataset": name, "epsilon": epsilon, "seed": seed, "series": len(kept), "eta": eta}
     # fixed recipe
     t0 = time.time()
     base = candidates[0]
@@ -135,7 +136,7 @@ def run(name: str, epsilon: float, seed: int, mean_runs: float) -> dict[str, Any
     t0 = time.time()
     torch.manual_seed(seed)
     result = tune(kept, freq=freq, prediction_length=h, epsilon=epsilon, delta=DELTA, candidates=candidates,
-                  mean_runs=mean_runs, seed=seed, print_fn=None)
+                  mean_runs=mean_runs, eta=eta, seed=seed, print_fn=None)
     c = result.candidate
     row["tuned_crps"] = test_crps(result.module, _datamodule(kept, c, freq, h, seed), c.context_length, season)
     row["tuned_index"] = result.index
@@ -159,6 +160,8 @@ def main() -> None:
     parser.add_argument("--epsilons", default="1,4")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--mean-runs", type=float, default=8.0)
+    parser.add_argument("--eta", type=float, default=0.0, help="eta of the number of runs' law (> -1; default 0, "
+                        "as dpts tune)")
     parser.add_argument("--out", default="runs/tuning.jsonl")
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="only print the table of earlier runs' files")
     args = parser.parse_args()
@@ -174,7 +177,7 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for name in args.datasets.split(","):
             for epsilon in [float(e) for e in args.epsilons.split(",")]:
-                row = run(name, epsilon, seed, args.mean_runs)
+                row = run(name, epsilon, seed, args.mean_runs, args.eta)
                 rows.append(row)
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -188,17 +191,17 @@ def main() -> None:
 
 def summary(rows: list[dict[str, Any]]) -> None:
     """Mean over seeds; the tuned/fixed ratio with the paired standard error of the per-seed differences."""
-    keys = sorted({(r["dataset"], r["epsilon"]) for r in rows})
-    print("| dataset | ε | seeds | CRPS fixed | CRPS tuned | tuned / fixed (± s.e.) | seasonal naive "
+    keys = sorted({(r["dataset"], r.get("eta", 0.0), r["epsilon"]) for r in rows})  # (rows before --eta: 0)
+    print("| dataset | η | ε | seeds | CRPS fixed | CRPS tuned | tuned / fixed (± s.e.) | seasonal naive "
           "| search ε / one run |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, eps in keys:
-        sel = [r for r in rows if r["dataset"] == name and r["epsilon"] == eps]
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, eta, eps in keys:
+        sel = [r for r in rows if r["dataset"] == name and r.get("eta", 0.0) == eta and r["epsilon"] == eps]
         f = statistics.mean(r["fixed_crps"] for r in sel)
         t = statistics.mean(r["tuned_crps"] for r in sel)
         d = [r["tuned_crps"] - r["fixed_crps"] for r in sel]
         se = statistics.stdev(d) / len(d) ** 0.5 / f if len(d) > 1 else float("nan")
-        print(f"| {name} | {eps:g} | {len(sel)} | {f:.5f} | {t:.5f} | {t / f:.3f} ± {se:.3f} | "
+        print(f"| {name} | {eta:g} | {eps:g} | {len(sel)} | {f:.5f} | {t:.5f} | {t / f:.3f} ± {se:.3f} | "
               f"{statistics.mean(r['naive_crps'] for r in sel):.5f} | "
               f"{statistics.mean(r['ratio_total_to_single'] for r in sel):.2f} |")
 
