@@ -96,7 +96,7 @@ def naive_crps(dm: Any, season: int) -> float:
                                [w.window for w in held], season)["crps"])
 
 
-def run(name: str, epsilon: float, seed: int, mean_runs: float, eta: float = 0.0) -> dict[str, Any]:
+def run(name: str, epsilon: float, seed: int, mean_runs: float, eta: float) -> dict[str, Any]:
     import lightning as L
 
     from lightning_dpts.data.seasonality import season_lengths
@@ -159,12 +159,16 @@ def main() -> None:
     parser.add_argument("--datasets", default="us_employment,m4_weekly")
     parser.add_argument("--epsilons", default="1,4")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--mean-runs", type=float, default=8.0)
-    parser.add_argument("--eta", type=float, default=0.0, help="eta of the number of runs' law (> -1; default 0, "
-                        "as dpts tune)")
+    from lightning_dpts.privacy.selection import TruncatedNegativeBinomial
+    from lightning_dpts.tuning import ETA, MEAN_RUNS
+
+    parser.add_argument("--mean-runs", type=float, default=MEAN_RUNS)
+    parser.add_argument("--eta", type=float, default=ETA, help="eta of the number of runs' law (> -1; default: "
+                        "dpts tune's)")
     parser.add_argument("--out", default="runs/tuning.jsonl")
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="only print the table of earlier runs' files")
     args = parser.parse_args()
+    TruncatedNegativeBinomial.with_mean(args.mean_runs, args.eta)  # a bad --mean-runs / --eta: refused before work
     if args.summarize:
         summary([json.loads(line) for path in args.summarize for line in Path(path).read_text().splitlines() if line])
         return

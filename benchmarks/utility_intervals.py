@@ -42,21 +42,26 @@ INTERVAL = (0.05, 0.95)
 
 def per_forecast(quantiles: list[np.ndarray], labels: list[np.ndarray], scales: np.ndarray,
                  levels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per forecast: the CRPS numerator and denominator of the pooled metric (CRPS = sum num / sum den, GluonTS'
-    ``mean_wQuantileLoss`` over ``levels``) and the MASE term (MAE of the median / the history's seasonal error; NaN
-    where :func:`~lightning_dpts.evaluation.score_windows` skips it). Missing labels (NaN) are left out."""
+    """Per forecast: the CRPS numerator and denominator of the pooled metric (CRPS = sum num / sum den: the states of
+    :class:`~lightning_dpts.metrics.WeightedQuantileLoss`, GluonTS' ``mean_wQuantileLoss`` over ``levels``) and the
+    MASE term (MAE of the median / the history's seasonal error; NaN where
+    :func:`~lightning_dpts.evaluation.score_windows` skips it). Missing labels (NaN) are left out."""
+    import torch
+
+    from lightning_dpts.metrics import WeightedQuantileLoss
+
     n = len(labels)
     num, den, mase = np.zeros(n), np.zeros(n), np.full(n, np.nan)
     median = list(levels).index(0.5)
+    loss = WeightedQuantileLoss(tuple(levels))
     for i, (q, y) in enumerate(zip(quantiles, labels, strict=True)):
+        q = np.asarray(q, dtype=float)
+        loss.reset()
+        loss.update(torch.from_numpy(q), torch.from_numpy(np.asarray(y, dtype=float)))
+        num[i], den[i] = float(loss.quantile_loss.mean()), float(loss.abs_target)
         seen = np.isfinite(y)
-        if not seen.any():
-            continue
-        yy, qq = y[seen][:, None], np.asarray(q, dtype=float)[seen]
-        num[i] = (2.0 * np.abs((yy - qq) * ((yy <= qq) - levels))).sum() / len(levels)
-        den[i] = np.abs(yy).sum()
-        if np.isfinite(scales[i]) and scales[i] > 0:
-            mase[i] = np.abs(yy[:, 0] - qq[:, median]).mean() / scales[i]
+        if seen.any() and np.isfinite(scales[i]) and scales[i] > 0:
+            mase[i] = np.abs(y[seen] - q[seen, median]).mean() / scales[i]
     return num, den, mase
 
 
