@@ -142,8 +142,9 @@ def _supported(estimator: Any) -> bool:
 def _same_freq(a: str, b: str) -> bool:
     import pandas as pd
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # pandas' 'M' -> 'ME' notice
+    from lightning_dpts.data.seasonality import pandas_alias_notices_hidden
+
+    with pandas_alias_notices_hidden():
         return pd.Period("2000-01-01", freq=a).freqstr == pd.Period("2000-01-01", freq=b).freqstr
 
 

@@ -351,10 +351,10 @@ def _run_bandmf_cyclic(args: argparse.Namespace, coefficients: tuple[float, ...]
 
 
 def _run_privacy(args: argparse.Namespace) -> int:
-    from lightning_dpts.app.console import dpts_console
+    from lightning_dpts.app.console import dpts_console, to_stderr
 
     # warnings (delta >= 1/N) to stderr, once, as "WARNING: ...": stdout may be one JSON object
-    with dpts_console(False, write=lambda text: print(text, file=sys.stderr)):
+    with dpts_console(False, write=to_stderr):
         return _run_privacy_quiet(args)
 
 

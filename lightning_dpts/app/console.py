@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["KNOWN_THIRD_PARTY_WARNINGS", "Console", "DeltaWarning", "dpts_console", "progress_bar_wanted", "step_lines",
-           "warn_delta_above_one_over_n"]
+           "to_stderr", "warn_delta_above_one_over_n"]
 
 #: Message patterns (regular expressions, matched at the start) of third-party warnings ``dpts`` hides unless
 #: ``--verbose``: none of them is actionable for a ``dpts`` user.
@@ -157,6 +157,12 @@ def _warnings_recorded() -> bool:
     """Whether a ``catch_warnings(record=True)`` is active (it replaces the module's private display function)."""
     impl = getattr(warnings, "_showwarnmsg_impl", None)
     return impl is not None and getattr(impl, "__name__", "") != "_showwarnmsg_impl"
+
+
+def to_stderr(text: str) -> None:
+    """A console writer for commands whose stdout is their result (one JSON object with ``--json`` or
+    ``--plan-only``): their warnings go to stderr."""
+    print(text, file=sys.stderr)
 
 
 @contextlib.contextmanager

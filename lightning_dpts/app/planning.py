@@ -86,11 +86,10 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     same :func:`~lightning_dpts.app.geometry.build_datamodule` as ``dpts fit``, without training. ``num_dims`` is the
     relation's D (Appendix I.1), which ``dpts fit`` leaves at 1.
     """
-    import warnings
-
     from lightning_dpts.app.forecasters import make_estimator
     from lightning_dpts.app.geometry import build_datamodule, fit_test_windows, resolve_with_test_windows
     from lightning_dpts.data.loading import drop_short_series, load_fit_table
+    from lightning_dpts.data.seasonality import pandas_alias_notices_hidden
 
     config.validate()
     table, freq, _ = load_fit_table(config)
@@ -99,8 +98,7 @@ def fit_sampling_spec(config: Any, *, num_dims: int = 1) -> SamplingSpec:
     table, _ = drop_short_series(table, config.min_series_length)
     relation = NeighbouringRelation(level=config.level, size=config.size, value_bound=config.value_bound,
                                     num_dims=num_dims)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with pandas_alias_notices_hidden():
         module = make_estimator(config, freq).create_lightning_module()
     test_windows, _ = fit_test_windows(config, planned, table, freq, module)
     dm = build_datamodule(config, table, freq, module, test_windows, relation)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from lightning_dpts.errors import ConfigurationError
@@ -99,9 +98,9 @@ def run_tune_command(args: argparse.Namespace) -> int:
     commands (:func:`~lightning_dpts.app.console.dpts_console`): stdout is the result, or one JSON object with
     ``--plan-only``."""
     _check(args)  # before reading data or importing torch
-    from lightning_dpts.app.console import dpts_console
+    from lightning_dpts.app.console import dpts_console, to_stderr
 
-    with dpts_console(False, write=lambda text: print(text, file=sys.stderr)):
+    with dpts_console(False, write=to_stderr):
         return _run_tune(args)
 
 

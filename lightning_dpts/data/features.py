@@ -9,10 +9,10 @@ private values, so they do not affect the privacy analysis.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pandas as pd
+
+from lightning_dpts.data.seasonality import pandas_alias_notices_hidden
 
 __all__ = ["age_feature", "dynamic_feature_stack", "num_time_features", "time_feature_matrix"]
 
@@ -20,8 +20,7 @@ __all__ = ["age_feature", "dynamic_feature_stack", "num_time_features", "time_fe
 def _time_feature_functions(freq: str) -> list:
     from gluonts.time_feature import time_features_from_frequency_str
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with pandas_alias_notices_hidden():
         return list(time_features_from_frequency_str(freq))
 
 

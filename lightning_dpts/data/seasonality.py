@@ -23,11 +23,22 @@ frequency string alone, so it costs no privacy (PRIVACY-NOTES trap 5).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 from lightning_dpts.errors import ConfigurationError
 
-__all__ = ["season_lengths"]
+__all__ = ["pandas_alias_notices_hidden", "season_lengths"]
+
+
+@contextlib.contextmanager
+def pandas_alias_notices_hidden() -> Iterator[None]:
+    """Hide pandas' FutureWarning for GluonTS' period aliases (``M``, ``Q``, ``A``: pandas >= 2.2 prefers ``ME``, ...)
+    while pandas or GluonTS parse a frequency string: the aliases are GluonTS' own and stay valid there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 #: base unit -> cycles in that unit, primary first (before dividing by the frequency's multiple n)
 _CYCLES: dict[str, tuple[int, ...]] = {
@@ -43,8 +54,7 @@ def _base(freq: str) -> tuple[str, int]:
     import pandas as pd
 
     try:
-        with warnings.catch_warnings():  # "M", "Q", "A" (GluonTS' period aliases): pandas >= 2.2 prefers "ME", ...
-            warnings.simplefilter("ignore", FutureWarning)
+        with pandas_alias_notices_hidden():
             offset = pd.tseries.frequencies.to_offset(freq)
     except (TypeError, ValueError) as err:
         raise ConfigurationError("freq", freq, f"not a pandas frequency string ({err})") from None
@@ -71,8 +81,7 @@ def season_lengths(freq: str, season_length: int | None = None) -> tuple[int, ..
     else:
         from gluonts.time_feature import get_seasonality
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        with pandas_alias_notices_hidden():
             cycles = (int(get_seasonality(freq)),)
     if season_length is None:
         return cycles
