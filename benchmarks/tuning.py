@@ -74,24 +74,13 @@ def test_crps(module: Any, dm: Any, context: int, season: int) -> float:
 
 
 def naive_crps(dm: Any, season: int) -> float:
-    from scipy.stats import norm
-
+    """Seasonal naive with Gaussian intervals (the package's baseline) on the test windows, in CRPS."""
+    from lightning_dpts.baselines import seasonal_naive_quantiles
     from lightning_dpts.evaluation import score_windows
-    from lightning_dpts.metrics import DEFAULT_QUANTILES
 
     held = dm.evaluation_windows("test")
-    out, hist = [], []
-    for w in held:
-        y = np.asarray(w.history, dtype=float)
-        hist.append(y)
-        h = len(w.target)
-        m = season if len(y) > season else 1
-        diff = y[m:] - y[:-m]
-        diff = diff[np.isfinite(diff)]
-        s = float(np.sqrt(np.mean(diff ** 2))) if diff.size else 0.0
-        k = np.arange(h)
-        out.append(y[len(y) - m + k % m][:, None]
-                   + (s * np.sqrt(k // m + 1.0))[:, None] * norm.ppf(np.asarray(DEFAULT_QUANTILES))[None])
+    hist = [np.asarray(w.history, dtype=float) for w in held]
+    out = [seasonal_naive_quantiles(y, len(w.target), season) for y, w in zip(hist, held, strict=True)]
     return float(score_windows(out, [np.asarray(w.target, dtype=float) for w in held], hist,
                                [w.window for w in held], season)["crps"])
 
