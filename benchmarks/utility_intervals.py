@@ -165,5 +165,6 @@ def main(argv: list[str] | None = None) -> None:
         for key, (ratio, low, high) in result.items():
             print(f"  {key:20} {ratio:.3f}  [{low:.3f}, {high:.3f}]")
 
+
 if __name__ == "__main__":
     main()
