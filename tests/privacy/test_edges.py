@@ -10,10 +10,12 @@ import math
 import numpy as np
 import pytest
 from scipy import optimize
+from scipy.special import log_ndtr, ndtr
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy import NeighbouringRelation, SamplingSpec, StructuredSubsamplingAccountant
-from lightning_dpts.privacy.pld import MAX_COMPOSED_POINTS
+from lightning_dpts.privacy.pld import MAX_COMPOSED_POINTS, epsilon_for_delta
+from lightning_dpts.privacy.profiles import PrivacyProfile
 
 from ..work import count_kernel_work
 from . import reference as R
@@ -129,3 +131,27 @@ def test_dropped_mixture_components_do_not_block_small_delta():
     values = [acc.epsilon(n, 1e-7) for n in (1, 4, 100)]
     assert all(math.isfinite(v) for v in values) and values == sorted(values)
     assert acc.epsilon(100, 1e-7) >= acc.epsilon(100, 1e-6)
+
+
+@pytest.mark.parametrize("mu", [0.02, 0.7, 3.0, 12.0])
+def test_one_unit_epsilon_is_just_above_the_closed_form_root(mu):
+    """epsilon_for_delta on the Gaussian mechanism's closed-form profile (Dong, Roth & Su 2022, Corollary 2.13),
+    against scipy's root of the same closed form: never below the root, within rtol above it; and its work is
+    bounded by counting the profile's calls (a bisection to 1e-10 makes about 35)."""
+    calls = []
+
+    def closed_form(e: float) -> float:  # R.gaussian_delta, with e^eps Phi(.) formed in logs (no overflow)
+        return float(ndtr(-e / mu + mu / 2) - math.exp(e + log_ndtr(-e / mu - mu / 2)))
+
+    def upper_half(log_alpha: np.ndarray) -> np.ndarray:
+        calls.append(log_alpha.size)
+        return np.array([max(closed_form(float(e)), 0.0) for e in log_alpha])
+
+    profile = PrivacyProfile("Gaussian", "tight", "N(mu, 1) vs N(0, 1)", upper_half)
+    for delta in (1e-3, 1e-7, 1e-15, 1e-27):
+        for rtol in (1e-6, 1e-10):
+            calls.clear()
+            got = epsilon_for_delta(profile, delta, rtol=rtol)
+            root = optimize.brentq(lambda e, d=delta: closed_form(e) - d, 0.0, 1e4, xtol=1e-15, rtol=1e-15)
+            assert root * (1 - 1e-13) <= got <= root * (1 + rtol) + 1e-15, (delta, rtol, got, root)
+            assert len(calls) <= 16, (delta, rtol, len(calls))
