@@ -214,21 +214,24 @@ def test_a_forward_that_calls_a_layer_a_data_dependent_number_of_times_is_compar
             _fit(Branching(), 1, size=8, per_window="fast")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64])
-def test_the_spot_checks_finiteness_test_agrees_with_isfinite(dtype):
-    """The spot check's one-reduction finiteness test (``aminmax``) against ``isfinite(...).all()`` on every kind of
-    non-finite value at every position class (first, middle, last), and on the empty tensor."""
-    from lightning_dpts.training.independence import _all_finite
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_spot_checks_distance_is_the_flat_one(dtype):
+    """The spot check's gap ||a x - b y|| over all parameters, one parameter at a time (no flat copy of the whole
+    gradient), against the same distance of the concatenated vectors in float64; also with a batched gradient in
+    another dtype than the window's own (autocast records)."""
+    from lightning_dpts.training.independence import _distance
 
-    base = torch.linspace(-3.0, 3.0, 101, dtype=dtype).reshape(1, -1).repeat(2, 1)
-    assert _all_finite(base) and _all_finite(base[:, :0])
-    for bad in (float("nan"), float("inf"), float("-inf")):
-        for pos in (0, 50, 100):
-            t = base.clone()
-            t[1, pos] = bad
-            assert _all_finite(t) is bool(torch.isfinite(t).all()) is False
-    huge = torch.full((2, 3), torch.finfo(dtype).max, dtype=dtype)  # (complex64: float32's largest, real part)
-    assert _all_finite(huge) and _all_finite(-huge)
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(64, 96), (64,), (1536, 64), (3, 64), (3,)]
+    first = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    second = [(x.double() + 1e-3 * torch.randn(x.shape, generator=gen, dtype=torch.float64)).to(torch.float32)
+              for x in first]
+    for a, b in ((1.0, 1.0), (0.25, 0.75), (256.0, 1.0), (1 / 256, 1.0)):
+        flat = torch.cat([x.double().reshape(-1) for x in first]) * a - torch.cat(
+            [y.double().reshape(-1) for y in second]) * b
+        want = float(torch.linalg.vector_norm(flat))
+        assert _distance(first, second, a, b) == pytest.approx(want, rel=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert _distance(first, [x.clone() for x in first], 1.0, 1.0) == 0.0
 
 
 def test_the_synthetic_masks_follow_their_documented_pattern():

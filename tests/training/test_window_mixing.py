@@ -308,6 +308,19 @@ def test_a_non_finite_window_gradient_in_isolation_is_an_error_naming_the_window
     assert info.value.windows == [2]
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_window_at_a_spot_check_is_the_clippings_error_not_a_mix(bad):
+    """On the fast path with a spot check at the step: the spot check does not call a non-finite window a mix (its
+    norms are not finite, so it leaves the verdict to the clipping), and the clipping refuses the step naming the
+    window."""
+    from lightning_dpts.training import NonFiniteGradientError
+
+    batch = make_batch()
+    batch["past_target"][2, 0] = bad
+    with pytest.raises(NonFiniteGradientError, match=r"window\(s\) \[2\]"):
+        _fit(Forecaster(None), [batch], per_window="fast", spot_check=1.0, check_independence=False)
+
+
 class RangeCheckedForecaster(Forecaster):
     """Refuses values above 2.5 (the synthetic probe has some): the probe cannot run, real batches can."""
 
