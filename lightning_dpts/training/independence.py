@@ -22,6 +22,7 @@ draws.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import warnings
@@ -378,7 +379,7 @@ class SpotCheck:
             return  # the clipping refuses the step (NonFiniteGradientError, naming the window's series)
         sq = norms.square().sum(0)
         factors = clip_factors(sq, ctx.max_grad_norm)
-        dtype = alone[0].dtype
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in (*alone, *batched)])  # as a flat stack's
         numel = sum(a.numel() for a in alone)
         f_alone, f_batched = (float(f) for f in factors)
         scale = max(f_alone * float(sq[0].sqrt()), f_batched * float(sq[1].sqrt()))  # the larger clipped norm
