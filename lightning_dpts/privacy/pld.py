@@ -112,8 +112,9 @@ def epsilon_for_delta(profile: PrivacyProfile, delta: float, rtol: float = 1e-6)
             first = int(passing[0]) if passing.size else SEARCH_POINTS  # points before it all failed
             lo = float(points[first - 1]) if first > 0 else lo
             hi = float(points[first]) if first < SEARCH_POINTS else hi
-    while value(hi) > delta:  # a batched evaluation that passed where a single one does not (round-off): step up
-        hi += max(hi - lo, rtol * hi)
+    step = max(hi - lo, rtol * hi)
+    while value(hi) > delta:  # a batched evaluation that passed where a single one does not (round-off): step up,
+        hi, step = hi + step, 2.0 * step  # doubling (the doubling phase's hi passed alone)
     return hi
 
 

@@ -155,3 +155,23 @@ def test_one_unit_epsilon_is_just_above_the_closed_form_root(mu):
             root = optimize.brentq(lambda e, d=delta: closed_form(e) - d, 0.0, 1e4, xtol=1e-15, rtol=1e-15)
             assert root * (1 - 1e-13) <= got <= root * (1 + rtol) + 1e-15, (delta, rtol, got, root)
             assert len(calls) <= 16, (delta, rtol, len(calls))
+
+
+def test_one_unit_epsilon_is_checked_alone_when_a_batched_evaluation_disagrees():
+    """A profile whose batched evaluations read low (as round-off in a batched threshold search could): the value
+    returned must still pass the check of one point alone, never below the root of the single-point profile."""
+    from scipy.special import log_ndtr, ndtr
+
+    mu = 1.5
+
+    def closed_form(e: float) -> float:
+        return max(float(ndtr(-e / mu + mu / 2) - math.exp(e + log_ndtr(-e / mu - mu / 2))), 0.0)
+
+    def upper_half(log_alpha: np.ndarray) -> np.ndarray:
+        shift = 0.05 if log_alpha.size > 1 else 0.0  # batches see the profile 0.05 further right: too optimistic
+        return np.array([closed_form(max(float(e) + shift, 0.0)) for e in log_alpha])
+
+    profile = PrivacyProfile("Gaussian", "tight", "N(mu, 1) vs N(0, 1)", upper_half)
+    root = optimize.brentq(lambda e: closed_form(e) - 1e-6, 0.0, 100.0, xtol=1e-14)
+    got = epsilon_for_delta(profile, 1e-6, rtol=1e-9)
+    assert closed_form(got) <= 1e-6 and got >= root * (1 - 1e-12)
