@@ -8,6 +8,8 @@ them by more than the reference's own numerical error (1e-4 relative).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -311,6 +313,76 @@ def test_calibrated_noise_reaches_target_and_is_nearly_smallest():
     assert StructuredSubsamplingAccountant(spec, sigma * (1 - 2e-3)).epsilon(500, 1e-6) > 1.0
     by_epochs = calibrate_noise_multiplier(spec, 1.0, 1e-6, epochs=50)
     assert by_epochs == pytest.approx(sigma, rel=1e-12)
+
+
+@pytest.mark.parametrize("curve", ["power", "gaussian", "kinked", "infinite_below"])
+def test_the_calibration_search_closes_its_bracket_in_few_evaluations(curve):
+    """The search that narrows calibrate_noise_multiplier's bracket, on decreasing curves with known roots (not the
+    accountant): a power law, the Gaussian mechanism's closed-form epsilon at delta = 1e-6 (Balle & Wang 2018, an
+    independent root-finder), a curve whose slope changes tenfold at the root, and one that is not finite below
+    the root's half (too small a sigma to account). The sigma returned reaches the target, is at most rtol above
+    the root, and was evaluated; work is counted (a bisection in log sigma from a 2x bracket makes 10)."""
+    from scipy import optimize
+    from scipy.special import ndtr
+
+    from lightning_dpts.privacy.accountant import _narrow
+
+    def gaussian_epsilon(sigma: float) -> float:  # mu = 1 / sigma; delta(eps) of the Gaussian mechanism = 1e-6
+        mu = 1.0 / sigma
+
+        def delta(e: float) -> float:
+            return float(ndtr(-e / mu + mu / 2) - math.exp(e) * ndtr(-e / mu - mu / 2)) - 1e-6
+
+        return optimize.brentq(delta, 0.0, 200.0, xtol=1e-14)
+
+    root = 3.7
+    curves = {
+        "power": lambda s: 5.0 * (root / s) ** 1.3,
+        "gaussian": gaussian_epsilon,
+        "kinked": lambda s: 5.0 * (root / s) ** (0.3 if s > root else 3.0),
+        "infinite_below": lambda s: math.inf if s < 2.5 else 5.0 * (root / s) ** 1.3,
+    }
+    f = curves[curve]
+    target = f(root) if curve != "gaussian" else 1.0
+    exact = root if curve != "gaussian" else optimize.brentq(lambda s: gaussian_epsilon(s) - 1.0, 1.0, 20.0,
+                                                             xtol=1e-13)
+    seen: dict[float, float] = {}
+
+    def eps_at(sigma: float) -> float:
+        seen[sigma] = f(sigma)
+        return seen[sigma]
+
+    lo = 2.0 if curve != "gaussian" else exact / 1.7
+    hi = 2 * lo
+    rtol = 1e-3
+    got = _narrow(eps_at, target, lo, f(lo), hi, f(hi), rtol)
+    assert got in seen and seen[got] <= target
+    assert exact * (1 - 1e-12) <= got <= exact * (1 + rtol)
+    assert len(seen) <= 5, len(seen)
+
+
+def test_calibration_evaluates_the_ceiling_itself_and_counts_its_work(monkeypatch):
+    """The search reaches max_noise_multiplier itself (it used to stop at the last power of 2 below it and refuse
+    a sigma between the two), refuses a ceiling below the answer, and calibrates in at most 8 accountant read-outs
+    (the bisection made 13-19)."""
+    from lightning_dpts.errors import ConfigurationError
+
+    spec = SamplingSpec(num_series=100, min_length=10, context_length=5, prediction_length=2, batch_size=10)
+    calls = []
+    original = StructuredSubsamplingAccountant.epsilon
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.noise_multiplier)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StructuredSubsamplingAccountant, "epsilon", counted)
+    sigma = calibrate_noise_multiplier(spec, 8.0, 1e-5, steps=50)
+    assert len(calls) <= 8, calls
+    assert 1.0 < sigma < 1.6
+    assert calibrate_noise_multiplier(spec, 8.0, 1e-5, steps=50, max_noise_multiplier=1.6) == pytest.approx(
+        sigma, rel=2e-3)
+    with pytest.raises(ConfigurationError, match="not reachable with noise_multiplier <= 1.4"):
+        calibrate_noise_multiplier(spec, 8.0, 1e-5, steps=50, max_noise_multiplier=1.4)
 
 
 def test_naive_dpsgd_comparison():
