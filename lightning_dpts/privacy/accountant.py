@@ -44,7 +44,7 @@ from lightning_dpts.privacy.risk import RiskReadout, compose_randomized_response
 from lightning_dpts.privacy.spec import SamplingSpec
 
 __all__ = ["MIN_DELTA", "AmplifiedBandMFAccountant", "ProfileAccountant", "StructuredSubsamplingAccountant",
-           "calibrate_noise_multiplier",
+           "calibrate_noise_multiplier", "narrow_noise_bracket",
            "PrivacyReport"]
 
 _CACHE_SIZE = 32
@@ -804,8 +804,8 @@ def calibrate_noise_multiplier(
     """The smallest noise multiplier (to relative tolerance ``rtol``) reaching (epsilon, delta).
 
     Exactly one of ``steps`` (optimizer steps) or ``epochs`` (each ``spec.steps_per_epoch`` steps) must be
-    given. The returned sigma is the upper end of the final bracket (:func:`_narrow`), so the accountant at that
-    sigma always satisfies the target. The search is confined to [``min_noise_multiplier``,
+    given. The returned sigma is the upper end of the final bracket (:func:`narrow_noise_bracket`), so the
+    accountant at that sigma always satisfies the target. The search is confined to [``min_noise_multiplier``,
     ``max_noise_multiplier``] (default [0.1, 1e4]) so that it stays bounded in time: if the floor already
     reaches the target, the floor is returned (more noise than needed, never less); if the ceiling does not,
     ConfigurationError (``epsilon``; ``steps`` when the steps cannot be composed in bounded memory).
@@ -864,13 +864,14 @@ def calibrate_noise_multiplier(
             if lo <= min_noise_multiplier:  # already enough at the floor: return the floor (more noise, sound)
                 return min_noise_multiplier
             hi, eps_hi, lo = lo, eps_lo, max(lo / 4.0, min_noise_multiplier)
-    return _narrow(eps_at, epsilon, lo, eps_lo, hi, eps_hi, rtol)
+    return narrow_noise_bracket(eps_at, epsilon, lo, eps_lo, hi, eps_hi, rtol)
 
 
-def _narrow(eps_at: Callable[[float], float], epsilon: float, lo: float, eps_lo: float, hi: float, eps_hi: float,
-            rtol: float) -> float:
+def narrow_noise_bracket(eps_at: Callable[[float], float], epsilon: float, lo: float, eps_lo: float, hi: float,
+                         eps_hi: float, rtol: float) -> float:
     """The upper end of a bracket [lo, hi] of noise multipliers, eps_at(lo) > ``epsilon`` >= eps_at(hi), narrowed
-    until hi / lo <= 1 + ``rtol``: a sigma that reaches the target, at most ``rtol`` above the smallest that does.
+    until hi / lo <= 1 + ``rtol``: a sigma that reaches the target, at most ``rtol`` above the smallest that does
+    (:func:`calibrate_noise_multiplier`; :func:`~lightning_dpts.release.calibrate_release_noise` on noise stds).
 
     epsilon falls with sigma about as a power law (log epsilon nearly linear in log sigma), so the root is
     estimated by the secant of log epsilon - log ``epsilon`` over log sigma through the last two points evaluated,

@@ -39,7 +39,7 @@ from scipy.special import log_ndtr
 
 from lightning_dpts.errors import ConfigurationError
 from lightning_dpts.privacy._dp_accounting import PrivacyLossDistribution
-from lightning_dpts.privacy.accountant import ProfileAccountant
+from lightning_dpts.privacy.accountant import ProfileAccountant, narrow_noise_bracket
 from lightning_dpts.privacy.pld import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_MIN_GRID_POINTS,
@@ -595,8 +595,9 @@ def calibrate_release_noise(spec: ReleaseSpec, epsilon: float, delta: float, rel
     """The smallest noise std s (series units, to ``rel_tol``) whose ``releases`` releases are
     (``epsilon``, ``delta``)-DP under ``bound``; the returned s is always certified (eps(s) <= epsilon).
 
-    Bisection on log s; eps is non-increasing in s for the exact bound, and the returned upper end is
-    checked for every bound.
+    A bracket of log s, narrowed by :func:`~lightning_dpts.privacy.accountant.narrow_noise_bracket` (secant steps of
+    log eps over log s, bisection where they do not shrink it); eps is non-increasing in s for the exact bound, and
+    the s returned was evaluated and reaches the target for every bound.
     """
     epsilon = _check_epsilon(epsilon)
     if not 0 < epsilon <= MAX_RELEASE_CALIBRATION_EPSILON:
@@ -617,19 +618,17 @@ def calibrate_release_noise(spec: ReleaseSpec, epsilon: float, delta: float, rel
 
     base = spec.step_bound * math.sqrt(spec.size)
     hi = base
-    while eps_of(hi) > epsilon:
+    eps_hi = eps_of(hi)
+    while eps_hi > epsilon:
         hi *= 2.0
         if hi > base * 1e8:
             raise ConfigurationError("epsilon", epsilon, f"no noise std up to {hi:g} reaches it under bound={bound!r}"
                                      + (" (the classical Gaussian step needs eps < 1)" if gaussian == "classical"
                                         else ""))
+        eps_hi = eps_of(hi)
     lo = hi / 2.0
-    while lo > base * 1e-8 and eps_of(lo) <= epsilon:
-        hi, lo = lo, lo / 2.0
-    while hi / lo > 1 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if eps_of(mid) <= epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    eps_lo = eps_of(lo)
+    while lo > base * 1e-8 and eps_lo <= epsilon:
+        hi, eps_hi, lo = lo, eps_lo, lo / 2.0
+        eps_lo = eps_of(lo)
+    return narrow_noise_bracket(eps_of, epsilon, lo, eps_lo, hi, eps_hi, rel_tol)

@@ -325,7 +325,7 @@ def test_the_calibration_search_closes_its_bracket_in_few_evaluations(curve):
     from scipy import optimize
     from scipy.special import ndtr
 
-    from lightning_dpts.privacy.accountant import _narrow
+    from lightning_dpts.privacy.accountant import narrow_noise_bracket
 
     def gaussian_epsilon(sigma: float) -> float:  # mu = 1 / sigma; delta(eps) of the Gaussian mechanism = 1e-6
         mu = 1.0 / sigma
@@ -355,7 +355,7 @@ def test_the_calibration_search_closes_its_bracket_in_few_evaluations(curve):
     lo = 2.0 if curve != "gaussian" else exact / 1.7
     hi = 2 * lo
     rtol = 1e-3
-    got = _narrow(eps_at, target, lo, f(lo), hi, f(hi), rtol)
+    got = narrow_noise_bracket(eps_at, target, lo, f(lo), hi, f(hi), rtol)
     assert got in seen and seen[got] <= target
     assert exact * (1 - 1e-12) <= got <= exact * (1 + rtol)
     assert len(seen) <= 5, len(seen)
