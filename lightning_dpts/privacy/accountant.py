@@ -844,7 +844,7 @@ def calibrate_noise_multiplier(
     failures: list[ConfigurationError] = []
 
     # Geometric bracketing on log(sigma), 4x a step up to the ceiling (the values at both ends kept), then the
-    # bracket narrowed by _narrow.
+    # bracket narrowed by narrow_noise_bracket.
     lo, hi = 0.5, 1.0
     eps_hi = eps_at(hi)
     eps_lo = math.inf
@@ -899,14 +899,15 @@ def narrow_noise_bracket(eps_at: Callable[[float], float], epsilon: float, lo: f
         return (math.exp(x2 - f2 / slope), slope) if slope < 0 else None
 
     last = [(math.log(lo), residual(eps_lo)), (math.log(hi), residual(eps_hi))]  # the two latest points
-    widths: list[float] = []  # log(hi / lo) before each guess
+    before = math.inf  # log(hi / lo) two guesses ago
+    previous = math.inf  # ... and one guess ago
     while hi / lo - 1.0 > rtol:
         width = math.log(hi / lo)
-        estimate = root(last) if not (len(widths) >= 2 and width > 0.5 * widths[-2]) else None
-        widths.append(width)
-        secant = estimate is not None and lo < estimate[0] < hi
-        if secant:
-            assert estimate is not None
+        estimate = root(last) if width <= 0.5 * before else None  # a bisection where two guesses did not halve it
+        if estimate is not None and not lo < estimate[0] < hi:
+            estimate = None
+        before, previous = previous, width
+        if estimate is not None:
             guess = min(max(estimate[0] * (1.0 + quarter), lo * margin), hi / margin)
         else:
             guess = math.sqrt(lo * hi)
@@ -918,7 +919,7 @@ def narrow_noise_bracket(eps_at: Callable[[float], float], epsilon: float, lo: f
             hi = guess
         else:
             lo = guess
-        if not (secant and estimate is not None and math.isfinite(f) and abs(f / estimate[1]) <= 2.0 * rtol):
+        if estimate is None or not (math.isfinite(f) and abs(f / estimate[1]) <= 2.0 * rtol):
             continue
         refreshed = root(last)
         if passed:  # below the refreshed root, but no further than one tolerance below the guess

@@ -627,8 +627,10 @@ def calibrate_release_noise(spec: ReleaseSpec, epsilon: float, delta: float, rel
                                         else ""))
         eps_hi = eps_of(hi)
     lo = hi / 2.0
-    eps_lo = eps_of(lo)
-    while lo > base * 1e-8 and eps_lo <= epsilon:
-        hi, eps_hi, lo = lo, eps_lo, lo / 2.0
+    eps_lo = math.inf  # not evaluated below the floor (treated as not reaching the target)
+    while lo > base * 1e-8:
         eps_lo = eps_of(lo)
+        if eps_lo > epsilon:
+            break
+        hi, eps_hi, lo, eps_lo = lo, eps_lo, lo / 2.0, math.inf
     return narrow_noise_bracket(eps_of, epsilon, lo, eps_lo, hi, eps_hi, rel_tol)
