@@ -8,11 +8,16 @@ ratio is speed only; epsilons are printed to show they agree.
 
 Run:  python benchmarks/accountant.py [--quick]
       python benchmarks/accountant.py --train-start   (issue 26: AccountantCallback's start-up and per-step table)
+      python benchmarks/accountant.py --calibration [--repeats 3]   (issue 44: noise calibration's search)
 
 ``--train-start`` times, side by side for sigma = 5, 10, 20 at delta = 1e-7 on the traffic geometry with a
 budget of epsilon = 8 and a Trainer plan of 10^4 steps: ``max_steps`` searched up to the budget (what the callback
 did) against ``max_steps(..., stop_at=plan)`` (what it does), and the epsilon table of the plan
 (``epsilon_curve``, 1% steps), which the callback computes in a background thread.
+``--calibration`` times ``calibrate_noise_multiplier`` against the same accountant searched by bisection in log
+sigma from a 2x bracket (the package's search until 2026-11-29), side by side, alternating which runs first,
+``--repeats`` rounds; it prints the accountant read-outs of each, the median time ratio, and how far above the
+smallest sigma (a search to rtol 1e-6) each result lies, for five configurations (tolerance 1e-3 in both).
 Targets (this machine, 2 CPU cores): any scheme's per-step PLD < 0.5 s, steps-for-budget < 2 s, noise
 calibration < 10 s. Absolute seconds are noisy here; read the ratios.
 """
@@ -152,13 +157,96 @@ def train_start(plan: int = 10_000, budget: float = 8.0) -> None:
               f"{len(points):13d} {t_table:8.2f}", flush=True)
 
 
+def _bisection_calibration(eps_at, epsilon: float, rtol: float = 1e-3) -> float:
+    """The reference search: a 2x bracket from sigma = 1, then bisection in log sigma (upper end returned)."""
+    lo, hi = 0.5, 1.0
+    if eps_at(hi) > epsilon:
+        lo = hi
+        while eps_at(hi) > epsilon:
+            lo, hi = hi, hi * 2.0
+    else:
+        while eps_at(lo) <= epsilon:
+            hi, lo = lo, lo / 2.0
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        if eps_at(mid) <= epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def calibration(repeats: int = 3) -> None:
+    """``--calibration`` (module docstring)."""
+    import statistics
+
+    small = SamplingSpec(num_series=100, min_length=10, context_length=5, prediction_length=2, batch_size=10)
+    configs = [  # (name, spec, epsilon, delta, steps)
+        ("traffic, 10^4 steps, eps 1", traffic(), 1.0, 1e-7, 10_000),
+        ("traffic, 500 steps, eps 4", traffic(), 4.0, 1e-6, 500),
+        ("small, 50 steps, eps 8", small, 8.0, 1e-5, 50),
+        ("small, 200 steps, eps 0.5", small, 0.5, 1e-6, 200),
+        ("small, 2000 steps, eps 1", small, 1.0, 1e-7, 2_000),
+    ]
+    print(f"{'configuration':28} {'read-outs':>9} {'bisection':>9} {'time ratio (range)':>22} "
+          f"{'excess':>9} {'bisection':>9}")
+    for name, spec, epsilon, delta, steps in configs:
+        counts = {"ours": 0, "bisection": 0}
+
+        def eps_at(sigma: float, key: str, spec=spec, delta=delta, steps=steps, counts=counts) -> float:
+            counts[key] += 1
+            return StructuredSubsamplingAccountant(spec, sigma).epsilon(steps, delta)
+
+        ratios, results = [], {}
+        for r in range(repeats):
+            times = {}
+            for key in (("ours", "bisection") if r % 2 == 0 else ("bisection", "ours")):
+                counts[key] = 0
+                start = time.perf_counter()
+                if key == "ours":
+                    results[key] = calibrate_noise_multiplier(spec, epsilon, delta, steps=steps)
+                else:
+                    results[key] = _bisection_calibration(lambda s: eps_at(s, "bisection"), epsilon)
+                times[key] = time.perf_counter() - start
+            ratios.append(times["ours"] / times["bisection"])
+        counts["ours"] = _count_reads(spec, epsilon, delta, steps)
+        fine = calibrate_noise_multiplier(spec, epsilon, delta, steps=steps, rtol=1e-6)
+        print(f"{name:28} {counts['ours']:>9} {counts['bisection']:>9} {statistics.median(ratios):>10.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f})    {results['ours'] / fine - 1:>9.1e} "
+              f"{results['bisection'] / fine - 1:>9.1e}")
+
+
+def _count_reads(spec: SamplingSpec, epsilon: float, delta: float, steps: int) -> int:
+    """The accountant read-outs of one ``calibrate_noise_multiplier`` call (counted on a second, untimed call)."""
+    calls = [0]
+    original = StructuredSubsamplingAccountant.epsilon
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    StructuredSubsamplingAccountant.epsilon = counted
+    try:
+        calibrate_noise_multiplier(spec, epsilon, delta, steps=steps)
+    finally:
+        StructuredSubsamplingAccountant.epsilon = original
+    return calls[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter baseline loops (for smoke runs)")
     parser.add_argument("--train-start", action="store_true", help="only the AccountantCallback start-up timings")
+    parser.add_argument("--calibration", action="store_true", help="only noise calibration against a bisection")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of --calibration (>= 1)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     if args.train_start:
         train_start()
+        return
+    if args.calibration:
+        calibration(args.repeats)
         return
     loop_limit = 5.0 if args.quick else 30.0
 
@@ -203,7 +291,7 @@ def main() -> None:
     print(f"   baseline loop: {'found ' + str(n_b) if finished else f'> {loop_limit:.0f} s, reached {n_b}'} steps "
           f"in {t_b:.1f} s -> ratio {'>=' if not finished else ''}{t_b / t_ours:.0f}x\n")
 
-    print("4) Noise calibration for epsilon=1 in 10^4 steps (Theorem 4.4; bisection to 0.1%)")
+    print("4) Noise calibration for epsilon=1 in 10^4 steps (Theorem 4.4; to 0.1%; baseline: bisection)")
     sigma_ours, t_ours = timed(lambda: calibrate_noise_multiplier(spec, 1.0, DELTA, steps=10_000))
 
     def baseline_calibration() -> float:
