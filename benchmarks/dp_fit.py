@@ -16,7 +16,13 @@ windows per step, lambda = ceil(Lambda / 128) per series, so at most 128 of the 
   (``per_window="auto"``, the probe, a spot check on 10% of the steps, background noise) and
   ``AccountantCallback(4, 1e-6)`` (budget search and epsilon table in the fit); sigma is calibrated beforehand,
   outside the timed fits, so that the budget covers the steps;
-* ``dp_secure``: the same with ``secure_mode=True`` (noise from the OS CSPRNG, :mod:`lightning_dpts.randomness`).
+* ``dp_secure``: the same with ``secure_mode=True`` (noise from the OS CSPRNG, :mod:`lightning_dpts.randomness`);
+* what each default costs in the whole fit, the default DP fit less one of them (``--kinds plain,dp,dp_bare,...``):
+  ``dp_nospot`` (``spot_check=0``), ``dp_noprobe`` (``check_independence=False``), ``dp_bare`` (neither: the fast
+  path alone), ``dp_noreadouts`` (``AccountantCallback(risk_readouts=False)``: no membership read-outs in the epsilon
+  table), ``dp_noaccountant`` (no ``AccountantCallback``, ``require_accountant=False``: no budget search, no epsilon
+  table, no per-step epsilon). Each is printed as its own DP/plain row, and a ``# default over`` line gives the paired
+  ratio of the default DP fit's total to each variant's: the share of the fit that default costs.
 
 Time: ``--repeats`` rounds in this process; in each round every kind trains a fresh copy of the initial model once,
 one fit after the other (order rotated between rounds, so that a slow phase of a shared machine hits each kind
@@ -150,8 +156,19 @@ def dp_callbacks(kind: str, sigma: float) -> list[Callback]:
 
     if kind == "plain":
         return []
-    return [DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=1.0, secure_mode=kind == "dp_secure"),
-            AccountantCallback(EPSILON, DELTA)]
+    if kind not in VARIANTS:
+        raise ValueError(f"--kinds: unknown kind {kind!r} (plain, {', '.join(VARIANTS)})")
+    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=1.0, secure_mode=kind == "dp_secure",
+                                  spot_check=0.0 if kind in ("dp_nospot", "dp_bare") else 0.1,
+                                  check_independence=kind not in ("dp_noprobe", "dp_bare"),
+                                  require_accountant=kind != "dp_noaccountant")
+    if kind == "dp_noaccountant":
+        return [strategy]
+    return [strategy, AccountantCallback(EPSILON, DELTA, risk_readouts=kind != "dp_noreadouts")]
+
+
+#: the DP kinds (module docstring)
+VARIANTS = ("dp", "dp_secure", "dp_nospot", "dp_noprobe", "dp_bare", "dp_noreadouts", "dp_noaccountant")
 
 
 def fit_once(module: L.LightningModule, size: int, steps: int, kind: str, sigma: float) -> dict:
@@ -222,6 +239,9 @@ def time_config(name: str, size: int, args: argparse.Namespace) -> dict:
             "probe_share": [r["probe"] / r["total"] for r in runs[kind]],
             "probes": runs[kind][0]["probes"], "isolated": runs[kind][0]["isolated"],
         }
+    # what each default costs: the default DP fit's total over the variant's, paired within a round
+    out["default_over"] = {k: [d["total"] / v["total"] for d, v in zip(runs["dp"], runs[k], strict=True)]
+                           for k in kinds if k not in ("plain", "dp", "dp_secure") and "dp" in runs}
     if "dp" in runs and "dp_secure" in runs:
         out["secure_over_dp"] = {
             "total": [s["total"] / d["total"] for s, d in zip(runs["dp_secure"], runs["dp"], strict=True)],
@@ -293,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deepar-steps", type=int, default=150, help="optimizer steps per DeepAR fit")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the per-step median")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--kinds", default="plain,dp,dp_secure")
+    parser.add_argument("--kinds", default="plain,dp,dp_secure", help="plain,dp and any variants (module docstring)")
     parser.add_argument("--memory-repeats", type=int, default=1, help="fresh-process fits per kind (0: no memory)")
     parser.add_argument("--memory-steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -302,6 +322,10 @@ def main(argv: list[str] | None = None) -> None:
                              "own (see the module docstring)")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    kinds = args.kinds.split(",")
+    unknown = [k for k in kinds if k != "plain" and k not in VARIANTS]
+    if unknown or "plain" not in kinds or "dp" not in kinds or len(set(kinds)) != len(kinds):
+        parser.error(f"--kinds {args.kinds!r}: plain, dp and any of {', '.join(VARIANTS[1:])}, each once")
     torch.set_num_threads(args.threads)
     if args.memory_child is not None:
         print(json.dumps(memory_child(*json.loads(args.memory_child))))
@@ -345,6 +369,19 @@ def main(argv: list[str] | None = None) -> None:
               f"{', '.join(f'{k} {v:.3f}' for k, v in timing['mean_over_median'].items())}; probes per DP fit "
               f"{dp['probes']}{' (isolated!)' if dp['isolated'] else ''}; sigma {timing['sigma']:.3g}; load "
               f"{load} -> {_load()}", flush=True)
+        for kind in kinds_of(timing):
+            v = timing[kind]
+            print(f"{'  ' + kind:30s} {timing['seconds'][kind]:7.2f} {_ratio_line(v['total']):>20s} "
+                  f"{_ratio_line(v['cpu']):>20s} {_ratio_line(v['step']):>20s} "
+                  f"{100 * statistics.median(v['probe_share']):6.1f}%", flush=True)
+        if timing["default_over"]:
+            print("#   default over: " + ", ".join(f"{k} {_ratio_line(v)}" for k, v in timing["default_over"].items()),
+                  flush=True)
+
+
+def kinds_of(timing: dict) -> list[str]:
+    """The variant kinds measured (the rows after the default DP fit's)."""
+    return [k for k in VARIANTS if k not in ("dp", "dp_secure") and k in timing]
 
 
 if __name__ == "__main__":
