@@ -156,19 +156,22 @@ def dp_callbacks(kind: str, sigma: float) -> list[Callback]:
 
     if kind == "plain":
         return []
-    if kind not in VARIANTS:
-        raise ValueError(f"--kinds: unknown kind {kind!r} (plain, {', '.join(VARIANTS)})")
-    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=1.0, secure_mode=kind == "dp_secure",
-                                  spot_check=0.0 if kind in ("dp_nospot", "dp_bare") else 0.1,
-                                  check_independence=kind not in ("dp_noprobe", "dp_bare"),
-                                  require_accountant=kind != "dp_noaccountant")
-    if kind == "dp_noaccountant":
-        return [strategy]
-    return [strategy, AccountantCallback(EPSILON, DELTA, risk_readouts=kind != "dp_noreadouts")]
+    changed, accountant = VARIANTS[kind]
+    strategy = DPForecastStrategy(noise_multiplier=sigma, max_grad_norm=1.0, **changed)
+    return [strategy] if accountant is None else [strategy, AccountantCallback(EPSILON, DELTA, **accountant)]
 
 
-#: the DP kinds (module docstring)
-VARIANTS = ("dp", "dp_secure", "dp_nospot", "dp_noprobe", "dp_bare", "dp_noreadouts", "dp_noaccountant")
+#: the DP kinds (module docstring): what each changes in the default DPForecastStrategy and AccountantCallback (None:
+#: no AccountantCallback); everything else is the library's default
+VARIANTS: dict[str, tuple[dict, dict | None]] = {
+    "dp": ({}, {}),
+    "dp_secure": ({"secure_mode": True}, {}),
+    "dp_nospot": ({"spot_check": 0.0}, {}),
+    "dp_noprobe": ({"check_independence": False}, {}),
+    "dp_bare": ({"spot_check": 0.0, "check_independence": False}, {}),
+    "dp_noreadouts": ({}, {"risk_readouts": False}),
+    "dp_noaccountant": ({"require_accountant": False}, None),
+}
 
 
 def fit_once(module: L.LightningModule, size: int, steps: int, kind: str, sigma: float) -> dict:
@@ -241,7 +244,7 @@ def time_config(name: str, size: int, args: argparse.Namespace) -> dict:
         }
     # what each default costs: the default DP fit's total over the variant's, paired within a round
     out["default_over"] = {k: [d["total"] / v["total"] for d, v in zip(runs["dp"], runs[k], strict=True)]
-                           for k in kinds if k not in ("plain", "dp", "dp_secure") and "dp" in runs}
+                           for k in kinds if k not in ("plain", "dp", "dp_secure")}
     if "dp" in runs and "dp_secure" in runs:
         out["secure_over_dp"] = {
             "total": [s["total"] / d["total"] for s, d in zip(runs["dp_secure"], runs["dp"], strict=True)],
@@ -325,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     kinds = args.kinds.split(",")
     unknown = [k for k in kinds if k != "plain" and k not in VARIANTS]
     if unknown or "plain" not in kinds or "dp" not in kinds or len(set(kinds)) != len(kinds):
-        parser.error(f"--kinds {args.kinds!r}: plain, dp and any of {', '.join(VARIANTS[1:])}, each once")
+        parser.error(f"--kinds {args.kinds!r}: plain, dp and any of {', '.join(list(VARIANTS)[1:])}, each once")
     torch.set_num_threads(args.threads)
     if args.memory_child is not None:
         print(json.dumps(memory_child(*json.loads(args.memory_child))))
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{', '.join(f'{k} {v:.3f}' for k, v in timing['mean_over_median'].items())}; probes per DP fit "
               f"{dp['probes']}{' (isolated!)' if dp['isolated'] else ''}; sigma {timing['sigma']:.3g}; load "
               f"{load} -> {_load()}", flush=True)
-        for kind in kinds_of(timing):
+        for kind in timing["default_over"]:  # the variants' own rows
             v = timing[kind]
             print(f"{'  ' + kind:30s} {timing['seconds'][kind]:7.2f} {_ratio_line(v['total']):>20s} "
                   f"{_ratio_line(v['cpu']):>20s} {_ratio_line(v['step']):>20s} "
@@ -378,10 +381,6 @@ def main(argv: list[str] | None = None) -> None:
             print("#   default over: " + ", ".join(f"{k} {_ratio_line(v)}" for k, v in timing["default_over"].items()),
                   flush=True)
 
-
-def kinds_of(timing: dict) -> list[str]:
-    """The variant kinds measured (the rows after the default DP fit's)."""
-    return [k for k in VARIANTS if k not in ("dp", "dp_secure") and k in timing]
 
 
 if __name__ == "__main__":
